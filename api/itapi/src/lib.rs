@@ -1,0 +1,4 @@
+//! IT-API v2 — placeholder.
+//!
+//! Nothing here works yet; this crate only reserves its place in the workspace layout.
+//! The work is tracked in issue 5.

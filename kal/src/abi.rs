@@ -1,0 +1,484 @@
+//! The kAL/uAL interface: ioctl command numbers, their fixed-size argument structs, and
+//! the event record returned by `read()`. Documented in `docs/abi.md`.
+//!
+//! Every command is `_IOWR('k', nr, size_of::<Struct>())`: the caller passes the struct,
+//! the kAL validates every field, and writes the results back into the same struct. All
+//! structs are `#[repr(C)]` plain old data with explicit padding, so any byte pattern is
+//! a valid value and the kAL can never be confused by the layout, only by the values.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Version of this ABI; bumped on any incompatible change.
+pub const ABI_VERSION: u32 = 1;
+/// The ioctl type letter (a private one: the VFS claims some generic numbers).
+pub const IOC_TYPE: u8 = b'k';
+/// Most devices `LIST_DEVICES` reports.
+pub const MAX_DEVICES: usize = 16;
+/// Largest private data in connection calls and events.
+pub const MAX_PDATA: usize = rnicpi::MAX_PRIVATE_DATA;
+
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+/// `_IOWR(IOC_TYPE, nr, size)` as Linux encodes it.
+pub const fn iowr(nr: u8, size: usize) -> u32 {
+    ((IOC_READ | IOC_WRITE) << 30) | ((size as u32 & 0x3fff) << 16) | ((IOC_TYPE as u32) << 8) | nr as u32
+}
+
+/// Split an ioctl number into (type, nr, size); `None` unless it is `_IOWR`.
+pub const fn decode(cmd: u32) -> Option<(u8, u8, usize)> {
+    if cmd >> 30 != (IOC_READ | IOC_WRITE) {
+        return None;
+    }
+    Some((((cmd >> 8) & 0xff) as u8, (cmd & 0xff) as u8, ((cmd >> 16) & 0x3fff) as usize))
+}
+
+/// A fixed-size NUL-padded name.
+pub type Name = [u8; 32];
+
+pub fn name_to_str(n: &[u8]) -> &str {
+    let end = n.iter().position(|&b| b == 0).unwrap_or(n.len());
+    std::str::from_utf8(&n[..end]).unwrap_or("?")
+}
+
+pub fn str_to_name<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let b = s.as_bytes();
+    let n = b.len().min(N - 1);
+    out[..n].copy_from_slice(&b[..n]);
+    out
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct QueryAbi {
+    /// out: [`ABI_VERSION`].
+    pub version: u32,
+    /// out: size of one [`EventRecord`].
+    pub event_size: u32,
+    /// out: this context's id (as `krdma stat` shows it).
+    pub context: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct ListDevices {
+    /// out: number of entries filled.
+    pub count: u32,
+    pub _pad: u32,
+    /// out: device names; the index is the device number used by other commands.
+    pub names: [Name; MAX_DEVICES],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct QueryDevice {
+    /// in: device number.
+    pub dev: u32,
+    /// out: [`rnicpi::Transport`] value.
+    pub transport: u8,
+    pub atomics: u8,
+    pub memory_windows: u8,
+    pub phys_port_cnt: u8,
+    pub node_guid: u64,
+    pub vendor_id: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_ird: u32,
+    pub max_ord: u32,
+    pub _pad: u32,
+    pub max_mr_size: u64,
+    pub name: Name,
+}
+
+pub const MAX_GIDS: usize = 8;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct QueryPort {
+    /// in: device number.
+    pub dev: u32,
+    /// in: port number (from 1).
+    pub port: u8,
+    /// out: [`rnicpi::PortState`] value.
+    pub state: u8,
+    pub _pad: [u8; 2],
+    pub active_mtu: u32,
+    pub gid_count: u32,
+    pub gids: [[u8; 16]; MAX_GIDS],
+    pub netdev: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct AllocPd {
+    /// in: device number.
+    pub dev: u32,
+    /// out: PD handle.
+    pub handle: u32,
+}
+
+/// Destroy/deallocate/deregister one object by handle (PD, CQ, QP, MR, listener).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Destroy {
+    pub handle: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct CreateCq {
+    /// in: device number.
+    pub dev: u32,
+    /// in: requested entries; out: ring capacity (a power of two).
+    pub cqe: u32,
+    /// in: the caller's memfd (its own fd number) holding the completion ring,
+    /// at least `ring_bytes::<Cqe>(capacity)` long.
+    pub memfd: i32,
+    /// out: CQ handle.
+    pub handle: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct CreateQp {
+    /// in: PD handle.
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    /// in: [`rnicpi::QpType`] value.
+    pub qp_type: u8,
+    pub _pad: [u8; 3],
+    /// in/out: requested and granted caps.
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline: u32,
+    /// in: memfd holding the send and receive rings, laid out as
+    /// [`rnicpi::QpRingLayout::new`]`(max_send_wr, max_recv_wr)` says.
+    pub memfd: i32,
+    /// in: eventfd the caller writes to ring the doorbell (daemon mode); -1 in embedded mode.
+    pub doorbell_fd: i32,
+    /// out: QP handle.
+    pub handle: u32,
+    /// out: QP number on the wire.
+    pub qp_num: u32,
+}
+
+/// Modify QP (in) and Query QP (out).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct QpAttrs {
+    pub handle: u32,
+    /// [`rnicpi::QpAttrMask`] bits (Modify only).
+    pub mask: u32,
+    pub state: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub sgid_index: u8,
+    pub access: u32,
+    pub path_mtu: u32,
+    pub dest_qpn: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub qkey: u32,
+    pub pkey_index: u16,
+    pub hop_limit: u8,
+    pub _pad: u8,
+    pub dgid: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct RegMr {
+    /// in: PD handle.
+    pub pd: u32,
+    /// in: [`rnicpi::Access`] bits.
+    pub access: u32,
+    /// in: start address in the caller's address space.
+    pub addr: u64,
+    pub length: u64,
+    /// out.
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Listen {
+    pub dev: u32,
+    pub backlog: u32,
+    /// in: address in GID form (IPv4-mapped for IPv4; all zero = any).
+    pub addr: [u8; 16],
+    /// in: port (0 = pick one); out: the bound port.
+    pub port: u16,
+    pub _pad: [u8; 2],
+    /// out: listener handle.
+    pub handle: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Connect {
+    /// in: QP handle.
+    pub qp: u32,
+    pub ird: u32,
+    pub ord: u32,
+    pub pdata_len: u32,
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub _pad: [u8; 6],
+    pub pdata: [u8; MAX_PDATA],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Accept {
+    /// in: listener handle.
+    pub listen: u32,
+    /// in: QP handle to bind the connection to.
+    pub qp: u32,
+    /// in: from the ConnectRequest event.
+    pub conn_id: u64,
+    pub ird: u32,
+    pub ord: u32,
+    pub pdata_len: u32,
+    pub _pad: u32,
+    pub pdata: [u8; MAX_PDATA],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Reject {
+    pub listen: u32,
+    pub pdata_len: u32,
+    pub conn_id: u64,
+    pub pdata: [u8; MAX_PDATA],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Disconnect {
+    pub qp: u32,
+    /// 0 = orderly, 1 = abortive.
+    pub abortive: u32,
+}
+
+pub const STAT_ROWS: usize = 64;
+
+/// One context as `krdma stat` shows it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct ContextRow {
+    pub id: u32,
+    pub pid: u32,
+    pub uid: u32,
+    pub pds: u32,
+    pub cqs: u32,
+    pub qps: u32,
+    pub mrs: u32,
+    pub listeners: u32,
+    pub pinned_bytes: u64,
+    pub events_queued: u32,
+    pub events_dropped: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct StatContexts {
+    /// in: first row wanted.
+    pub start: u32,
+    /// out: contexts in the kAL.
+    pub total: u32,
+    /// out: rows filled.
+    pub count: u32,
+    pub _pad: u32,
+    /// out: pinned bytes over all contexts.
+    pub pinned_total: u64,
+    pub rows: [ContextRow; STAT_ROWS],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct CounterRow {
+    pub name: Name,
+    pub value: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct StatDevice {
+    /// in: device number.
+    pub dev: u32,
+    /// in: first row wanted.
+    pub start: u32,
+    /// out.
+    pub total: u32,
+    pub count: u32,
+    pub rows: [CounterRow; STAT_ROWS],
+}
+
+/// One event as `read()` returns it. Reads return whole records only.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct EventRecord {
+    /// [`rnicpi::EventKind`] value.
+    pub kind: u16,
+    pub _pad0: u16,
+    /// Handle of the affiliated object (0 when unaffiliated).
+    pub handle: u32,
+    pub conn_id: u64,
+    pub status: i32,
+    pub ird: u32,
+    pub ord: u32,
+    pub pdata_len: u32,
+    pub local_addr: [u8; 16],
+    pub peer_addr: [u8; 16],
+    pub local_port: u16,
+    pub peer_port: u16,
+    pub _pad1: u32,
+    pub pdata: [u8; MAX_PDATA],
+}
+
+impl EventRecord {
+    pub fn from_event(ev: &rnicpi::Event) -> Self {
+        let mut r = EventRecord::zeroed();
+        r.kind = ev.kind as u16;
+        r.handle = ev.handle;
+        r.conn_id = ev.conn_id;
+        r.status = ev.status;
+        r.ird = ev.ird;
+        r.ord = ev.ord;
+        if let Some(a) = ev.local {
+            (r.local_addr, r.local_port) = rnicpi::sockaddr_to_parts(a);
+        }
+        if let Some(a) = ev.peer {
+            (r.peer_addr, r.peer_port) = rnicpi::sockaddr_to_parts(a);
+        }
+        let n = ev.private_data.len().min(MAX_PDATA);
+        r.pdata[..n].copy_from_slice(&ev.private_data[..n]);
+        r.pdata_len = n as u32;
+        r
+    }
+
+    /// Decode; `None` for an unknown kind.
+    pub fn to_event(&self) -> Option<rnicpi::Event> {
+        let kind = rnicpi::EventKind::from_u16(self.kind)?;
+        let addr = |a: [u8; 16], p: u16| (a != [0; 16] || p != 0).then(|| rnicpi::sockaddr_from_parts(a, p));
+        Some(rnicpi::Event {
+            kind,
+            handle: self.handle,
+            conn_id: self.conn_id,
+            status: self.status,
+            ird: self.ird,
+            ord: self.ord,
+            local: addr(self.local_addr, self.local_port),
+            peer: addr(self.peer_addr, self.peer_port),
+            private_data: self.pdata[..(self.pdata_len as usize).min(MAX_PDATA)].to_vec(),
+        })
+    }
+}
+
+pub const EVENT_SIZE: usize = std::mem::size_of::<EventRecord>();
+
+/// The commands. Each constant is the full ioctl number.
+pub mod cmd {
+    use super::*;
+    use std::mem::size_of;
+    pub const QUERY_ABI: u32 = iowr(0, size_of::<QueryAbi>());
+    pub const LIST_DEVICES: u32 = iowr(1, size_of::<ListDevices>());
+    pub const QUERY_DEVICE: u32 = iowr(2, size_of::<QueryDevice>());
+    pub const QUERY_PORT: u32 = iowr(3, size_of::<QueryPort>());
+    pub const ALLOC_PD: u32 = iowr(4, size_of::<AllocPd>());
+    pub const DEALLOC_PD: u32 = iowr(5, size_of::<Destroy>());
+    pub const CREATE_CQ: u32 = iowr(6, size_of::<CreateCq>());
+    pub const DESTROY_CQ: u32 = iowr(7, size_of::<Destroy>());
+    pub const CREATE_QP: u32 = iowr(8, size_of::<CreateQp>());
+    pub const MODIFY_QP: u32 = iowr(9, size_of::<QpAttrs>());
+    pub const QUERY_QP: u32 = iowr(10, size_of::<QpAttrs>());
+    pub const DESTROY_QP: u32 = iowr(11, size_of::<Destroy>());
+    pub const REG_MR: u32 = iowr(12, size_of::<RegMr>());
+    pub const DEREG_MR: u32 = iowr(13, size_of::<Destroy>());
+    pub const LISTEN: u32 = iowr(14, size_of::<Listen>());
+    pub const DESTROY_LISTEN: u32 = iowr(15, size_of::<Destroy>());
+    pub const CONNECT: u32 = iowr(16, size_of::<Connect>());
+    pub const ACCEPT: u32 = iowr(17, size_of::<Accept>());
+    pub const REJECT: u32 = iowr(18, size_of::<Reject>());
+    pub const DISCONNECT: u32 = iowr(19, size_of::<Disconnect>());
+    pub const STAT_CONTEXTS: u32 = iowr(20, size_of::<StatContexts>());
+    pub const STAT_DEVICE: u32 = iowr(21, size_of::<StatDevice>());
+
+    /// Every command with its name, for docs, tracing and fuzzing.
+    pub const ALL: &[(u32, &str)] = &[
+        (QUERY_ABI, "QUERY_ABI"),
+        (LIST_DEVICES, "LIST_DEVICES"),
+        (QUERY_DEVICE, "QUERY_DEVICE"),
+        (QUERY_PORT, "QUERY_PORT"),
+        (ALLOC_PD, "ALLOC_PD"),
+        (DEALLOC_PD, "DEALLOC_PD"),
+        (CREATE_CQ, "CREATE_CQ"),
+        (DESTROY_CQ, "DESTROY_CQ"),
+        (CREATE_QP, "CREATE_QP"),
+        (MODIFY_QP, "MODIFY_QP"),
+        (QUERY_QP, "QUERY_QP"),
+        (DESTROY_QP, "DESTROY_QP"),
+        (REG_MR, "REG_MR"),
+        (DEREG_MR, "DEREG_MR"),
+        (LISTEN, "LISTEN"),
+        (DESTROY_LISTEN, "DESTROY_LISTEN"),
+        (CONNECT, "CONNECT"),
+        (ACCEPT, "ACCEPT"),
+        (REJECT, "REJECT"),
+        (DISCONNECT, "DISCONNECT"),
+        (STAT_CONTEXTS, "STAT_CONTEXTS"),
+        (STAT_DEVICE, "STAT_DEVICE"),
+    ];
+
+    pub fn name(cmd: u32) -> &'static str {
+        ALL.iter().find(|(c, _)| *c == cmd).map(|(_, n)| *n).unwrap_or("UNKNOWN")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_struct_fits_an_ioctl_and_numbers_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for (c, n) in cmd::ALL {
+            let (t, _, size) = decode(*c).unwrap();
+            assert_eq!(t, IOC_TYPE);
+            assert!(size > 0 && size < 16384, "{n} is {size} bytes");
+            assert!(seen.insert(*c), "{n} duplicated");
+        }
+        assert_eq!(EVENT_SIZE % 8, 0);
+    }
+
+    #[test]
+    fn event_record_round_trip() {
+        let ev = rnicpi::Event::new(rnicpi::EventKind::ConnectRequest)
+            .with_conn(42)
+            .with_addrs(Some("10.0.0.1:5".parse().unwrap()), Some("[::1]:6".parse().unwrap()))
+            .with_param(&rnicpi::ConnParam { private_data: vec![1, 2, 3], ird: 4, ord: 5 });
+        let r = EventRecord::from_event(&ev);
+        assert_eq!(r.to_event().unwrap(), ev);
+    }
+}

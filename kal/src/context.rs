@@ -1,0 +1,227 @@
+//! Resource management: the per-open-file context, the root of its resource tree.
+//!
+//! Handles are numbers private to one context: they index this context's own table and
+//! nothing else, so no process can name another's objects, whatever number it guesses.
+//! Objects hold use counts of their parents (PD ← QP/MR, CQ ← QP) and a parent in use
+//! cannot be destroyed; tearing a context down destroys children first.
+
+use crate::events::EventQueue;
+use crate::peer::{Caller, Peer};
+use rnicpi::{MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp, Region, Result, VerbsError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Most objects of each kind one context may hold (configurable, `Config::limits`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub pds: u32,
+    pub cqs: u32,
+    pub qps: u32,
+    pub mrs: u32,
+    pub listeners: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { pds: 1024, cqs: 8192, qps: 8192, mrs: 65536, listeners: 1024 }
+    }
+}
+
+pub enum Object {
+    Pd { dev: u32, pd: u32, users: u32 },
+    Cq { dev: u32, cq: Arc<dyn ProviderCq>, users: u32 },
+    Qp { dev: u32, pd: u32, send_cq: u32, recv_cq: u32, qp: Arc<dyn ProviderQp>, doorbell: Option<u64> },
+    Mr { dev: u32, pd: u32, region: Arc<Region>, pinned: u64 },
+    Listener { dev: u32, listener: Arc<dyn ProviderListener> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Listener = 0,
+    Qp = 1,
+    Mr = 2,
+    Cq = 3,
+    Pd = 4,
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Pd { .. } => Kind::Pd,
+            Object::Cq { .. } => Kind::Cq,
+            Object::Qp { .. } => Kind::Qp,
+            Object::Mr { .. } => Kind::Mr,
+            Object::Listener { .. } => Kind::Listener,
+        }
+    }
+}
+
+/// Counts per kind, for limits and `krdma stat`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub pds: u32,
+    pub cqs: u32,
+    pub qps: u32,
+    pub mrs: u32,
+    pub listeners: u32,
+}
+
+#[derive(Default)]
+pub struct Objects {
+    next: u32,
+    map: BTreeMap<u32, Object>,
+    pub counts: Counts,
+    pub pinned: u64,
+}
+
+impl Objects {
+    fn slot(&mut self, kind: Kind) -> &mut u32 {
+        match kind {
+            Kind::Pd => &mut self.counts.pds,
+            Kind::Cq => &mut self.counts.cqs,
+            Kind::Qp => &mut self.counts.qps,
+            Kind::Mr => &mut self.counts.mrs,
+            Kind::Listener => &mut self.counts.listeners,
+        }
+    }
+
+    /// Fail with `Exhausted` when one more object of `kind` would pass `limits`.
+    pub fn check_limit(&mut self, kind: Kind, limits: &Limits) -> Result<()> {
+        let max = match kind {
+            Kind::Pd => limits.pds,
+            Kind::Cq => limits.cqs,
+            Kind::Qp => limits.qps,
+            Kind::Mr => limits.mrs,
+            Kind::Listener => limits.listeners,
+        };
+        if *self.slot(kind) >= max {
+            tracing::info!(?kind, max, "per-context limit reached");
+            return Err(VerbsError::Exhausted);
+        }
+        Ok(())
+    }
+
+    /// Reserve the handle the next inserted object will get (needed by event sinks).
+    pub fn next_handle(&mut self) -> u32 {
+        loop {
+            self.next = self.next.wrapping_add(1);
+            if self.next != 0 && !self.map.contains_key(&self.next) {
+                return self.next;
+            }
+        }
+    }
+
+    pub fn insert(&mut self, handle: u32, obj: Object) {
+        *self.slot(obj.kind()) += 1;
+        if let Object::Mr { pinned, .. } = obj {
+            self.pinned += pinned;
+        }
+        self.map.insert(handle, obj);
+    }
+
+    pub fn get(&self, handle: u32) -> Result<&Object> {
+        self.map.get(&handle).ok_or(VerbsError::NoSuchResource)
+    }
+
+    pub fn get_mut(&mut self, handle: u32) -> Result<&mut Object> {
+        self.map.get_mut(&handle).ok_or(VerbsError::NoSuchResource)
+    }
+
+    pub fn remove(&mut self, handle: u32) -> Option<Object> {
+        let obj = self.map.remove(&handle)?;
+        *self.slot(obj.kind()) -= 1;
+        if let Object::Mr { pinned, .. } = obj {
+            self.pinned -= pinned;
+        }
+        Some(obj)
+    }
+
+    pub fn pd(&self, handle: u32) -> Result<(u32, u32)> {
+        match self.get(handle)? {
+            Object::Pd { dev, pd, .. } => Ok((*dev, *pd)),
+            _ => Err(VerbsError::NoSuchResource),
+        }
+    }
+
+    pub fn cq(&self, handle: u32) -> Result<(u32, Arc<dyn ProviderCq>)> {
+        match self.get(handle)? {
+            Object::Cq { dev, cq, .. } => Ok((*dev, cq.clone())),
+            _ => Err(VerbsError::NoSuchResource),
+        }
+    }
+
+    pub fn qp(&self, handle: u32) -> Result<(u32, Arc<dyn ProviderQp>)> {
+        match self.get(handle)? {
+            Object::Qp { dev, qp, .. } => Ok((*dev, qp.clone())),
+            _ => Err(VerbsError::NoSuchResource),
+        }
+    }
+
+    pub fn listener(&self, handle: u32) -> Result<(u32, Arc<dyn ProviderListener>)> {
+        match self.get(handle)? {
+            Object::Listener { dev, listener } => Ok((*dev, listener.clone())),
+            _ => Err(VerbsError::NoSuchResource),
+        }
+    }
+
+    /// Adjust the use count of a PD or CQ.
+    pub fn use_parent(&mut self, handle: u32, delta: i32) {
+        if let Ok(Object::Pd { users, .. } | Object::Cq { users, .. }) = self.get_mut(handle) {
+            *users = users.saturating_add_signed(delta);
+        }
+    }
+
+    /// Handles in teardown order: listeners, QPs, MRs, CQs, PDs.
+    pub fn teardown_order(&self) -> Vec<u32> {
+        let mut v: Vec<(Kind, u32)> = self.map.iter().map(|(h, o)| (o.kind(), *h)).collect();
+        v.sort();
+        v.into_iter().map(|(_, h)| h).collect()
+    }
+}
+
+/// One open of the device: a process's root of resources.
+pub struct Context {
+    pub id: u32,
+    pub caller: Caller,
+    pub peer: Arc<dyn Peer>,
+    pub memory: Arc<dyn MemoryAccess>,
+    pub objects: parking_lot::Mutex<Objects>,
+    pub events: Arc<EventQueue>,
+}
+
+impl Context {
+    pub fn new(id: u32, caller: Caller, peer: Arc<dyn Peer>, event_queue: usize) -> Self {
+        let memory = peer.memory();
+        Context {
+            id,
+            caller,
+            peer,
+            memory,
+            objects: parking_lot::Mutex::new(Objects::default()),
+            events: Arc::new(EventQueue::new(event_queue)),
+        }
+    }
+}
+
+/// Destroy one object through its provider (the caller already removed it from the table).
+pub fn destroy_object(dev: &dyn Provider, obj: &Object) {
+    match obj {
+        Object::Listener { listener, .. } => listener.close(),
+        Object::Qp { qp, .. } => qp.destroy(),
+        Object::Mr { region, .. } => {
+            let _ = dev.dereg_mr(region.stag);
+        }
+        Object::Cq { cq, .. } => cq.destroy(),
+        Object::Pd { pd, .. } => dev.dealloc_pd(*pd),
+    }
+}
+
+pub fn object_dev(obj: &Object) -> u32 {
+    match obj {
+        Object::Pd { dev, .. }
+        | Object::Cq { dev, .. }
+        | Object::Qp { dev, .. }
+        | Object::Mr { dev, .. }
+        | Object::Listener { dev, .. } => *dev,
+    }
+}

@@ -1,0 +1,410 @@
+//! System call management: decode, validate and execute one ioctl command.
+
+use crate::abi::{self, cmd};
+use crate::context::{Context, Kind, Object};
+use crate::events::ObjectSink;
+use crate::{peer, pin, Kal};
+use bytemuck::{bytes_of, pod_read_unaligned, Pod};
+use rnicpi::queue::{ring_bytes, ring_capacity};
+use rnicpi::{
+    Access, ConnParam, CqInit, Cqe, QpAttr, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpState, QpType, Result, Ring,
+    SharedMem, VerbsError,
+};
+use std::sync::Arc;
+
+/// Copy the argument struct in, run `f`, copy it back out. `arg` may be unaligned.
+fn with<T: Pod>(arg: &mut [u8], f: impl FnOnce(&mut T) -> Result<()>) -> Result<()> {
+    if arg.len() != std::mem::size_of::<T>() {
+        return Err(VerbsError::Invalid);
+    }
+    let mut v: T = pod_read_unaligned(arg);
+    f(&mut v)?;
+    arg.copy_from_slice(bytes_of(&v));
+    Ok(())
+}
+
+fn pdata(buf: &[u8], len: u32) -> Result<Vec<u8>> {
+    buf.get(..len as usize).map(<[u8]>::to_vec).ok_or(VerbsError::Invalid)
+}
+
+pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Result<()> {
+    match command {
+        cmd::QUERY_ABI => with(arg, |a: &mut abi::QueryAbi| {
+            a.version = abi::ABI_VERSION;
+            a.event_size = abi::EVENT_SIZE as u32;
+            a.context = c.id;
+            Ok(())
+        }),
+        cmd::LIST_DEVICES => with(arg, |a: &mut abi::ListDevices| {
+            let devs = kal.devices();
+            a.count = devs.len() as u32;
+            for (slot, d) in a.names.iter_mut().zip(&devs) {
+                *slot = abi::str_to_name(&d.attr().name);
+            }
+            Ok(())
+        }),
+        cmd::QUERY_DEVICE => with(arg, |a: &mut abi::QueryDevice| query_device(kal, a)),
+        cmd::QUERY_PORT => with(arg, |a: &mut abi::QueryPort| query_port(kal, a)),
+        cmd::ALLOC_PD => with(arg, |a: &mut abi::AllocPd| {
+            let dev = kal.device(a.dev)?;
+            let mut objs = c.objects.lock();
+            objs.check_limit(Kind::Pd, &kal.config.limits)?;
+            let pd = dev.alloc_pd()?;
+            let h = objs.next_handle();
+            objs.insert(h, Object::Pd { dev: a.dev, pd, users: 0 });
+            a.handle = h;
+            Ok(())
+        }),
+        cmd::CREATE_CQ => with(arg, |a: &mut abi::CreateCq| create_cq(kal, c, a)),
+        cmd::CREATE_QP => with(arg, |a: &mut abi::CreateQp| create_qp(kal, c, a)),
+        cmd::MODIFY_QP => with(arg, |a: &mut abi::QpAttrs| {
+            let (attr, mask) = qp_attr_in(a)?;
+            let (_, qp) = c.objects.lock().qp(a.handle)?;
+            qp.modify(&attr, mask)
+        }),
+        cmd::QUERY_QP => with(arg, |a: &mut abi::QpAttrs| {
+            let (_, qp) = c.objects.lock().qp(a.handle)?;
+            qp_attr_out(&qp.query(), a);
+            Ok(())
+        }),
+        cmd::REG_MR => with(arg, |a: &mut abi::RegMr| reg_mr(kal, c, a)),
+        cmd::DEALLOC_PD | cmd::DESTROY_CQ | cmd::DESTROY_QP | cmd::DEREG_MR | cmd::DESTROY_LISTEN => {
+            let want = match command {
+                cmd::DEALLOC_PD => Kind::Pd,
+                cmd::DESTROY_CQ => Kind::Cq,
+                cmd::DESTROY_QP => Kind::Qp,
+                cmd::DEREG_MR => Kind::Mr,
+                _ => Kind::Listener,
+            };
+            with(arg, |a: &mut abi::Destroy| destroy(kal, c, a.handle, want))
+        }
+        cmd::LISTEN => with(arg, |a: &mut abi::Listen| {
+            let dev = kal.device(a.dev)?;
+            let mut objs = c.objects.lock();
+            objs.check_limit(Kind::Listener, &kal.config.limits)?;
+            let h = objs.next_handle();
+            let addr = rnicpi::sockaddr_from_parts(a.addr, a.port);
+            let l = dev.listen(addr, a.backlog.clamp(1, 4096), ObjectSink::new(&c.events, h))?;
+            a.port = l.local_addr().port();
+            objs.insert(h, Object::Listener { dev: a.dev, listener: l });
+            a.handle = h;
+            Ok(())
+        }),
+        cmd::CONNECT => with(arg, |a: &mut abi::Connect| {
+            let (_, qp) = c.objects.lock().qp(a.qp)?;
+            let param = ConnParam { private_data: pdata(&a.pdata, a.pdata_len)?, ird: a.ird, ord: a.ord };
+            qp.connect(rnicpi::sockaddr_from_parts(a.addr, a.port), param)
+        }),
+        cmd::ACCEPT => with(arg, |a: &mut abi::Accept| {
+            let (ldev, l, qdev, qp) = {
+                let objs = c.objects.lock();
+                let (ldev, l) = objs.listener(a.listen)?;
+                let (qdev, qp) = objs.qp(a.qp)?;
+                (ldev, l, qdev, qp)
+            };
+            if ldev != qdev {
+                return Err(VerbsError::Invalid);
+            }
+            let param = ConnParam { private_data: pdata(&a.pdata, a.pdata_len)?, ird: a.ird, ord: a.ord };
+            l.accept(a.conn_id, &qp, param)
+        }),
+        cmd::REJECT => with(arg, |a: &mut abi::Reject| {
+            let (_, l) = c.objects.lock().listener(a.listen)?;
+            l.reject(a.conn_id, &pdata(&a.pdata, a.pdata_len)?)
+        }),
+        cmd::DISCONNECT => with(arg, |a: &mut abi::Disconnect| {
+            let (_, qp) = c.objects.lock().qp(a.qp)?;
+            qp.disconnect(a.abortive != 0)
+        }),
+        cmd::STAT_CONTEXTS => with(arg, |a: &mut abi::StatContexts| {
+            stat_contexts(kal, a);
+            Ok(())
+        }),
+        cmd::STAT_DEVICE => with(arg, |a: &mut abi::StatDevice| stat_device(kal, a)),
+        _ => Err(VerbsError::Invalid),
+    }
+}
+
+fn query_device(kal: &Kal, a: &mut abi::QueryDevice) -> Result<()> {
+    let dev = kal.device(a.dev)?;
+    let d = dev.attr();
+    *a = abi::QueryDevice {
+        dev: a.dev,
+        transport: d.transport as u8,
+        atomics: d.atomics as u8,
+        memory_windows: d.memory_windows as u8,
+        phys_port_cnt: d.phys_port_cnt,
+        node_guid: d.node_guid,
+        vendor_id: d.vendor_id,
+        max_qp: d.max_qp,
+        max_qp_wr: d.max_qp_wr,
+        max_sge: d.max_sge,
+        max_inline: d.max_inline,
+        max_cq: d.max_cq,
+        max_cqe: d.max_cqe,
+        max_mr: d.max_mr,
+        max_pd: d.max_pd,
+        max_srq: d.max_srq,
+        max_srq_wr: d.max_srq_wr,
+        max_ird: d.max_ird,
+        max_ord: d.max_ord,
+        _pad: 0,
+        max_mr_size: d.max_mr_size,
+        name: abi::str_to_name(&d.name),
+    };
+    Ok(())
+}
+
+fn query_port(kal: &Kal, a: &mut abi::QueryPort) -> Result<()> {
+    let dev = kal.device(a.dev)?;
+    if a.port == 0 || a.port > dev.attr().phys_port_cnt {
+        return Err(VerbsError::Invalid);
+    }
+    let p = dev.port(a.port)?;
+    a.state = p.state as u8;
+    a.active_mtu = p.active_mtu;
+    a.gid_count = p.gids.len().min(abi::MAX_GIDS) as u32;
+    a.gids = [[0; 16]; abi::MAX_GIDS];
+    for (slot, g) in a.gids.iter_mut().zip(&p.gids) {
+        *slot = *g;
+    }
+    a.netdev = abi::str_to_name(&p.netdev);
+    Ok(())
+}
+
+fn create_cq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateCq) -> Result<()> {
+    let dev = kal.device(a.dev)?;
+    if a.cqe == 0 || a.cqe > dev.attr().max_cqe {
+        return Err(VerbsError::Invalid);
+    }
+    let cap = ring_capacity(a.cqe).ok_or(VerbsError::Invalid)?;
+    let mem = Arc::new(SharedMem::from_fd(c.peer.take_fd(a.memfd)?, ring_bytes::<Cqe>(cap))?);
+    let ring = Ring::attach(mem, 0, cap)?;
+    let mut objs = c.objects.lock();
+    objs.check_limit(Kind::Cq, &kal.config.limits)?;
+    let h = objs.next_handle();
+    let cq = dev.create_cq(CqInit { depth: cap, ring, sink: ObjectSink::new(&c.events, h) })?;
+    objs.insert(h, Object::Cq { dev: a.dev, cq, users: 0 });
+    a.cqe = cap;
+    a.handle = h;
+    Ok(())
+}
+
+fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
+    let mut objs = c.objects.lock();
+    let (dev_no, pd) = objs.pd(a.pd)?;
+    let (scq_dev, send_cq) = objs.cq(a.send_cq)?;
+    let (rcq_dev, recv_cq) = objs.cq(a.recv_cq)?;
+    if scq_dev != dev_no || rcq_dev != dev_no {
+        return Err(VerbsError::Invalid);
+    }
+    let dev = kal.device(dev_no)?;
+    let attr = dev.attr();
+    let qp_type = QpType::from_u8(a.qp_type).ok_or(VerbsError::Invalid)?;
+    let caps = QpCaps {
+        max_send_wr: a.max_send_wr,
+        max_recv_wr: a.max_recv_wr,
+        max_send_sge: a.max_send_sge,
+        max_recv_sge: a.max_recv_sge,
+        max_inline: a.max_inline,
+    };
+    let ok = (1..=attr.max_qp_wr).contains(&caps.max_send_wr)
+        && (1..=attr.max_qp_wr).contains(&caps.max_recv_wr)
+        && caps.max_send_sge <= attr.max_sge
+        && caps.max_recv_sge <= attr.max_sge
+        && caps.max_inline <= attr.max_inline;
+    if !ok {
+        return Err(VerbsError::Invalid);
+    }
+    objs.check_limit(Kind::Qp, &kal.config.limits)?;
+    let layout = QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
+    let mem = Arc::new(SharedMem::from_fd(c.peer.take_fd(a.memfd)?, layout.total)?);
+    let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?;
+    let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?;
+    let doorbell_fd = match (a.doorbell_fd, c.peer.in_process()) {
+        (fd, _) if fd >= 0 => Some(c.peer.take_fd(fd)?),
+        (_, true) => None,
+        (_, false) => return Err(VerbsError::Invalid),
+    };
+    let h = objs.next_handle();
+    let init =
+        QpInit { qp_type, pd, send_cq, recv_cq, caps, sq, rq, sink: ObjectSink::new(&c.events, h) };
+    let qp = dev.create_qp(init)?;
+    let doorbell = match doorbell_fd {
+        Some(fd) => {
+            let reactor = kal.reactor.get_or_init(crate::doorbell::Reactor::start);
+            let r = reactor.as_ref().map_err(|_| VerbsError::Io)?;
+            match r.add(fd, Arc::downgrade(&qp)) {
+                Ok(t) => Some(t),
+                Err(_) => {
+                    qp.destroy();
+                    return Err(VerbsError::Io);
+                }
+            }
+        }
+        None => None,
+    };
+    objs.use_parent(a.pd, 1);
+    objs.use_parent(a.send_cq, 1);
+    objs.use_parent(a.recv_cq, 1);
+    a.qp_num = qp.qp_num();
+    objs.insert(h, Object::Qp { dev: dev_no, pd: a.pd, send_cq: a.send_cq, recv_cq: a.recv_cq, qp, doorbell });
+    a.handle = h;
+    tracing::debug!(ctx = c.id, handle = h, qp_num = a.qp_num, "QP created");
+    Ok(())
+}
+
+fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
+    let access = Access::from_bits(a.access).ok_or(VerbsError::Invalid)?;
+    if !access.is_consistent() {
+        return Err(VerbsError::Invalid);
+    }
+    let mut objs = c.objects.lock();
+    let (dev_no, pd) = objs.pd(a.pd)?;
+    let dev = kal.device(dev_no)?;
+    if a.length == 0 || a.length > dev.attr().max_mr_size {
+        return Err(VerbsError::Invalid);
+    }
+    let span = pin::pinned_span(a.addr, a.length).ok_or(VerbsError::Invalid)?;
+    objs.check_limit(Kind::Mr, &kal.config.limits)?;
+    let writable = access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    peer::check_mapping(c.caller.pid, a.addr, a.length, writable)?;
+    let limit = match (kal.config.pin_limit, c.peer.unlimited_pin()) {
+        (Some(l), _) => Some(l),
+        (None, true) => None,
+        (None, false) => c.peer.memlock_limit(),
+    };
+    kal.pins.charge(c.caller.uid, span, limit)?;
+    let region = match dev.reg_mr(pd, a.addr, a.length, access, c.memory.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            kal.pins.release(c.caller.uid, span);
+            return Err(e);
+        }
+    };
+    let h = objs.next_handle();
+    a.lkey = region.stag;
+    a.rkey = region.stag;
+    objs.use_parent(a.pd, 1);
+    objs.insert(h, Object::Mr { dev: dev_no, pd: a.pd, region, pinned: span });
+    a.handle = h;
+    Ok(())
+}
+
+fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
+    let obj = {
+        let mut objs = c.objects.lock();
+        let o = objs.get(handle)?;
+        if o.kind() != want {
+            return Err(VerbsError::NoSuchResource);
+        }
+        if let Object::Pd { users, .. } | Object::Cq { users, .. } = o {
+            if *users > 0 {
+                return Err(VerbsError::Busy);
+            }
+        }
+        let obj = objs.remove(handle).ok_or(VerbsError::NoSuchResource)?;
+        match &obj {
+            Object::Qp { pd, send_cq, recv_cq, .. } => {
+                objs.use_parent(*pd, -1);
+                objs.use_parent(*send_cq, -1);
+                objs.use_parent(*recv_cq, -1);
+            }
+            Object::Mr { pd, .. } => objs.use_parent(*pd, -1),
+            _ => {}
+        }
+        obj
+    };
+    kal.destroy(c, &obj);
+    Ok(())
+}
+
+fn qp_attr_in(a: &abi::QpAttrs) -> Result<(QpAttr, QpAttrMask)> {
+    let mask = QpAttrMask::from_bits(a.mask).ok_or(VerbsError::Invalid)?;
+    let state = if mask.contains(QpAttrMask::STATE) {
+        QpState::from_u8(a.state).ok_or(VerbsError::Invalid)?
+    } else {
+        QpState::Reset
+    };
+    let access = Access::from_bits(a.access).ok_or(VerbsError::Invalid)?;
+    if mask.contains(QpAttrMask::PATH_MTU) && ![256, 512, 1024, 2048, 4096].contains(&a.path_mtu) {
+        return Err(VerbsError::Invalid);
+    }
+    let attr = QpAttr {
+        state,
+        access,
+        path_mtu: a.path_mtu,
+        dest_qpn: a.dest_qpn & 0xff_ffff,
+        rq_psn: a.rq_psn & 0xff_ffff,
+        sq_psn: a.sq_psn & 0xff_ffff,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        min_rnr_timer: a.min_rnr_timer,
+        pkey_index: a.pkey_index,
+        qkey: a.qkey,
+        dgid: a.dgid,
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+    };
+    Ok((attr, mask))
+}
+
+fn qp_attr_out(q: &QpAttr, a: &mut abi::QpAttrs) {
+    a.mask = 0;
+    a.state = q.state as u8;
+    a.access = q.access.bits();
+    a.path_mtu = q.path_mtu;
+    a.dest_qpn = q.dest_qpn;
+    a.rq_psn = q.rq_psn;
+    a.sq_psn = q.sq_psn;
+    a.max_rd_atomic = q.max_rd_atomic;
+    a.max_dest_rd_atomic = q.max_dest_rd_atomic;
+    a.timeout = q.timeout;
+    a.retry_cnt = q.retry_cnt;
+    a.rnr_retry = q.rnr_retry;
+    a.min_rnr_timer = q.min_rnr_timer;
+    a.pkey_index = q.pkey_index;
+    a.qkey = q.qkey;
+    a.dgid = q.dgid;
+    a.sgid_index = q.sgid_index;
+    a.hop_limit = q.hop_limit;
+}
+
+fn stat_contexts(kal: &Kal, a: &mut abi::StatContexts) {
+    let ctxs: Vec<Arc<Context>> = kal.contexts.read().values().cloned().collect();
+    a.total = ctxs.len() as u32;
+    a.pinned_total = kal.pins.total();
+    a.count = 0;
+    for (row, c) in a.rows.iter_mut().zip(ctxs.iter().skip(a.start as usize)) {
+        let objs = c.objects.lock();
+        *row = abi::ContextRow {
+            id: c.id,
+            pid: c.caller.pid,
+            uid: c.caller.uid,
+            pds: objs.counts.pds,
+            cqs: objs.counts.cqs,
+            qps: objs.counts.qps,
+            mrs: objs.counts.mrs,
+            listeners: objs.counts.listeners,
+            pinned_bytes: objs.pinned,
+            events_queued: c.events.len() as u32,
+            events_dropped: c.events.dropped() as u32,
+        };
+        a.count += 1;
+    }
+}
+
+fn stat_device(kal: &Kal, a: &mut abi::StatDevice) -> Result<()> {
+    let dev = kal.device(a.dev)?;
+    let counters = dev.counters();
+    a.total = counters.len() as u32;
+    a.count = 0;
+    for (row, (name, value)) in a.rows.iter_mut().zip(counters.iter().skip(a.start as usize)) {
+        *row = abi::CounterRow { name: abi::str_to_name(name), value: *value };
+        a.count += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Event management: one bounded event queue per context.
+//!
+//! Providers deliver events through a per-object [`ObjectSink`] that stamps the
+//! consumer's handle and queues the record on the owning context. The queue never grows
+//! past its bound: when one slot is left, an `EventOverflow` record is queued in it and
+//! later events are dropped and counted until the consumer drains the queue.
+
+use parking_lot::Mutex;
+use rnicpi::{Event, EventKind, EventSink};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
+
+pub struct EventQueue {
+    inner: Mutex<Inner>,
+    dropped: AtomicU64,
+    delivered: AtomicU64,
+}
+
+struct Inner {
+    queue: VecDeque<Event>,
+    cap: usize,
+    overflowed: bool,
+    waker: Option<Waker>,
+}
+
+impl EventQueue {
+    pub fn new(cap: usize) -> Self {
+        EventQueue {
+            inner: Mutex::new(Inner { queue: VecDeque::new(), cap: cap.max(2), overflowed: false, waker: None }),
+            dropped: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        }
+    }
+
+    pub fn push(&self, ev: Event) {
+        let waker = {
+            let mut q = self.inner.lock();
+            if q.queue.len() + 1 < q.cap {
+                q.queue.push_back(ev);
+            } else if !q.overflowed {
+                q.overflowed = true;
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(kind = ?ev.kind, "event queue full; events are being dropped");
+                q.queue.push_back(Event::new(EventKind::EventOverflow));
+            } else {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            q.waker.clone()
+        };
+        if let Some(w) = waker {
+            w();
+        }
+    }
+
+    /// Pop up to `max` events.
+    pub fn pop(&self, max: usize) -> Vec<Event> {
+        let mut q = self.inner.lock();
+        let n = max.min(q.queue.len());
+        let out: Vec<Event> = q.queue.drain(..n).collect();
+        if q.queue.is_empty() {
+            q.overflowed = false;
+        }
+        self.delivered.fetch_add(out.len() as u64, Ordering::Relaxed);
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    pub fn set_waker(&self, waker: Option<Waker>) {
+        let has_events = {
+            let mut q = self.inner.lock();
+            q.waker = waker.clone();
+            !q.queue.is_empty()
+        };
+        if let (true, Some(w)) = (has_events, waker) {
+            w();
+        }
+    }
+}
+
+/// The sink the kAL hands a provider for one object: stamps the handle and queues.
+pub struct ObjectSink {
+    queue: Weak<EventQueue>,
+    handle: u32,
+}
+
+impl ObjectSink {
+    pub fn new(queue: &Arc<EventQueue>, handle: u32) -> Arc<dyn EventSink> {
+        Arc::new(ObjectSink { queue: Arc::downgrade(queue), handle })
+    }
+}
+
+impl EventSink for ObjectSink {
+    fn deliver(&self, mut ev: Event) {
+        if let Some(q) = self.queue.upgrade() {
+            ev.handle = self.handle;
+            tracing::debug!(kind = ?ev.kind, handle = self.handle, "event queued");
+            q.push(ev);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_with_overflow_marker() {
+        let q = Arc::new(EventQueue::new(4));
+        let sink = ObjectSink::new(&q, 9);
+        for _ in 0..10 {
+            sink.deliver(Event::new(EventKind::CqNotify));
+        }
+        let evs = q.pop(100);
+        assert_eq!(evs.len(), 4);
+        assert!(evs[..3].iter().all(|e| e.kind == EventKind::CqNotify && e.handle == 9));
+        assert_eq!(evs[3].kind, EventKind::EventOverflow);
+        assert_eq!(q.dropped(), 7);
+        sink.deliver(Event::new(EventKind::CqNotify));
+        assert_eq!(q.pop(100).len(), 1, "queue usable again after draining");
+    }
+
+    #[test]
+    fn waker_fires() {
+        let q = Arc::new(EventQueue::new(8));
+        let hits = Arc::new(AtomicU64::new(0));
+        let h = hits.clone();
+        q.set_waker(Some(Arc::new(move || {
+            h.fetch_add(1, Ordering::Relaxed);
+        })));
+        q.push(Event::new(EventKind::PortActive));
+        assert_eq!(hits.load(Ordering::Relaxed), 1);
+    }
+}

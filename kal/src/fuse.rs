@@ -1,0 +1,1 @@
+//! FUSE front door (being written).

@@ -1,0 +1,223 @@
+//! # kal — the krdma kernel access layer
+//!
+//! One instance per host (the `krdmad` daemon, or in-process in embedded mode). It holds
+//! the functional blocks of the OpenRDMA kAL:
+//!
+//! * interface adapter management — providers register at start-up ([`Kal::register`]);
+//! * resource management — a [`context`] per open of the device, the root of its
+//!   resource tree, torn down children-first on close or process death;
+//! * memory management — registration checks, pin accounting per user ([`pin`]), and the
+//!   engine's access to consumer memory through the context's [`Peer`];
+//! * event management — a bounded event queue per context ([`events`]);
+//! * system call management — the ioctl ABI ([`abi`], dispatched in [`dispatch`]);
+//! * LLP management — host routes, addresses and TCP sockets for providers ([`services`]).
+//!
+//! Front doors: [`fuse`] serves the kAL as `/dev/krdma`; embedded mode calls
+//! [`Kal::ioctl`] directly with an [`EmbeddedPeer`]. Both pass the same command structs.
+
+pub mod abi;
+pub mod context;
+mod dispatch;
+pub mod doorbell;
+pub mod events;
+pub mod fuse;
+pub mod peer;
+pub mod pin;
+pub mod process;
+pub mod services;
+pub mod stack;
+
+pub use context::Limits;
+pub use peer::{Caller, EmbeddedPeer, Peer};
+
+use context::Context;
+use parking_lot::RwLock;
+use rnicpi::{Doorbell, Provider, Result, VerbsError};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+pub type ContextId = u32;
+
+/// Settings of one kAL instance.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Per-context object limits.
+    pub limits: Limits,
+    /// Event records one context may have queued.
+    pub event_queue: usize,
+    /// Most contexts at once.
+    pub max_contexts: u32,
+    /// Pin limit per user in bytes, overriding each caller's RLIMIT_MEMLOCK.
+    pub pin_limit: Option<u64>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { limits: Limits::default(), event_queue: 4096, max_contexts: 4096, pin_limit: None }
+    }
+}
+
+/// The kernel access layer.
+pub struct Kal {
+    config: Config,
+    devices: RwLock<Vec<Arc<dyn Provider>>>,
+    contexts: RwLock<BTreeMap<ContextId, Arc<Context>>>,
+    next_ctx: AtomicU32,
+    pins: pin::PinAccounts,
+    reactor: OnceLock<std::io::Result<doorbell::Reactor>>,
+}
+
+impl Kal {
+    pub fn new(config: Config) -> Arc<Kal> {
+        Arc::new(Kal {
+            config,
+            devices: RwLock::new(Vec::new()),
+            contexts: RwLock::new(BTreeMap::new()),
+            next_ctx: AtomicU32::new(1),
+            pins: pin::PinAccounts::default(),
+            reactor: OnceLock::new(),
+        })
+    }
+
+    /// Register a provider's device; returns its device number.
+    pub fn register(&self, dev: Arc<dyn Provider>) -> Result<u32> {
+        let mut devs = self.devices.write();
+        if devs.len() >= abi::MAX_DEVICES || devs.iter().any(|d| d.attr().name == dev.attr().name) {
+            return Err(VerbsError::Invalid);
+        }
+        tracing::info!(name = %dev.attr().name, transport = dev.attr().transport.name(), "device registered");
+        devs.push(dev);
+        Ok(devs.len() as u32 - 1)
+    }
+
+    pub fn devices(&self) -> Vec<Arc<dyn Provider>> {
+        self.devices.read().clone()
+    }
+
+    fn device(&self, dev: u32) -> Result<Arc<dyn Provider>> {
+        self.devices.read().get(dev as usize).cloned().ok_or(VerbsError::NoSuchResource)
+    }
+
+    fn context(&self, ctx: ContextId) -> Result<Arc<Context>> {
+        self.contexts.read().get(&ctx).cloned().ok_or(VerbsError::NoSuchResource)
+    }
+
+    /// Open a context for `caller`, reached through `peer`.
+    pub fn open(&self, caller: Caller, peer: Arc<dyn Peer>) -> Result<ContextId> {
+        let mut ctxs = self.contexts.write();
+        if ctxs.len() as u32 >= self.config.max_contexts {
+            return Err(VerbsError::Exhausted);
+        }
+        let id = self.next_ctx.fetch_add(1, Ordering::Relaxed);
+        ctxs.insert(id, Arc::new(Context::new(id, caller, peer, self.config.event_queue)));
+        tracing::info!(ctx = id, pid = caller.pid, uid = caller.uid, "context opened");
+        Ok(id)
+    }
+
+    /// Execute one command; `arg` is the whole in/out struct.
+    pub fn ioctl(&self, ctx: ContextId, cmd: u32, arg: &mut [u8]) -> Result<()> {
+        let c = self.context(ctx)?;
+        let r = dispatch::ioctl(self, &c, cmd, arg);
+        if let Err(e) = r {
+            tracing::debug!(ctx, cmd = abi::cmd::name(cmd), error = %e, "ioctl failed");
+        }
+        r
+    }
+
+    /// Move whole event records into `out`; `Ok(0)` when none are queued.
+    pub fn read_events(&self, ctx: ContextId, out: &mut [u8]) -> Result<usize> {
+        let c = self.context(ctx)?;
+        let max = out.len() / abi::EVENT_SIZE;
+        if max == 0 {
+            return Err(VerbsError::Invalid);
+        }
+        let evs = c.events.pop(max);
+        for (i, ev) in evs.iter().enumerate() {
+            let rec = abi::EventRecord::from_event(ev);
+            out[i * abi::EVENT_SIZE..(i + 1) * abi::EVENT_SIZE].copy_from_slice(bytemuck::bytes_of(&rec));
+        }
+        Ok(evs.len() * abi::EVENT_SIZE)
+    }
+
+    /// Whether an event is queued for `ctx`.
+    pub fn readable(&self, ctx: ContextId) -> bool {
+        self.context(ctx).map(|c| !c.events.is_empty()).unwrap_or(false)
+    }
+
+    /// `waker` is called (from any thread) whenever an event is queued for `ctx`.
+    pub fn set_waker(&self, ctx: ContextId, waker: Option<events::Waker>) {
+        if let Ok(c) = self.context(ctx) {
+            c.events.set_waker(waker);
+        }
+    }
+
+    /// Tear a context down, children first; idempotent.
+    pub fn release(&self, ctx: ContextId) {
+        let Some(c) = self.contexts.write().remove(&ctx) else { return };
+        c.events.set_waker(None);
+        let mut objs = c.objects.lock();
+        let order = objs.teardown_order();
+        let n = order.len();
+        for h in order {
+            if let Some(obj) = objs.remove(h) {
+                self.destroy(&c, &obj);
+            }
+        }
+        tracing::info!(ctx, pid = c.caller.pid, objects = n, "context released");
+    }
+
+    /// Destroy an object already removed from its context's table.
+    fn destroy(&self, c: &Context, obj: &context::Object) {
+        if let Ok(dev) = self.device(context::object_dev(obj)) {
+            context::destroy_object(dev.as_ref(), obj);
+        }
+        match obj {
+            context::Object::Mr { pinned, .. } => self.pins.release(c.caller.uid, *pinned),
+            context::Object::Qp { doorbell: Some(token), .. } => {
+                if let Some(Ok(r)) = self.reactor.get() {
+                    r.remove(*token);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Embedded mode: a doorbell that calls the QP's provider directly.
+    pub fn doorbell_for(&self, ctx: ContextId, qp: u32) -> Result<Arc<dyn Doorbell>> {
+        let c = self.context(ctx)?;
+        if !c.peer.in_process() {
+            return Err(VerbsError::Permission);
+        }
+        let (_, qp) = c.objects.lock().qp(qp)?;
+        Ok(Arc::new(DirectDoorbell(Arc::downgrade(&qp))))
+    }
+
+    /// Contexts open now.
+    pub fn context_count(&self) -> usize {
+        self.contexts.read().len()
+    }
+
+    /// Pinned bytes over all users.
+    pub fn pinned_total(&self) -> u64 {
+        self.pins.total()
+    }
+
+    /// Release every context (daemon shutdown).
+    pub fn shutdown(&self) {
+        let ids: Vec<ContextId> = self.contexts.read().keys().copied().collect();
+        for id in ids {
+            self.release(id);
+        }
+    }
+}
+
+struct DirectDoorbell(Weak<dyn rnicpi::ProviderQp>);
+
+impl Doorbell for DirectDoorbell {
+    fn ring(&self) {
+        if let Some(qp) = self.0.upgrade() {
+            qp.doorbell();
+        }
+    }
+}

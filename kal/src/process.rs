@@ -1,0 +1,1 @@
+//! Daemon-side peer (being written).

@@ -1,0 +1,1 @@
+//! siw (being written)

@@ -1,0 +1,1 @@
+//! iWARP wire formats (being written).

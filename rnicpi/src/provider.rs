@@ -1,0 +1,139 @@
+//! The provider traits: the privileged side a kernel verbs provider (kVP) implements for
+//! the kAL, and the services (upcalls) the kAL offers providers in return.
+//!
+//! The non-privileged side (post, poll, arm) of the software providers is the shared-ring
+//! fast path in [`crate::fastpath`]; it needs no per-provider code because every soft
+//! engine reads the same [`Wqe`](crate::Wqe) and writes the same [`Cqe`](crate::Cqe).
+
+use crate::error::Result;
+use crate::event::EventSink;
+use crate::fastpath::EngineCq;
+use crate::memory::{MemoryAccess, Region};
+use crate::queue::Ring;
+use crate::types::{Access, ConnParam, DeviceAttr, PortAttr, QpAttr, QpAttrMask, QpCaps, QpType};
+use crate::wr::{Cqe, Wqe};
+use std::any::Any;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// A named counter value, for `krdma stat`.
+pub type Counter = (&'static str, u64);
+
+/// What a provider needs to build a completion queue.
+pub struct CqInit {
+    /// Granted depth (a power of two).
+    pub depth: u32,
+    /// The engine's end of the shared completion ring.
+    pub ring: Ring<Cqe>,
+    /// Receives `CqNotify` and `CqError` for this CQ.
+    pub sink: Arc<dyn EventSink>,
+}
+
+/// What a provider needs to build a queue pair.
+pub struct QpInit {
+    pub qp_type: QpType,
+    /// The provider's protection-domain number (from [`Provider::alloc_pd`]).
+    pub pd: u32,
+    pub send_cq: Arc<dyn ProviderCq>,
+    pub recv_cq: Arc<dyn ProviderCq>,
+    /// Granted sizes (the kAL has already clamped them to the device limits).
+    pub caps: QpCaps,
+    /// The engine's end of the shared send ring.
+    pub sq: Ring<Wqe>,
+    /// The engine's end of the shared receive ring.
+    pub rq: Ring<Wqe>,
+    /// Receives affiliated asynchronous and connection events of this QP.
+    pub sink: Arc<dyn EventSink>,
+}
+
+/// A verbs device as the kAL drives it (the privileged RNIC-PI).
+pub trait Provider: Send + Sync + 'static {
+    /// Static attributes (Query RNIC).
+    fn attr(&self) -> &DeviceAttr;
+    /// Port attributes (Query Port); ports are numbered from 1.
+    fn port(&self, port: u8) -> Result<PortAttr>;
+    /// Device-wide counters.
+    fn counters(&self) -> Vec<Counter> {
+        Vec::new()
+    }
+
+    /// Allocate a protection domain; returns the provider's PD number.
+    fn alloc_pd(&self) -> Result<u32>;
+    fn dealloc_pd(&self, pd: u32);
+
+    fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>>;
+    fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>>;
+
+    /// Register `[base, base+len)` of a consumer's memory, already pinned by the kAL and
+    /// reachable through `mem`. Returns the registration with its STag/lkey/rkey.
+    fn reg_mr(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>>;
+    fn dereg_mr(&self, stag: u32) -> Result<()>;
+
+    /// Listen for connection requests on `addr`. `ConnectRequest` events go to `sink`.
+    fn listen(&self, addr: SocketAddr, backlog: u32, sink: Arc<dyn EventSink>) -> Result<Arc<dyn ProviderListener>>;
+}
+
+/// A completion queue created by a provider.
+pub trait ProviderCq: Send + Sync + 'static {
+    /// The engine's end of the ring, for QPs of the same provider.
+    fn engine(&self) -> &EngineCq;
+    fn as_any(&self) -> &dyn Any;
+    /// Tear down (idempotent).
+    fn destroy(&self) {}
+}
+
+/// A queue pair created by a provider.
+pub trait ProviderQp: Send + Sync + 'static {
+    fn qp_num(&self) -> u32;
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+    fn query(&self) -> QpAttr;
+    /// The consumer added entries to the send or receive ring. Must not block for long:
+    /// a provider may process a little inline and hand the rest to its engine thread.
+    fn doorbell(&self);
+    /// Active connect (iWARP: TCP + MPA; IB: CM REQ). Completion arrives as an
+    /// `Established`, `Rejected` or `Unreachable` event on the QP's sink.
+    fn connect(&self, peer: SocketAddr, param: ConnParam) -> Result<()>;
+    /// Close the connection: orderly (flush, then `Disconnected`) or abortive.
+    fn disconnect(&self, abortive: bool) -> Result<()>;
+    /// Tear down: flush outstanding work, tell the peer, free everything (idempotent).
+    fn destroy(&self);
+    fn counters(&self) -> Vec<Counter> {
+        Vec::new()
+    }
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A listening endpoint created by a provider.
+pub trait ProviderListener: Send + Sync + 'static {
+    fn local_addr(&self) -> SocketAddr;
+    /// Accept connection request `conn_id` onto `qp` with our parameters.
+    fn accept(&self, conn_id: u64, qp: &Arc<dyn ProviderQp>, param: ConnParam) -> Result<()>;
+    fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()>;
+    /// Stop listening and refuse pending requests (idempotent).
+    fn close(&self);
+}
+
+/// A route to a peer, from the host's own routing tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Source address the host would use.
+    pub source: IpAddr,
+    /// Outgoing interface name.
+    pub ifname: String,
+    /// Link MTU of that interface.
+    pub mtu: u32,
+}
+
+/// Services the kAL offers providers (the RNIC-PI upcalls). Pinning is not here: the kAL
+/// pins consumer memory before it calls [`Provider::reg_mr`] and hands the provider the
+/// accessor, as the RNIC-PI separates registration from pinning.
+pub trait KalServices: Send + Sync + 'static {
+    /// Route lookup for `peer` through the host's tables.
+    fn route(&self, peer: IpAddr) -> Result<Route>;
+    /// Link-layer neighbour (ARP/ND) entry of `ip`, when the host knows it.
+    fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]>;
+    /// Open an LLP (TCP) connection for an iWARP provider.
+    fn tcp_connect(&self, peer: SocketAddr, timeout: std::time::Duration) -> Result<std::net::TcpStream>;
+    /// Listen on an LLP (TCP) address for an iWARP provider.
+    fn tcp_listen(&self, addr: SocketAddr, backlog: u32) -> Result<std::net::TcpListener>;
+}

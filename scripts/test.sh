@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace. Installs what the tests need first (idempotent), so it
+# works on a fresh machine. Tests that need root + FUSE run when we are root (CI is root)
+# and fail loudly under CI=true when those are missing, never silently skip there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v tshark >/dev/null || need_apt+=(tshark)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+command -v cc >/dev/null || need_apt+=(gcc)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    else
+        echo "note: missing ${need_apt[*]} (install them as root for the full suite)" >&2
+    fi
+fi
+command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
+
+# The FUSE daemon tests mount private instances under /tmp; make sure /dev/fuse exists.
+if [ "$(id -u)" = 0 ] && [ ! -e /dev/fuse ]; then
+    mknod -m 666 /dev/fuse c 10 229 || true
+fi
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# `ci` profile: optimised (the data path is exercised with real traffic) but with debug
+# assertions and overflow checks on.
+cargo nextest run --workspace --cargo-profile ci --no-fail-fast "$@"
+cargo test --workspace --doc --profile ci

@@ -1,0 +1,150 @@
+//! Shared helpers for the end-to-end tests: the two kAL front doors (embedded, and a
+//! private `krdmad` instance serving a FUSE device), and data checks.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ual::{Context, Target};
+
+/// A private krdmad serving a device file in a temporary directory; stopped on drop.
+pub struct Daemon {
+    child: Child,
+    pub path: PathBuf,
+    dir: PathBuf,
+}
+
+/// The `krdmad` binary built alongside the tests (target/<profile>/krdmad).
+pub fn krdmad_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = profile_dir.join("krdmad");
+    assert!(bin.exists(), "{} not built (run the tests through cargo/nextest on the workspace)", bin.display());
+    bin
+}
+
+/// Whether this machine can run the daemon (root and /dev/fuse). Under `CI=true` a
+/// missing capability is a test failure, never a silent skip.
+pub fn daemon_possible() -> bool {
+    let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
+    if !ok && std::env::var_os("CI").is_some() {
+        panic!("CI must run the daemon tests: they need root and /dev/fuse");
+    }
+    if !ok {
+        eprintln!("skipped daemon front door: needs root and /dev/fuse");
+    }
+    ok
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Daemon {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("krdma-e2e-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("krdma");
+        let mut child = Command::new(krdmad_bin())
+            .arg("--device")
+            .arg(&path)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start krdmad");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.contains("ready") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(20)).expect("krdmad did not become ready");
+        Daemon { child, path, dir }
+    }
+
+    pub fn target(&self) -> Target {
+        Target::Device(self.path.clone())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.path).stderr(Stdio::null()).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One of the kAL's front doors, for tests that run against both.
+pub enum FrontDoor {
+    Embedded,
+    Daemon(Daemon),
+}
+
+impl FrontDoor {
+    pub fn target(&self) -> Target {
+        match self {
+            FrontDoor::Embedded => Target::Embedded,
+            FrontDoor::Daemon(d) => d.target(),
+        }
+    }
+
+    pub fn open(&self) -> Arc<Context> {
+        Context::open_target(&self.target()).expect("open kAL context")
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            FrontDoor::Embedded => "embedded",
+            FrontDoor::Daemon(_) => "daemon",
+        }
+    }
+}
+
+/// Run `f` once per available front door.
+pub fn each_front_door(f: impl Fn(&FrontDoor)) {
+    let mut doors = vec![FrontDoor::Embedded];
+    if daemon_possible() {
+        doors.push(FrontDoor::Daemon(Daemon::start()));
+    }
+    for d in &doors {
+        eprintln!("--- front door: {}", d.name());
+        f(d);
+    }
+}
+
+/// Deterministic test pattern.
+pub fn fill_pattern(buf: &mut [u8], seed: u32) {
+    let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
+    for chunk in buf.chunks_mut(4) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+pub fn crc(buf: &[u8]) -> u32 {
+    crc32fast::hash(buf)
+}

@@ -1,0 +1,185 @@
+//! `krdma` — the command line of the krdma stack.
+
+use clap::{Parser, Subcommand};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
+use std::sync::Arc;
+use ual::perf::{self, Op};
+use ual::{Context, Target};
+
+#[derive(Parser)]
+#[command(name = "krdma", version, about = "krdma: a user-space RDMA stack (iWARP and RoCEv2) with the OpenRDMA layering")]
+struct Cli {
+    /// kAL front door: a device path served by krdmad, or `embedded` (default: /dev/krdma
+    /// when a daemon serves it, embedded otherwise).
+    #[arg(long, global = true, env = "KRDMA_DEVICE")]
+    kal: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List devices with their transport, GUID, GIDs, port state and limits (like ibv_devinfo).
+    Devices,
+    /// Resources, pinned memory and counters per context and per device.
+    Stat,
+    /// Run RDMA traffic over loopback and compare it with raw TCP measured in the same run.
+    Demo {
+        #[arg(long, default_value = "siw0")]
+        device: String,
+        /// Bytes per bandwidth test.
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: u64,
+        #[arg(long, default_value_t = 5000)]
+        iters: u32,
+    },
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let target = match cli.kal.as_deref() {
+        Some("embedded") => Target::Embedded,
+        Some(p) if !p.is_empty() => Target::Device(p.into()),
+        _ => Target::from_env(),
+    };
+    if let Err(e) = run(cli.cmd, &target) {
+        eprintln!("krdma: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(header.iter().map(Cell::new));
+    t
+}
+
+fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        Cmd::Devices => devices(&Context::open_target(target)?),
+        Cmd::Stat => stat(&Context::open_target(target)?),
+        Cmd::Demo { device, bytes, iters } => demo(target, &device, bytes, iters),
+    }
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(header.iter().map(Cell::new));
+    t
+}
+
+fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        Cmd::Devices => devices(&Context::open_target(target)?),
+        Cmd::Stat => stat(&Context::open_target(target)?),
+        Cmd::Demo { device, bytes, iters } => demo(target, &device, bytes, iters),
+    }
+}
+
+fn gid_str(g: &[u8; 16]) -> String {
+    g.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+}
+
+fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
+    let devs = ctx.devices()?;
+    if devs.is_empty() {
+        println!("no devices");
+    }
+    for d in devs {
+        let q = d.raw;
+        println!("hca_id: {}", d.name);
+        println!("\ttransport:\t\t{} ({})", d.transport.name(), d.transport as u8);
+        println!("\tnode_guid:\t\t{:04x}:{:04x}:{:04x}:{:04x}", d.node_guid >> 48, (d.node_guid >> 32) & 0xffff, (d.node_guid >> 16) & 0xffff, d.node_guid & 0xffff);
+        println!("\tvendor_id:\t\t{:#06x}", q.vendor_id);
+        println!("\tmax_qp:\t\t\t{}\n\tmax_qp_wr:\t\t{}\n\tmax_sge:\t\t{}\n\tmax_inline:\t\t{}", q.max_qp, q.max_qp_wr, q.max_sge, q.max_inline);
+        println!("\tmax_cq:\t\t\t{}\n\tmax_cqe:\t\t{}\n\tmax_mr:\t\t\t{}\n\tmax_mr_size:\t\t{:#x}", q.max_cq, q.max_cqe, q.max_mr, q.max_mr_size);
+        println!("\tmax_pd:\t\t\t{}\n\tmax_ird/ord:\t\t{}/{}\n\tatomics:\t\t{}", q.max_pd, q.max_ird, q.max_ord, if q.atomics != 0 { "yes" } else { "no" });
+        println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
+        for port in 1..=q.phys_port_cnt {
+            let p = ctx.query_port(d.index, port)?;
+            println!("\t\tport:\t{port}");
+            println!("\t\t\tstate:\t\t{:?}", p.state);
+            println!("\t\t\tactive_mtu:\t{}", p.active_mtu);
+            println!("\t\t\tnetdev:\t\t{}", p.netdev);
+            for (i, g) in p.gids.iter().enumerate() {
+                println!("\t\t\tGID[{i:2}]:\t{}  ({})", gid_str(g), rnicpi::gid_to_ip(*g));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
+    let (head, rows) = ctx.stat_contexts()?;
+    println!("kAL: {} context(s), {} pinned bytes in all (this one is context {})", head.total, head.pinned_total, ctx.id());
+    let mut t = table(&["ctx", "pid", "uid", "PDs", "CQs", "QPs", "MRs", "listeners", "pinned", "events queued", "events dropped"]);
+    for r in rows {
+        t.add_row(vec![
+            r.id.to_string(),
+            r.pid.to_string(),
+            r.uid.to_string(),
+            r.pds.to_string(),
+            r.cqs.to_string(),
+            r.qps.to_string(),
+            r.mrs.to_string(),
+            r.listeners.to_string(),
+            r.pinned_bytes.to_string(),
+            r.events_queued.to_string(),
+            r.events_dropped.to_string(),
+        ]);
+    }
+    println!("{t}");
+    for d in ctx.devices()? {
+        let mut t = table(&["counter", "value"]);
+        for (n, v) in ctx.stat_device(d.index)? {
+            t.add_row(vec![n, v.to_string()]);
+        }
+        println!("{}:\n{t}", d.name);
+    }
+    Ok(())
+}
+
+fn gbits(bps: f64) -> String {
+    format!("{:.2} Gbit/s", bps * 8.0 / 1e9)
+}
+
+fn demo(target: &Target, device: &str, bytes: u64, iters: u32) -> Result<(), Box<dyn std::error::Error>> {
+    let server = Context::open_target(target)?;
+    let client = Context::open_target(target)?;
+    println!("krdma demo: {device} over loopback, kAL front door: {}", target.describe());
+    let mut t = table(&["test", "krdma", "raw TCP (same run)", "ratio"]);
+    for msg in [64u32 << 10, 1 << 20] {
+        let (s, c) = perf::connect_pair(&server, &client, device, msg as usize, 32)?;
+        for (op, name) in [(Op::Write, "RDMA Write"), (Op::Send, "Send"), (Op::Read, "RDMA Read")] {
+            let rdma = perf::bandwidth(&s, &c, op, msg, bytes, 16)?;
+            let tcp = perf::tcp_bandwidth(msg as usize, bytes)?;
+            t.add_row(vec![format!("{name} BW, {} KiB", msg >> 10), gbits(rdma), gbits(tcp), format!("{:.2}x", rdma / tcp)]);
+        }
+    }
+    let (s, c) = perf::connect_pair(&server, &client, device, 4096, 32)?;
+    let lat = perf::pingpong(&s, &c, 8, iters)?;
+    let tcp = perf::tcp_pingpong(8, iters)?;
+    let (l50, t50) = (perf::percentile(&lat, 50.0), perf::percentile(&tcp, 50.0));
+    t.add_row(vec![
+        "8 B Send ping-pong, one-way (median)".into(),
+        format!("{l50:.2} µs"),
+        format!("{t50:.2} µs"),
+        format!("{:+.2} µs", l50 - t50),
+    ]);
+    t.add_row(vec![
+        "8 B Send ping-pong, one-way (p99)".into(),
+        format!("{:.2} µs", perf::percentile(&lat, 99.0)),
+        format!("{:.2} µs", perf::percentile(&tcp, 99.0)),
+        format!("{:+.2} µs", perf::percentile(&lat, 99.0) - perf::percentile(&tcp, 99.0)),
+    ]);
+    println!("{t}");
+    drop((s, c));
+    stat(&server)?;
+    Ok(())
+}

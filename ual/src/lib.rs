@@ -1,0 +1,34 @@
+//! # ual — the krdma user access layer
+//!
+//! A process opens the kAL through a [`Context`]: the device file `/dev/krdma` served by
+//! `krdmad`, or — where no daemon serves it, or with `KRDMA_DEVICE=embedded` — an
+//! in-process kAL that receives the very same command structs by function call.
+//!
+//! Control operations (create/destroy, modify, connect/listen/accept, query) are ioctls.
+//! The fast path is not: a [`Qp`] posts work requests into rings shared with the
+//! provider's engine and rings a doorbell (a direct call in embedded mode, one eventfd
+//! write in daemon mode), and a [`Cq`] is polled in shared memory without a system call.
+//!
+//! Events (connection, asynchronous, CQ notification) are read by one event thread per
+//! context and handed to a small worker pool that runs the handler registered for the
+//! object's handle ([`Context::subscribe`]); events of one object stay in order.
+//!
+//! Every object frees itself on drop, children before parents (a QP holds its PD and CQs).
+
+mod channel;
+mod device;
+mod events;
+pub mod pin;
+pub mod perf;
+mod verbs;
+
+pub use channel::{embedded_kal, Channel, Target};
+pub use device::DeviceFile;
+pub use events::Handler;
+pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Pd, PortInfo, Qp, QpConfig};
+
+pub use kal::abi;
+pub use rnicpi::{
+    send_flags, wc_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps, QpState, QpType,
+    Result, Sge, Transport, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
+};

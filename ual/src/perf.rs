@@ -1,0 +1,341 @@
+//! Traffic generators shared by `krdma perf`, the README's main job and the tests:
+//! a connected pair of endpoints, bandwidth and ping-pong latency runs over RDMA, and
+//! the raw-TCP baseline the same run is compared against.
+
+use crate::verbs::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
+use rnicpi::{send_flags, Access, ConnParam, Cqe, QpCaps, Result, VerbsError, WcStatus, Wqe, WrOpcode};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One side of a connection with a registered buffer.
+pub struct Endpoint {
+    pub qp: Arc<Qp>,
+    pub cq: Arc<Cq>,
+    pub mr: Arc<Mr>,
+    pub buf: Vec<u8>,
+    pub pd: Arc<Pd>,
+    /// The peer's buffer: (address, rkey, length), exchanged in the private data.
+    pub remote: (u64, u32, u64),
+}
+
+fn endpoint_parts(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<(Arc<Pd>, Arc<Cq>, Arc<Qp>, Arc<Mr>, Vec<u8>)> {
+    let pd = ctx.alloc_pd(dev)?;
+    let cq = ctx.create_cq(dev, depth * 2 + 8)?;
+    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 2, max_recv_sge: 2, max_inline: 64 };
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpConfig { caps, ..Default::default() })?;
+    let buf = vec![0u8; buf_len.max(64)];
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), access)?;
+    Ok((pd, cq, qp, mr, buf))
+}
+
+fn advertise(mr: &Mr) -> Vec<u8> {
+    let mut v = Vec::with_capacity(20);
+    v.extend_from_slice(&mr.addr.to_be_bytes());
+    v.extend_from_slice(&mr.rkey.to_be_bytes());
+    v.extend_from_slice(&mr.len.to_be_bytes());
+    v
+}
+
+fn parse_advert(p: &[u8]) -> Result<(u64, u32, u64)> {
+    if p.len() < 20 {
+        return Err(VerbsError::Invalid);
+    }
+    let u64at = |i: usize| u64::from_be_bytes(p[i..i + 8].try_into().unwrap());
+    Ok((u64at(0), u32::from_be_bytes(p[8..12].try_into().unwrap()), u64at(12)))
+}
+
+/// Accept one connection on `listener` (server side of [`connect_pair`]).
+pub fn accept_endpoint(ctx: &Arc<Context>, dev: u32, listener: &Listener, buf_len: usize, depth: u32) -> Result<Endpoint> {
+    let req = listener.get_request(TIMEOUT)?;
+    let remote = parse_advert(&req.private_data)?;
+    let (pd, cq, qp, mr, buf) = endpoint_parts(ctx, dev, buf_len, depth)?;
+    listener.accept(req.conn_id, &qp, &ConnParam { private_data: advertise(&mr), ird: 16, ord: 16 })?;
+    let ev = qp.next_event(TIMEOUT)?;
+    if ev.kind != rnicpi::EventKind::Established {
+        return Err(VerbsError::ConnectionReset);
+    }
+    Ok(Endpoint { qp, cq, mr, buf, pd, remote })
+}
+
+/// Connect to `peer` (client side).
+pub fn connect_endpoint(ctx: &Arc<Context>, dev: u32, peer: SocketAddr, buf_len: usize, depth: u32) -> Result<Endpoint> {
+    let (pd, cq, qp, mr, buf) = endpoint_parts(ctx, dev, buf_len, depth)?;
+    let ev = qp.connect_wait(peer, &ConnParam { private_data: advertise(&mr), ird: 16, ord: 16 }, TIMEOUT)?;
+    let remote = parse_advert(&ev.private_data)?;
+    Ok(Endpoint { qp, cq, mr, buf, pd, remote })
+}
+
+/// A connected pair over device `dev` on loopback, each side on its own context.
+pub fn connect_pair(server: &Arc<Context>, client: &Arc<Context>, dev_name: &str, buf_len: usize, depth: u32) -> Result<(Endpoint, Endpoint)> {
+    let sdev = server.device(dev_name)?.index;
+    let cdev = client.device(dev_name)?.index;
+    let listener = server.listen(sdev, "127.0.0.1:0".parse().unwrap(), 16)?;
+    let port = listener.port;
+    let c2 = client.clone();
+    let t = std::thread::spawn(move || connect_endpoint(&c2, cdev, SocketAddr::from(([127, 0, 0, 1], port)), buf_len, depth));
+    let s = accept_endpoint(server, sdev, &listener, buf_len, depth);
+    let c = t.join().map_err(|_| VerbsError::Io)?;
+    Ok((s?, c?))
+}
+
+fn expect_ok(c: &Cqe) -> Result<()> {
+    if c.status() == WcStatus::Success {
+        Ok(())
+    } else {
+        tracing::warn!(status = ?c.status(), wr_id = c.wr_id, "work request failed");
+        Err(VerbsError::Io)
+    }
+}
+
+impl Endpoint {
+    /// Post a receive covering `len` bytes of the buffer at `offset`.
+    pub fn post_recv(&self, wr_id: u64, offset: u64, len: u32) -> Result<()> {
+        self.qp.post_recv(&Wqe::recv(wr_id, &[self.mr.sge(offset, len)]))
+    }
+
+    pub fn send(&self, wr_id: u64, offset: u64, len: u32, flags: u8) -> Result<()> {
+        self.qp.post_send(&Wqe::new(wr_id, WrOpcode::Send, &[self.mr.sge(offset, len)]).with_flags(flags))
+    }
+
+    pub fn write(&self, wr_id: u64, offset: u64, len: u32, remote_off: u64, flags: u8) -> Result<()> {
+        let w = Wqe::new(wr_id, WrOpcode::RdmaWrite, &[self.mr.sge(offset, len)])
+            .with_remote(self.remote.0 + remote_off, self.remote.1)
+            .with_flags(flags);
+        self.qp.post_send(&w)
+    }
+
+    pub fn read(&self, wr_id: u64, offset: u64, len: u32, remote_off: u64) -> Result<()> {
+        let w = Wqe::new(wr_id, WrOpcode::RdmaRead, &[self.mr.sge(offset, len)]).with_remote(self.remote.0 + remote_off, self.remote.1);
+        self.qp.post_send(&w)
+    }
+
+    /// Wait for `n` successful completions.
+    pub fn complete(&self, n: usize) -> Result<Vec<Cqe>> {
+        let cs = self.cq.wait(n, TIMEOUT)?;
+        cs.iter().try_for_each(expect_ok)?;
+        Ok(cs)
+    }
+
+    /// Spin (yielding) until one completion arrives.
+    fn spin_one(&self) -> Result<Cqe> {
+        let mut c = [Cqe::default()];
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if self.cq.poll(&mut c) == 1 {
+                expect_ok(&c[0])?;
+                return Ok(c[0]);
+            }
+            if Instant::now() > deadline {
+                return Err(VerbsError::TimedOut);
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Which RDMA operation a bandwidth run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Write,
+    Send,
+    Read,
+}
+
+/// Stream `total` bytes in `msg`-sized messages from `client` to `server` (or read them,
+/// for `Op::Read`) with `window` in flight; returns bytes per second. The clock stops when
+/// the server has seen the last byte (a final Send after the data orders behind it).
+pub fn bandwidth(server: &Endpoint, client: &Endpoint, op: Op, msg: u32, total: u64, window: u32) -> Result<f64> {
+    let count = (total / msg as u64).max(1);
+    let sig = send_flags::SIGNALED;
+    std::thread::scope(|s| {
+        let srv = s.spawn(move || -> Result<()> {
+            match op {
+                Op::Send => {
+                    let mut posted = 0u64;
+                    let mut done = 0u64;
+                    while posted < count.min(window as u64) {
+                        server.post_recv(posted, 0, msg)?;
+                        posted += 1;
+                    }
+                    while done < count {
+                        server.spin_one()?;
+                        done += 1;
+                        if posted < count {
+                            server.post_recv(posted, 0, msg)?;
+                            posted += 1;
+                        }
+                    }
+                }
+                Op::Write | Op::Read => {
+                    server.post_recv(u64::MAX, 0, 0)?;
+                    server.spin_one()?;
+                }
+            }
+            server.send(1, 0, 0, sig)?;
+            server.spin_one()?;
+            Ok(())
+        });
+        client.post_recv(u64::MAX, 0, 0)?;
+        let start = Instant::now();
+        let mut posted = 0u64;
+        let mut done = 0u64;
+        while done < count {
+            while posted < count && posted - done < window as u64 {
+                match op {
+                    Op::Write => client.write(posted, 0, msg, 0, sig)?,
+                    Op::Send => client.send(posted, 0, msg, sig)?,
+                    Op::Read => client.read(posted, 0, msg, 0)?,
+                }
+                posted += 1;
+            }
+            let c = client.spin_one()?;
+            if c.wr_id != u64::MAX {
+                done += 1;
+            }
+        }
+        if op != Op::Send {
+            client.send(2, 0, 0, sig)?;
+        }
+        // Wait for the server's final message (and our own last send completion).
+        let mut got_reply = false;
+        let mut got_send = op == Op::Send;
+        while !(got_reply && got_send) {
+            let c = client.spin_one()?;
+            if c.wr_id == u64::MAX {
+                got_reply = true;
+            } else {
+                got_send = true;
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        srv.join().map_err(|_| VerbsError::Io)??;
+        Ok(count as f64 * msg as f64 / secs)
+    })
+}
+
+/// Ping-pong `iters` Sends of `size` bytes; returns one-way latencies in microseconds
+/// (half of each round trip), sorted.
+pub fn pingpong(server: &Endpoint, client: &Endpoint, size: u32, iters: u32) -> Result<Vec<f64>> {
+    let sig = send_flags::SIGNALED;
+    let inline = if size <= 64 { send_flags::INLINE } else { 0 };
+    let wqe = |ep: &Endpoint| {
+        let w = Wqe::new(0, WrOpcode::Send, &[ep.mr.sge(0, size)]).with_flags(sig);
+        if inline != 0 {
+            w.with_inline(&ep.buf[..size as usize]).unwrap().with_flags(sig | inline)
+        } else {
+            w
+        }
+    };
+    std::thread::scope(|s| {
+        let srv = s.spawn(move || -> Result<()> {
+            server.post_recv(0, 0, size)?;
+            let w = wqe(server);
+            for _ in 0..iters {
+                loop {
+                    let c = server.spin_one()?;
+                    if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
+                        break;
+                    }
+                }
+                server.post_recv(0, 0, size)?;
+                server.qp.post_send(&w)?;
+            }
+            Ok(())
+        });
+        let w = wqe(client);
+        let mut lat = Vec::with_capacity(iters as usize);
+        client.post_recv(0, 0, size)?;
+        for _ in 0..iters {
+            let t = Instant::now();
+            client.qp.post_send(&w)?;
+            loop {
+                let c = client.spin_one()?;
+                if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
+                    break;
+                }
+            }
+            lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            client.post_recv(0, 0, size)?;
+        }
+        srv.join().map_err(|_| VerbsError::Io)??;
+        lat.sort_by(|a, b| a.total_cmp(b));
+        Ok(lat)
+    })
+}
+
+/// Raw TCP on loopback: bytes per second streaming `total` bytes in `msg` writes.
+pub fn tcp_bandwidth(msg: usize, total: u64) -> std::io::Result<f64> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let srv = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = total;
+        while left > 0 {
+            let n = s.read(&mut buf[..(left.min(buf.len() as u64)) as usize])?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            left -= n as u64;
+        }
+        s.write_all(&[1])
+    });
+    let mut c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    let buf = vec![7u8; msg];
+    let start = Instant::now();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(msg as u64) as usize;
+        c.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    let mut ack = [0u8];
+    c.read_exact(&mut ack)?;
+    let secs = start.elapsed().as_secs_f64();
+    srv.join().map_err(|_| std::io::Error::other("server panicked"))??;
+    Ok(total as f64 / secs)
+}
+
+/// Raw TCP ping-pong on loopback; one-way latencies in microseconds, sorted.
+pub fn tcp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let srv = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut b = vec![0u8; size];
+        for _ in 0..iters {
+            s.read_exact(&mut b)?;
+            s.write_all(&b)?;
+        }
+        Ok(())
+    });
+    let mut c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    let mut b = vec![0u8; size];
+    let mut lat = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        let t = Instant::now();
+        c.write_all(&b)?;
+        c.read_exact(&mut b)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    srv.join().map_err(|_| std::io::Error::other("server panicked"))??;
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok(lat)
+}
+
+/// The value at percentile `p` (0..=100) of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}

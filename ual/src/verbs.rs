@@ -1,0 +1,578 @@
+//! Verbs objects over a kAL context: devices, PDs, CQs, QPs, MRs and listeners.
+
+use crate::channel::{Channel, Target};
+use crate::events::{channel_handler, Dispatcher, Handler};
+use crate::pin;
+use bytemuck::Zeroable;
+use crossbeam_channel::Receiver;
+use kal::abi::{self, cmd};
+use rnicpi::queue::{ring_bytes, ring_capacity};
+use rnicpi::{
+    Access, ConnParam, Cqe, Doorbell, Event, PortState, QpAttr, QpAttrMask, QpCaps, QpRingLayout, QpState, QpType,
+    Result, Ring, SharedMem, Transport, UserCq, UserQp, VerbsError, Wqe,
+};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// An open kAL context: the root of this process's resources on one front door.
+pub struct Context {
+    chan: Channel,
+    dispatcher: Arc<Dispatcher>,
+    id: u32,
+}
+
+/// What `QUERY_DEVICE` reports, decoded.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub name: String,
+    pub transport: Transport,
+    pub node_guid: u64,
+    pub raw: abi::QueryDevice,
+}
+
+/// What `QUERY_PORT` reports, decoded.
+#[derive(Debug, Clone)]
+pub struct PortInfo {
+    pub state: PortState,
+    pub active_mtu: u32,
+    pub gids: Vec<[u8; 16]>,
+    pub netdev: String,
+}
+
+impl Context {
+    /// Open the front door `KRDMA_DEVICE` selects (see [`Target::from_env`]).
+    pub fn open() -> Result<Arc<Context>> {
+        Self::open_target(&Target::from_env())
+    }
+
+    pub fn open_target(target: &Target) -> Result<Arc<Context>> {
+        let chan = Channel::open(target)?;
+        let mut q = abi::QueryAbi::zeroed();
+        chan.call(cmd::QUERY_ABI, &mut q)?;
+        if q.version != abi::ABI_VERSION || q.event_size as usize != abi::EVENT_SIZE {
+            tracing::error!(kal = q.version, ual = abi::ABI_VERSION, "kAL ABI version mismatch");
+            return Err(VerbsError::Unsupported);
+        }
+        let ctx = Arc::new(Context { chan, dispatcher: Dispatcher::new(), id: q.context });
+        start_event_thread(&ctx);
+        Ok(ctx)
+    }
+
+    /// The kAL's id of this context (as `krdma stat` shows it).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn channel(&self) -> &Channel {
+        &self.chan
+    }
+
+    pub fn is_embedded(&self) -> bool {
+        self.chan.is_embedded()
+    }
+
+    fn call<T: bytemuck::Pod>(&self, c: u32, arg: &mut T) -> Result<()> {
+        self.chan.call(c, arg)
+    }
+
+    fn destroy(&self, c: u32, handle: u32) {
+        self.dispatcher.remove(handle);
+        let mut d = abi::Destroy { handle, _pad: 0 };
+        if let Err(e) = self.call(c, &mut d) {
+            if e != VerbsError::Dead {
+                tracing::warn!(handle, cmd = abi::cmd::name(c), error = %e, "destroy failed");
+            }
+        }
+    }
+
+    /// Register `h` for the events of object `handle`.
+    pub fn set_handler(&self, handle: u32, h: Handler) {
+        self.dispatcher.set(handle, h);
+    }
+
+    /// Receive the events of object `handle` on a channel.
+    pub fn subscribe(&self, handle: u32) -> Receiver<Event> {
+        let (h, rx) = channel_handler();
+        self.set_handler(handle, h);
+        rx
+    }
+
+    pub fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        let mut l = abi::ListDevices::zeroed();
+        self.call(cmd::LIST_DEVICES, &mut l)?;
+        (0..l.count.min(abi::MAX_DEVICES as u32)).map(|i| self.query_device(i)).collect()
+    }
+
+    pub fn query_device(&self, index: u32) -> Result<DeviceInfo> {
+        let mut q = abi::QueryDevice { dev: index, ..Zeroable::zeroed() };
+        self.call(cmd::QUERY_DEVICE, &mut q)?;
+        Ok(DeviceInfo {
+            index,
+            name: abi::name_to_str(&q.name).to_string(),
+            transport: Transport::from_u8(q.transport).ok_or(VerbsError::Io)?,
+            node_guid: q.node_guid,
+            raw: q,
+        })
+    }
+
+    /// Find a device by name.
+    pub fn device(&self, name: &str) -> Result<DeviceInfo> {
+        self.devices()?.into_iter().find(|d| d.name == name).ok_or(VerbsError::NoSuchResource)
+    }
+
+    pub fn query_port(&self, dev: u32, port: u8) -> Result<PortInfo> {
+        let mut q = abi::QueryPort { dev, port, ..Zeroable::zeroed() };
+        self.call(cmd::QUERY_PORT, &mut q)?;
+        Ok(PortInfo {
+            state: PortState::from_u8(q.state).ok_or(VerbsError::Io)?,
+            active_mtu: q.active_mtu,
+            gids: q.gids[..(q.gid_count as usize).min(abi::MAX_GIDS)].to_vec(),
+            netdev: abi::name_to_str(&q.netdev).to_string(),
+        })
+    }
+
+    pub fn alloc_pd(self: &Arc<Self>, dev: u32) -> Result<Arc<Pd>> {
+        let mut a = abi::AllocPd { dev, handle: 0 };
+        self.call(cmd::ALLOC_PD, &mut a)?;
+        Ok(Arc::new(Pd { ctx: self.clone(), handle: a.handle, dev }))
+    }
+
+    pub fn create_cq(self: &Arc<Self>, dev: u32, depth: u32) -> Result<Arc<Cq>> {
+        let cap = ring_capacity(depth).ok_or(VerbsError::Invalid)?;
+        let mem = Arc::new(SharedMem::create("krdma-cq", ring_bytes::<Cqe>(cap))?);
+        let mut a = abi::CreateCq { dev, cqe: depth, memfd: mem.fd().as_raw_fd(), handle: 0 };
+        self.call(cmd::CREATE_CQ, &mut a)?;
+        let ring = Ring::attach(mem, 0, cap)?;
+        let events = self.subscribe(a.handle);
+        Ok(Arc::new(Cq { ctx: self.clone(), handle: a.handle, dev, user: UserCq::new(ring), events }))
+    }
+
+    /// Create a QP on `pd` with its completion queues.
+    pub fn create_qp(self: &Arc<Self>, pd: &Arc<Pd>, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>, cfg: QpConfig) -> Result<Arc<Qp>> {
+        let caps = cfg.caps;
+        let layout = QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
+        let mem = Arc::new(SharedMem::create("krdma-qp", layout.total)?);
+        let doorbell_fd = if self.is_embedded() { None } else { Some(eventfd()?) };
+        let mut a = abi::CreateQp {
+            pd: pd.handle,
+            send_cq: send_cq.handle,
+            recv_cq: recv_cq.handle,
+            qp_type: cfg.qp_type as u8,
+            _pad: [0; 3],
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_inline: caps.max_inline,
+            memfd: mem.fd().as_raw_fd(),
+            doorbell_fd: doorbell_fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            handle: 0,
+            qp_num: 0,
+        };
+        self.call(cmd::CREATE_QP, &mut a)?;
+        let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?;
+        let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?;
+        let doorbell: Arc<dyn Doorbell> = match doorbell_fd {
+            Some(fd) => Arc::new(EventfdDoorbell(fd)),
+            None => self.chan.direct_doorbell(a.handle)?,
+        };
+        let events = self.subscribe(a.handle);
+        Ok(Arc::new(Qp {
+            ctx: self.clone(),
+            handle: a.handle,
+            qp_num: a.qp_num,
+            user: UserQp::new(a.qp_num, caps, sq, rq, doorbell),
+            events,
+            _parents: (pd.clone(), send_cq.clone(), recv_cq.clone()),
+        }))
+    }
+
+    /// Register `len` bytes at `addr` of this process. The pages are pinned until the
+    /// returned [`Mr`] is dropped. The memory must stay mapped while registered.
+    pub fn reg_mr(self: &Arc<Self>, pd: &Arc<Pd>, addr: *const u8, len: usize, access: Access) -> Result<Arc<Mr>> {
+        let (addr, len) = (addr as u64, len as u64);
+        pin::pin(addr, len)?;
+        let mut a = abi::RegMr { pd: pd.handle, access: access.bits(), addr, length: len, ..Zeroable::zeroed() };
+        if let Err(e) = self.call(cmd::REG_MR, &mut a) {
+            pin::unpin(addr, len);
+            return Err(e);
+        }
+        Ok(Arc::new(Mr { ctx: self.clone(), handle: a.handle, addr, len, lkey: a.lkey, rkey: a.rkey, _pd: pd.clone() }))
+    }
+
+    /// Listen on `addr` (port 0 picks one) of device `dev`.
+    pub fn listen(self: &Arc<Self>, dev: u32, addr: SocketAddr, backlog: u32) -> Result<Arc<Listener>> {
+        let (gid, port) = rnicpi::sockaddr_to_parts(addr);
+        let gid = if addr.ip().is_unspecified() { [0; 16] } else { gid };
+        let mut a = abi::Listen { dev, backlog, addr: gid, port, _pad: [0; 2], handle: 0 };
+        self.call(cmd::LISTEN, &mut a)?;
+        let events = self.subscribe(a.handle);
+        Ok(Arc::new(Listener { ctx: self.clone(), handle: a.handle, port: a.port, events }))
+    }
+
+    pub fn stat_contexts(&self) -> Result<(abi::StatContexts, Vec<abi::ContextRow>)> {
+        let mut rows = Vec::new();
+        let mut head = Box::new(abi::StatContexts::zeroed());
+        loop {
+            head.start = rows.len() as u32;
+            self.call(cmd::STAT_CONTEXTS, head.as_mut())?;
+            rows.extend_from_slice(&head.rows[..head.count as usize]);
+            if head.count == 0 || rows.len() as u32 >= head.total {
+                return Ok((*head, rows));
+            }
+        }
+    }
+
+    pub fn stat_device(&self, dev: u32) -> Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        let mut s = Box::new(abi::StatDevice { dev, ..Zeroable::zeroed() });
+        loop {
+            s.start = out.len() as u32;
+            self.call(cmd::STAT_DEVICE, s.as_mut())?;
+            out.extend(s.rows[..s.count as usize].iter().map(|r| (abi::name_to_str(&r.name).to_string(), r.value)));
+            if s.count == 0 || out.len() as u32 >= s.total {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+fn start_event_thread(ctx: &Arc<Context>) {
+    let weak: Weak<Context> = Arc::downgrade(ctx);
+    let disp = ctx.dispatcher.clone();
+    std::thread::Builder::new()
+        .name(format!("krdma-ev{}", ctx.id))
+        .spawn(move || loop {
+            let Some(ctx) = weak.upgrade() else { return };
+            match ctx.chan.wait_events(Duration::from_millis(100)) {
+                Ok(recs) => {
+                    for r in recs {
+                        match r.to_event() {
+                            Some(ev) => disp.dispatch(ev),
+                            None => tracing::warn!(kind = r.kind, "unknown event record"),
+                        }
+                    }
+                }
+                Err(VerbsError::Dead) => {
+                    tracing::error!("the kAL is gone (daemon died); all resources are dead");
+                    disp.broadcast_dead();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "event read failed");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        })
+        .expect("spawn event thread");
+}
+
+fn eventfd() -> Result<OwnedFd> {
+    // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Daemon mode: the doorbell is one write to an eventfd the kAL watches.
+struct EventfdDoorbell(OwnedFd);
+
+impl Doorbell for EventfdDoorbell {
+    fn ring(&self) {
+        let one = 1u64.to_ne_bytes();
+        // An EAGAIN (counter saturated) still leaves the eventfd readable: the wake is not lost.
+        let _ = nix::unistd::write(&self.0, &one);
+    }
+}
+
+/// A protection domain.
+pub struct Pd {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    pub dev: u32,
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DEALLOC_PD, self.handle);
+    }
+}
+
+/// A completion queue; polled in shared memory.
+pub struct Cq {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    pub dev: u32,
+    user: UserCq,
+    events: Receiver<Event>,
+}
+
+impl Cq {
+    /// Take up to `out.len()` completions without a system call.
+    pub fn poll(&self, out: &mut [Cqe]) -> usize {
+        self.user.poll(out)
+    }
+
+    /// Ask for a `CqNotify` event on the next (solicited) completion.
+    pub fn arm(&self, solicited_only: bool) {
+        self.user.arm(solicited_only)
+    }
+
+    /// Events of this CQ (`CqNotify`, `CqError`, `AccessLayerDead`).
+    pub fn events(&self) -> &Receiver<Event> {
+        &self.events
+    }
+
+    /// Wait for `n` completions, spinning briefly and then sleeping on CQ notifications.
+    pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Cqe>> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = Vec::with_capacity(n);
+        let mut buf = [Cqe::default(); 16];
+        let mut spins = 0u32;
+        while out.len() < n {
+            let got = self.poll(&mut buf[..(n - out.len()).min(16)]);
+            out.extend_from_slice(&buf[..got]);
+            if got > 0 {
+                spins = 0;
+                continue;
+            }
+            spins += 1;
+            if spins < 20_000 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(VerbsError::TimedOut);
+            }
+            self.arm(false);
+            // Re-check after arming: a completion may have landed before the arm.
+            let got = self.poll(&mut buf[..(n - out.len()).min(16)]);
+            out.extend_from_slice(&buf[..got]);
+            if got == 0 {
+                match self.events.recv_timeout((deadline - now).min(Duration::from_millis(50))) {
+                    Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => return Err(VerbsError::Dead),
+                    _ => {}
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DESTROY_CQ, self.handle);
+    }
+}
+
+/// Requested shape of a QP.
+#[derive(Debug, Clone, Copy)]
+pub struct QpConfig {
+    pub qp_type: QpType,
+    pub caps: QpCaps,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            qp_type: QpType::Rc,
+            caps: QpCaps { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 4, max_recv_sge: 4, max_inline: 64 },
+        }
+    }
+}
+
+/// A queue pair: posts go to shared rings, control goes through the kAL.
+pub struct Qp {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    pub qp_num: u32,
+    user: UserQp,
+    events: Receiver<Event>,
+    _parents: (Arc<Pd>, Arc<Cq>, Arc<Cq>),
+}
+
+impl Qp {
+    pub fn post_send(&self, wqe: &Wqe) -> Result<()> {
+        self.user.post_send(wqe)
+    }
+    pub fn post_send_batch(&self, wqes: &[Wqe]) -> Result<()> {
+        self.user.post_send_batch(wqes)
+    }
+    pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
+        self.user.post_recv(wqe)
+    }
+
+    /// Connection and asynchronous events of this QP.
+    pub fn events(&self) -> &Receiver<Event> {
+        &self.events
+    }
+
+    /// Wait for the next event of this QP.
+    pub fn next_event(&self, timeout: Duration) -> Result<Event> {
+        self.events.recv_timeout(timeout).map_err(|_| VerbsError::TimedOut)
+    }
+
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let mut a = qp_attrs(self.handle, attr, mask);
+        self.ctx.call(cmd::MODIFY_QP, &mut a)
+    }
+
+    pub fn state(&self) -> Result<QpState> {
+        let mut a = abi::QpAttrs { handle: self.handle, ..Zeroable::zeroed() };
+        self.ctx.call(cmd::QUERY_QP, &mut a)?;
+        QpState::from_u8(a.state).ok_or(VerbsError::Io)
+    }
+
+    /// Active connect with private data; completion arrives as an `Established`,
+    /// `Rejected` or `Unreachable` event (see [`Qp::connect_wait`]).
+    pub fn connect(&self, peer: SocketAddr, param: &ConnParam) -> Result<()> {
+        let (addr, port) = rnicpi::sockaddr_to_parts(peer);
+        let mut a = abi::Connect { qp: self.handle, ird: param.ird, ord: param.ord, addr, port, ..Zeroable::zeroed() };
+        a.pdata_len = fill_pdata(&mut a.pdata, &param.private_data)?;
+        self.ctx.call(cmd::CONNECT, &mut a)
+    }
+
+    /// Connect and wait for the outcome; returns the `Established` event.
+    pub fn connect_wait(&self, peer: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<Event> {
+        self.connect(peer, param)?;
+        let ev = self.next_event(timeout)?;
+        match ev.kind {
+            rnicpi::EventKind::Established => Ok(ev),
+            rnicpi::EventKind::Rejected => Err(VerbsError::Refused),
+            _ => Err(VerbsError::from_errno(ev.status).max_io()),
+        }
+    }
+
+    pub fn disconnect(&self, abortive: bool) -> Result<()> {
+        let mut a = abi::Disconnect { qp: self.handle, abortive: abortive as u32 };
+        self.ctx.call(cmd::DISCONNECT, &mut a)
+    }
+}
+
+trait OrUnreachable {
+    fn max_io(self) -> VerbsError;
+}
+impl OrUnreachable for VerbsError {
+    fn max_io(self) -> VerbsError {
+        if self == VerbsError::Io {
+            VerbsError::Unreachable
+        } else {
+            self
+        }
+    }
+}
+
+fn fill_pdata(buf: &mut [u8; abi::MAX_PDATA], data: &[u8]) -> Result<u32> {
+    if data.len() > abi::MAX_PDATA {
+        return Err(VerbsError::Invalid);
+    }
+    buf[..data.len()].copy_from_slice(data);
+    Ok(data.len() as u32)
+}
+
+fn qp_attrs(handle: u32, q: &QpAttr, mask: QpAttrMask) -> abi::QpAttrs {
+    abi::QpAttrs {
+        handle,
+        mask: mask.bits(),
+        state: q.state as u8,
+        max_rd_atomic: q.max_rd_atomic,
+        max_dest_rd_atomic: q.max_dest_rd_atomic,
+        timeout: q.timeout,
+        retry_cnt: q.retry_cnt,
+        rnr_retry: q.rnr_retry,
+        min_rnr_timer: q.min_rnr_timer,
+        sgid_index: q.sgid_index,
+        access: q.access.bits(),
+        path_mtu: q.path_mtu,
+        dest_qpn: q.dest_qpn,
+        rq_psn: q.rq_psn,
+        sq_psn: q.sq_psn,
+        qkey: q.qkey,
+        pkey_index: q.pkey_index,
+        hop_limit: q.hop_limit,
+        _pad: 0,
+        dgid: q.dgid,
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DESTROY_QP, self.handle);
+    }
+}
+
+/// A memory registration; unpinned and deregistered on drop.
+pub struct Mr {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+    pub rkey: u32,
+    _pd: Arc<Pd>,
+}
+
+impl Mr {
+    /// An SGE covering `[offset, offset+len)` of this registration.
+    pub fn sge(&self, offset: u64, len: u32) -> rnicpi::Sge {
+        rnicpi::Sge { addr: self.addr + offset, length: len, lkey: self.lkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DEREG_MR, self.handle);
+        pin::unpin(self.addr, self.len);
+    }
+}
+
+/// A listening endpoint; connection requests arrive as events.
+pub struct Listener {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    pub port: u16,
+    events: Receiver<Event>,
+}
+
+impl Listener {
+    pub fn events(&self) -> &Receiver<Event> {
+        &self.events
+    }
+
+    /// Wait for the next connection request.
+    pub fn get_request(&self, timeout: Duration) -> Result<Event> {
+        loop {
+            let ev = self.events.recv_timeout(timeout).map_err(|_| VerbsError::TimedOut)?;
+            match ev.kind {
+                rnicpi::EventKind::ConnectRequest => return Ok(ev),
+                rnicpi::EventKind::AccessLayerDead => return Err(VerbsError::Dead),
+                _ => continue,
+            }
+        }
+    }
+
+    pub fn accept(&self, conn_id: u64, qp: &Qp, param: &ConnParam) -> Result<()> {
+        let mut a = abi::Accept { listen: self.handle, qp: qp.handle, conn_id, ird: param.ird, ord: param.ord, ..Zeroable::zeroed() };
+        a.pdata_len = fill_pdata(&mut a.pdata, &param.private_data)?;
+        self.ctx.call(cmd::ACCEPT, &mut a)
+    }
+
+    pub fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()> {
+        let mut a = abi::Reject { listen: self.handle, conn_id, ..Zeroable::zeroed() };
+        a.pdata_len = fill_pdata(&mut a.pdata, private_data)?;
+        self.ctx.call(cmd::REJECT, &mut a)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DESTROY_LISTEN, self.handle);
+    }
+}
