@@ -1,0 +1,310 @@
+//! kAL bookkeeping through the embedded front door, with a small test provider (a test
+//! double for resource accounting only: it moves no data).
+
+use bytemuck::Zeroable;
+use kal::abi::{self, cmd};
+use kal::{Caller, Config, EmbeddedPeer, Kal, Limits};
+use parking_lot::Mutex;
+use proptest::prelude::*;
+use rnicpi::*;
+use std::any::Any;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+#[derive(Default)]
+struct Log {
+    destroyed: Mutex<Vec<&'static str>>,
+    pds: AtomicU32,
+}
+
+struct TestDev {
+    attr: DeviceAttr,
+    mrs: MrTable,
+    log: Arc<Log>,
+}
+
+struct TestCq(EngineCq, Arc<Log>);
+impl ProviderCq for TestCq {
+    fn engine(&self) -> &EngineCq {
+        &self.0
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn destroy(&self) {
+        self.1.destroyed.lock().push("cq");
+    }
+}
+
+struct TestQp(Arc<Log>, Arc<dyn EventSink>);
+impl ProviderQp for TestQp {
+    fn qp_num(&self) -> u32 {
+        7
+    }
+    fn modify(&self, _a: &QpAttr, _m: QpAttrMask) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self) -> QpAttr {
+        QpAttr::default()
+    }
+    fn doorbell(&self) {
+        // Raise an event per doorbell, to exercise the event queue bound.
+        self.1.deliver(Event::new(EventKind::SqDrained));
+    }
+    fn connect(&self, _p: SocketAddr, _c: ConnParam) -> Result<()> {
+        Err(VerbsError::Unsupported)
+    }
+    fn disconnect(&self, _a: bool) -> Result<()> {
+        Ok(())
+    }
+    fn destroy(&self) {
+        self.0.destroyed.lock().push("qp");
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Provider for TestDev {
+    fn attr(&self) -> &DeviceAttr {
+        &self.attr
+    }
+    fn port(&self, _p: u8) -> Result<PortAttr> {
+        Ok(PortAttr { state: PortState::Active, active_mtu: 1500, gids: vec![[0; 16]], netdev: "lo".into() })
+    }
+    fn alloc_pd(&self) -> Result<u32> {
+        Ok(self.log.pds.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+    fn dealloc_pd(&self, _pd: u32) {
+        self.log.destroyed.lock().push("pd");
+    }
+    fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
+        Ok(Arc::new(TestCq(EngineCq::new(init.ring, init.sink), self.log.clone())))
+    }
+    fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
+        Ok(Arc::new(TestQp(self.log.clone(), init.sink)))
+    }
+    fn reg_mr(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>> {
+        self.mrs.register(pd, base, len, access, mem)
+    }
+    fn dereg_mr(&self, stag: u32) -> Result<()> {
+        self.log.destroyed.lock().push("mr");
+        self.mrs.deregister(stag)
+    }
+    fn listen(&self, _a: SocketAddr, _b: u32, _s: Arc<dyn EventSink>) -> Result<Arc<dyn ProviderListener>> {
+        Err(VerbsError::Unsupported)
+    }
+}
+
+fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
+    let kal = Kal::new(config);
+    let log = Arc::new(Log::default());
+    let attr = DeviceAttr {
+        name: "test0".into(),
+        transport: Transport::Iwarp,
+        node_guid: 1,
+        vendor_id: 0,
+        max_qp: 64,
+        max_qp_wr: 64,
+        max_sge: 4,
+        max_inline: 64,
+        max_cq: 64,
+        max_cqe: 1024,
+        max_mr: 64,
+        max_mr_size: 1 << 30,
+        max_pd: 64,
+        max_srq: 0,
+        max_srq_wr: 0,
+        max_ird: 4,
+        max_ord: 4,
+        atomics: false,
+        memory_windows: false,
+        phys_port_cnt: 1,
+    };
+    kal.register(Arc::new(TestDev { attr, mrs: MrTable::new(64), log: log.clone() })).unwrap();
+    (kal, log)
+}
+
+fn open(kal: &Kal) -> u32 {
+    kal.open(Caller { pid: std::process::id(), uid: 4242, gid: 0 }, Arc::new(EmbeddedPeer)).unwrap()
+}
+
+fn call<T: bytemuck::Pod>(kal: &Kal, ctx: u32, c: u32, a: &mut T) -> Result<()> {
+    kal.ioctl(ctx, c, bytemuck::bytes_of_mut(a))
+}
+
+fn pd(kal: &Kal, ctx: u32) -> Result<u32> {
+    let mut a = abi::AllocPd { dev: 0, handle: 0 };
+    call(kal, ctx, cmd::ALLOC_PD, &mut a).map(|_| a.handle)
+}
+
+fn cq(kal: &Kal, ctx: u32) -> (u32, SharedMem) {
+    let mem = SharedMem::create("t", queue::ring_bytes::<Cqe>(16)).unwrap();
+    let mut a = abi::CreateCq { dev: 0, cqe: 16, memfd: mem.fd().as_raw_fd(), handle: 0 };
+    call(kal, ctx, cmd::CREATE_CQ, &mut a).unwrap();
+    (a.handle, mem)
+}
+
+fn qp(kal: &Kal, ctx: u32, pd: u32, cq: u32) -> Result<(u32, SharedMem)> {
+    let layout = QpRingLayout::new(8, 8).unwrap();
+    let mem = SharedMem::create("q", layout.total).unwrap();
+    let mut a = abi::CreateQp {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: QpType::Rc as u8,
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        memfd: mem.fd().as_raw_fd(),
+        doorbell_fd: -1,
+        ..Zeroable::zeroed()
+    };
+    call(kal, ctx, cmd::CREATE_QP, &mut a).map(|_| (a.handle, mem))
+}
+
+fn mr(kal: &Kal, ctx: u32, pd: u32, buf: &[u8]) -> Result<abi::RegMr> {
+    let mut a = abi::RegMr { pd, access: Access::LOCAL_WRITE.bits(), addr: buf.as_ptr() as u64, length: buf.len() as u64, ..Zeroable::zeroed() };
+    call(kal, ctx, cmd::REG_MR, &mut a).map(|_| a)
+}
+
+#[test]
+fn teardown_is_children_first_and_returns_pins() {
+    let (kal, log) = kal_with(Config::default());
+    let ctx = open(&kal);
+    let p = pd(&kal, ctx).unwrap();
+    let (c, _m1) = cq(&kal, ctx);
+    let (_q, _m2) = qp(&kal, ctx, p, c).unwrap();
+    let buf = vec![0u8; 3 * 4096];
+    mr(&kal, ctx, p, &buf).unwrap();
+    assert_eq!(kal.pinned_total(), 3 * 4096 + 4096 * (buf.as_ptr() as usize % 4096 != 0) as u64);
+    // Parents in use cannot go.
+    let mut d = abi::Destroy { handle: p, _pad: 0 };
+    assert_eq!(call(&kal, ctx, cmd::DEALLOC_PD, &mut d), Err(VerbsError::Busy));
+    let mut d = abi::Destroy { handle: c, _pad: 0 };
+    assert_eq!(call(&kal, ctx, cmd::DESTROY_CQ, &mut d), Err(VerbsError::Busy));
+    kal.release(ctx);
+    assert_eq!(*log.destroyed.lock(), vec!["qp", "mr", "cq", "pd"]);
+    assert_eq!(kal.pinned_total(), 0);
+    assert_eq!(kal.context_count(), 0);
+    kal.release(ctx); // idempotent
+}
+
+#[test]
+fn limits_are_enforced_per_context() {
+    let limits = Limits { pds: 2, ..Limits::default() };
+    let (kal, _) = kal_with(Config { limits, ..Config::default() });
+    let a = open(&kal);
+    let b = open(&kal);
+    pd(&kal, a).unwrap();
+    pd(&kal, a).unwrap();
+    assert_eq!(pd(&kal, a), Err(VerbsError::Exhausted));
+    pd(&kal, b).unwrap();
+}
+
+#[test]
+fn pin_limit_per_user() {
+    let (kal, _) = kal_with(Config { pin_limit: Some(8192), ..Config::default() });
+    let ctx = open(&kal);
+    let other = open(&kal); // same uid: shares the quota
+    let p = pd(&kal, ctx).unwrap();
+    let p2 = pd(&kal, other).unwrap();
+    let buf = vec![0u8; 16384];
+    let base = (buf.as_ptr() as usize).next_multiple_of(4096) - buf.as_ptr() as usize;
+    let page = &buf[base..base + 4096];
+    mr(&kal, ctx, p, page).unwrap();
+    mr(&kal, other, p2, page).unwrap();
+    assert_eq!(mr(&kal, ctx, p, page).unwrap_err(), VerbsError::PinLimit);
+    kal.release(other);
+    mr(&kal, ctx, p, page).unwrap();
+}
+
+#[test]
+fn registration_checks_the_mapping_and_keys_rotate() {
+    let (kal, _) = kal_with(Config::default());
+    let ctx = open(&kal);
+    let p = pd(&kal, ctx).unwrap();
+    let mut a = abi::RegMr { pd: p, access: Access::LOCAL_WRITE.bits(), addr: 4096, length: 4096, ..Zeroable::zeroed() };
+    assert_eq!(call(&kal, ctx, cmd::REG_MR, &mut a), Err(VerbsError::BadAddress));
+    a.access = Access::REMOTE_WRITE.bits(); // without LOCAL_WRITE
+    assert_eq!(call(&kal, ctx, cmd::REG_MR, &mut a), Err(VerbsError::Invalid));
+    static RO: [u8; 4096] = [0; 4096];
+    assert_eq!(mr(&kal, ctx, p, &RO).unwrap_err(), VerbsError::BadAddress, "read-only memory cannot be writable");
+    let buf = vec![0u8; 4096];
+    let first = mr(&kal, ctx, p, &buf).unwrap();
+    let mut d = abi::Destroy { handle: first.handle, _pad: 0 };
+    call(&kal, ctx, cmd::DEREG_MR, &mut d).unwrap();
+    let second = mr(&kal, ctx, p, &buf).unwrap();
+    assert_ne!(first.lkey, second.lkey, "re-registration changes the key");
+}
+
+#[test]
+fn handles_are_scoped_to_their_context() {
+    let (kal, _) = kal_with(Config::default());
+    let a = open(&kal);
+    let b = open(&kal);
+    let p = pd(&kal, a).unwrap();
+    for h in 0..1000 {
+        let mut d = abi::Destroy { handle: h, _pad: 0 };
+        assert_eq!(call(&kal, b, cmd::DEALLOC_PD, &mut d), Err(VerbsError::NoSuchResource));
+    }
+    let mut d = abi::Destroy { handle: p, _pad: 0 };
+    call(&kal, a, cmd::DEALLOC_PD, &mut d).unwrap();
+}
+
+#[test]
+fn event_queue_is_bounded_and_overflow_reported() {
+    let (kal, _) = kal_with(Config { event_queue: 8, ..Config::default() });
+    let ctx = open(&kal);
+    let p = pd(&kal, ctx).unwrap();
+    let (c, _m) = cq(&kal, ctx);
+    let (q, _m2) = qp(&kal, ctx, p, c).unwrap();
+    let bell = kal.doorbell_for(ctx, q).unwrap();
+    for _ in 0..100 {
+        bell.ring();
+    }
+    let mut buf = vec![0u8; abi::EVENT_SIZE * 64];
+    let n = kal.read_events(ctx, &mut buf).unwrap() / abi::EVENT_SIZE;
+    assert_eq!(n, 8);
+    let last: abi::EventRecord = bytemuck::pod_read_unaligned(&buf[7 * abi::EVENT_SIZE..8 * abi::EVENT_SIZE]);
+    assert_eq!(last.kind, EventKind::EventOverflow as u16);
+    let mut s = abi::StatContexts::zeroed();
+    call(&kal, ctx, cmd::STAT_CONTEXTS, &mut s).unwrap();
+    assert_eq!(s.rows[0].events_dropped, 93);
+    assert_eq!(kal.read_events(ctx, &mut buf).unwrap(), 0);
+}
+
+#[test]
+fn wrong_sizes_and_unknown_commands_are_refused() {
+    let (kal, _) = kal_with(Config::default());
+    let ctx = open(&kal);
+    let mut small = [0u8; 4];
+    assert_eq!(kal.ioctl(ctx, cmd::QUERY_ABI, &mut small), Err(VerbsError::Invalid));
+    assert_eq!(kal.ioctl(ctx, 0xdead_beef, &mut small), Err(VerbsError::Invalid));
+    assert_eq!(kal.ioctl(ctx + 100, cmd::QUERY_ABI, &mut small), Err(VerbsError::NoSuchResource));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn hostile_ioctls_never_panic(which in 0usize..cmd::ALL.len(), raw in any::<u32>(), use_raw in any::<bool>(),
+                                  bytes in proptest::collection::vec(any::<u8>(), 0..1200)) {
+        let (kal, _) = kal_with(Config::default());
+        let ctx = open(&kal);
+        let _ = pd(&kal, ctx);
+        let c = if use_raw { raw } else { cmd::ALL[which].0 };
+        let mut arg = bytes.clone();
+        if let Some((_, _, size)) = abi::decode(c) {
+            if !use_raw { arg.resize(size, 0); }
+        }
+        if c == cmd::CONNECT && arg.len() >= 32 {
+            arg[16..32].copy_from_slice(&ip_to_gid("127.0.0.1".parse().unwrap()));
+        }
+        let _ = kal.ioctl(ctx, c, &mut arg);
+        kal.release(ctx);
+        prop_assert_eq!(kal.pinned_total(), 0);
+    }
+}
