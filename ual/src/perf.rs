@@ -277,7 +277,8 @@ pub fn tcp_bandwidth(msg: usize, total: u64) -> std::io::Result<f64> {
         let mut buf = vec![0u8; 1 << 20];
         let mut left = total;
         while left > 0 {
-            let n = s.read(&mut buf[..(left.min(buf.len() as u64)) as usize])?;
+            let want = left.min(buf.len() as u64) as usize;
+            let n = s.read(&mut buf[..want])?;
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }

@@ -67,21 +67,6 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(header.iter().map(Cell::new));
-    t
-}
-
-fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
-    match cmd {
-        Cmd::Devices => devices(&Context::open_target(target)?),
-        Cmd::Stat => stat(&Context::open_target(target)?),
-        Cmd::Demo { device, bytes, iters } => demo(target, &device, bytes, iters),
-    }
-}
-
 fn gid_str(g: &[u8; 16]) -> String {
     g.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
 }
