@@ -22,7 +22,10 @@ const IOC_READ: u32 = 2;
 
 /// `_IOWR(IOC_TYPE, nr, size)` as Linux encodes it.
 pub const fn iowr(nr: u8, size: usize) -> u32 {
-    ((IOC_READ | IOC_WRITE) << 30) | ((size as u32 & 0x3fff) << 16) | ((IOC_TYPE as u32) << 8) | nr as u32
+    ((IOC_READ | IOC_WRITE) << 30)
+        | ((size as u32 & 0x3fff) << 16)
+        | ((IOC_TYPE as u32) << 8)
+        | nr as u32
 }
 
 /// Split an ioctl number into (type, nr, size); `None` unless it is `_IOWR`.
@@ -30,7 +33,11 @@ pub const fn decode(cmd: u32) -> Option<(u8, u8, usize)> {
     if cmd >> 30 != (IOC_READ | IOC_WRITE) {
         return None;
     }
-    Some((((cmd >> 8) & 0xff) as u8, (cmd & 0xff) as u8, ((cmd >> 16) & 0x3fff) as usize))
+    Some((
+        ((cmd >> 8) & 0xff) as u8,
+        (cmd & 0xff) as u8,
+        ((cmd >> 16) & 0x3fff) as usize,
+    ))
 }
 
 /// A fixed-size NUL-padded name.
@@ -381,7 +388,9 @@ impl EventRecord {
     /// Decode; `None` for an unknown kind.
     pub fn to_event(&self) -> Option<rnicpi::Event> {
         let kind = rnicpi::EventKind::from_u16(self.kind)?;
-        let addr = |a: [u8; 16], p: u16| (a != [0; 16] || p != 0).then(|| rnicpi::sockaddr_from_parts(a, p));
+        let addr = |a: [u8; 16], p: u16| {
+            (a != [0; 16] || p != 0).then(|| rnicpi::sockaddr_from_parts(a, p))
+        };
         Some(rnicpi::Event {
             kind,
             handle: self.handle,
@@ -452,7 +461,10 @@ pub mod cmd {
     ];
 
     pub fn name(cmd: u32) -> &'static str {
-        ALL.iter().find(|(c, _)| *c == cmd).map(|(_, n)| *n).unwrap_or("UNKNOWN")
+        ALL.iter()
+            .find(|(c, _)| *c == cmd)
+            .map(|(_, n)| *n)
+            .unwrap_or("UNKNOWN")
     }
 }
 
@@ -476,8 +488,15 @@ mod tests {
     fn event_record_round_trip() {
         let ev = rnicpi::Event::new(rnicpi::EventKind::ConnectRequest)
             .with_conn(42)
-            .with_addrs(Some("10.0.0.1:5".parse().unwrap()), Some("[::1]:6".parse().unwrap()))
-            .with_param(&rnicpi::ConnParam { private_data: vec![1, 2, 3], ird: 4, ord: 5 });
+            .with_addrs(
+                Some("10.0.0.1:5".parse().unwrap()),
+                Some("[::1]:6".parse().unwrap()),
+            )
+            .with_param(&rnicpi::ConnParam {
+                private_data: vec![1, 2, 3],
+                ird: 4,
+                ord: 5,
+            });
         let r = EventRecord::from_event(&ev);
         assert_eq!(r.to_event().unwrap(), ev);
     }

@@ -7,7 +7,9 @@
 
 use crate::events::EventQueue;
 use crate::peer::{Caller, Peer};
-use rnicpi::{MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp, Region, Result, VerbsError};
+use rnicpi::{
+    MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp, Region, Result, VerbsError,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -23,16 +25,45 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { pds: 1024, cqs: 8192, qps: 8192, mrs: 65536, listeners: 1024 }
+        Limits {
+            pds: 1024,
+            cqs: 8192,
+            qps: 8192,
+            mrs: 65536,
+            listeners: 1024,
+        }
     }
 }
 
 pub enum Object {
-    Pd { dev: u32, pd: u32, users: u32 },
-    Cq { dev: u32, cq: Arc<dyn ProviderCq>, users: u32 },
-    Qp { dev: u32, pd: u32, send_cq: u32, recv_cq: u32, qp: Arc<dyn ProviderQp>, doorbell: Option<u64> },
-    Mr { dev: u32, pd: u32, region: Arc<Region>, pinned: u64 },
-    Listener { dev: u32, listener: Arc<dyn ProviderListener> },
+    Pd {
+        dev: u32,
+        pd: u32,
+        users: u32,
+    },
+    Cq {
+        dev: u32,
+        cq: Arc<dyn ProviderCq>,
+        users: u32,
+    },
+    Qp {
+        dev: u32,
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        qp: Arc<dyn ProviderQp>,
+        doorbell: Option<u64>,
+    },
+    Mr {
+        dev: u32,
+        pd: u32,
+        region: Arc<Region>,
+        pinned: u64,
+    },
+    Listener {
+        dev: u32,
+        listener: Arc<dyn ProviderListener>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -7,8 +7,8 @@ use crate::{peer, pin, Kal};
 use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
-    Access, ConnParam, CqInit, Cqe, QpAttr, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpState, QpType, Result, Ring,
-    SharedMem, VerbsError,
+    Access, ConnParam, CqInit, Cqe, QpAttr, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpState,
+    QpType, Result, Ring, SharedMem, VerbsError,
 };
 use std::sync::Arc;
 
@@ -24,7 +24,9 @@ fn with<T: Pod>(arg: &mut [u8], f: impl FnOnce(&mut T) -> Result<()>) -> Result<
 }
 
 fn pdata(buf: &[u8], len: u32) -> Result<Vec<u8>> {
-    buf.get(..len as usize).map(<[u8]>::to_vec).ok_or(VerbsError::Invalid)
+    buf.get(..len as usize)
+        .map(<[u8]>::to_vec)
+        .ok_or(VerbsError::Invalid)
 }
 
 pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Result<()> {
@@ -51,7 +53,14 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             objs.check_limit(Kind::Pd, &kal.config.limits)?;
             let pd = dev.alloc_pd()?;
             let h = objs.next_handle();
-            objs.insert(h, Object::Pd { dev: a.dev, pd, users: 0 });
+            objs.insert(
+                h,
+                Object::Pd {
+                    dev: a.dev,
+                    pd,
+                    users: 0,
+                },
+            );
             a.handle = h;
             Ok(())
         }),
@@ -68,7 +77,11 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             Ok(())
         }),
         cmd::REG_MR => with(arg, |a: &mut abi::RegMr| reg_mr(kal, c, a)),
-        cmd::DEALLOC_PD | cmd::DESTROY_CQ | cmd::DESTROY_QP | cmd::DEREG_MR | cmd::DESTROY_LISTEN => {
+        cmd::DEALLOC_PD
+        | cmd::DESTROY_CQ
+        | cmd::DESTROY_QP
+        | cmd::DEREG_MR
+        | cmd::DESTROY_LISTEN => {
             let want = match command {
                 cmd::DEALLOC_PD => Kind::Pd,
                 cmd::DESTROY_CQ => Kind::Cq,
@@ -84,15 +97,29 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             objs.check_limit(Kind::Listener, &kal.config.limits)?;
             let h = objs.next_handle();
             let addr = rnicpi::sockaddr_from_parts(a.addr, a.port);
-            let l = dev.listen(addr, a.backlog.clamp(1, 4096), ObjectSink::new(&c.events, h))?;
+            let l = dev.listen(
+                addr,
+                a.backlog.clamp(1, 4096),
+                ObjectSink::bound(&c.events, h),
+            )?;
             a.port = l.local_addr().port();
-            objs.insert(h, Object::Listener { dev: a.dev, listener: l });
+            objs.insert(
+                h,
+                Object::Listener {
+                    dev: a.dev,
+                    listener: l,
+                },
+            );
             a.handle = h;
             Ok(())
         }),
         cmd::CONNECT => with(arg, |a: &mut abi::Connect| {
             let (_, qp) = c.objects.lock().qp(a.qp)?;
-            let param = ConnParam { private_data: pdata(&a.pdata, a.pdata_len)?, ird: a.ird, ord: a.ord };
+            let param = ConnParam {
+                private_data: pdata(&a.pdata, a.pdata_len)?,
+                ird: a.ird,
+                ord: a.ord,
+            };
             qp.connect(rnicpi::sockaddr_from_parts(a.addr, a.port), param)
         }),
         cmd::ACCEPT => with(arg, |a: &mut abi::Accept| {
@@ -105,7 +132,11 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             if ldev != qdev {
                 return Err(VerbsError::Invalid);
             }
-            let param = ConnParam { private_data: pdata(&a.pdata, a.pdata_len)?, ird: a.ird, ord: a.ord };
+            let param = ConnParam {
+                private_data: pdata(&a.pdata, a.pdata_len)?,
+                ird: a.ird,
+                ord: a.ord,
+            };
             l.accept(a.conn_id, &qp, param)
         }),
         cmd::REJECT => with(arg, |a: &mut abi::Reject| {
@@ -178,13 +209,27 @@ fn create_cq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateCq) -> Result<()> {
         return Err(VerbsError::Invalid);
     }
     let cap = ring_capacity(a.cqe).ok_or(VerbsError::Invalid)?;
-    let mem = Arc::new(SharedMem::from_fd(c.peer.take_fd(a.memfd)?, ring_bytes::<Cqe>(cap))?);
+    let mem = Arc::new(SharedMem::from_fd(
+        c.peer.take_fd(a.memfd)?,
+        ring_bytes::<Cqe>(cap),
+    )?);
     let ring = Ring::attach(mem, 0, cap)?;
     let mut objs = c.objects.lock();
     objs.check_limit(Kind::Cq, &kal.config.limits)?;
     let h = objs.next_handle();
-    let cq = dev.create_cq(CqInit { depth: cap, ring, sink: ObjectSink::new(&c.events, h) })?;
-    objs.insert(h, Object::Cq { dev: a.dev, cq, users: 0 });
+    let cq = dev.create_cq(CqInit {
+        depth: cap,
+        ring,
+        sink: ObjectSink::bound(&c.events, h),
+    })?;
+    objs.insert(
+        h,
+        Object::Cq {
+            dev: a.dev,
+            cq,
+            users: 0,
+        },
+    );
     a.cqe = cap;
     a.handle = h;
     Ok(())
@@ -217,7 +262,8 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         return Err(VerbsError::Invalid);
     }
     objs.check_limit(Kind::Qp, &kal.config.limits)?;
-    let layout = QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
+    let layout =
+        QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
     let mem = Arc::new(SharedMem::from_fd(c.peer.take_fd(a.memfd)?, layout.total)?);
     let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?;
     let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?;
@@ -227,8 +273,16 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         (_, false) => return Err(VerbsError::Invalid),
     };
     let h = objs.next_handle();
-    let init =
-        QpInit { qp_type, pd, send_cq, recv_cq, caps, sq, rq, sink: ObjectSink::new(&c.events, h) };
+    let init = QpInit {
+        qp_type,
+        pd,
+        send_cq,
+        recv_cq,
+        caps,
+        sq,
+        rq,
+        sink: ObjectSink::bound(&c.events, h),
+    };
     let qp = dev.create_qp(init)?;
     let doorbell = match doorbell_fd {
         Some(fd) => {
@@ -248,7 +302,17 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
     objs.use_parent(a.send_cq, 1);
     objs.use_parent(a.recv_cq, 1);
     a.qp_num = qp.qp_num();
-    objs.insert(h, Object::Qp { dev: dev_no, pd: a.pd, send_cq: a.send_cq, recv_cq: a.recv_cq, qp, doorbell });
+    objs.insert(
+        h,
+        Object::Qp {
+            dev: dev_no,
+            pd: a.pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            qp,
+            doorbell,
+        },
+    );
     a.handle = h;
     tracing::debug!(ctx = c.id, handle = h, qp_num = a.qp_num, "QP created");
     Ok(())
@@ -267,7 +331,8 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     }
     let span = pin::pinned_span(a.addr, a.length).ok_or(VerbsError::Invalid)?;
     objs.check_limit(Kind::Mr, &kal.config.limits)?;
-    let writable = access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    let writable =
+        access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
     peer::check_mapping(c.caller.pid, a.addr, a.length, writable)?;
     let limit = match (kal.config.pin_limit, c.peer.unlimited_pin()) {
         (Some(l), _) => Some(l),
@@ -286,7 +351,15 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     a.lkey = region.stag;
     a.rkey = region.stag;
     objs.use_parent(a.pd, 1);
-    objs.insert(h, Object::Mr { dev: dev_no, pd: a.pd, region, pinned: span });
+    objs.insert(
+        h,
+        Object::Mr {
+            dev: dev_no,
+            pd: a.pd,
+            region,
+            pinned: span,
+        },
+    );
     a.handle = h;
     Ok(())
 }
@@ -305,7 +378,12 @@ fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
         }
         let obj = objs.remove(handle).ok_or(VerbsError::NoSuchResource)?;
         match &obj {
-            Object::Qp { pd, send_cq, recv_cq, .. } => {
+            Object::Qp {
+                pd,
+                send_cq,
+                recv_cq,
+                ..
+            } => {
                 objs.use_parent(*pd, -1);
                 objs.use_parent(*send_cq, -1);
                 objs.use_parent(*recv_cq, -1);
@@ -402,8 +480,15 @@ fn stat_device(kal: &Kal, a: &mut abi::StatDevice) -> Result<()> {
     let counters = dev.counters();
     a.total = counters.len() as u32;
     a.count = 0;
-    for (row, (name, value)) in a.rows.iter_mut().zip(counters.iter().skip(a.start as usize)) {
-        *row = abi::CounterRow { name: abi::str_to_name(name), value: *value };
+    for (row, (name, value)) in a
+        .rows
+        .iter_mut()
+        .zip(counters.iter().skip(a.start as usize))
+    {
+        *row = abi::CounterRow {
+            name: abi::str_to_name(name),
+            value: *value,
+        };
         a.count += 1;
     }
     Ok(())

@@ -29,7 +29,12 @@ struct Inner {
 impl EventQueue {
     pub fn new(cap: usize) -> Self {
         EventQueue {
-            inner: Mutex::new(Inner { queue: VecDeque::new(), cap: cap.max(2), overflowed: false, waker: None }),
+            inner: Mutex::new(Inner {
+                queue: VecDeque::new(),
+                cap: cap.max(2),
+                overflowed: false,
+                waker: None,
+            }),
             dropped: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
         }
@@ -64,7 +69,8 @@ impl EventQueue {
         if q.queue.is_empty() {
             q.overflowed = false;
         }
-        self.delivered.fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.delivered
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
         out
     }
 
@@ -99,8 +105,11 @@ pub struct ObjectSink {
 }
 
 impl ObjectSink {
-    pub fn new(queue: &Arc<EventQueue>, handle: u32) -> Arc<dyn EventSink> {
-        Arc::new(ObjectSink { queue: Arc::downgrade(queue), handle })
+    pub fn bound(queue: &Arc<EventQueue>, handle: u32) -> Arc<dyn EventSink> {
+        Arc::new(ObjectSink {
+            queue: Arc::downgrade(queue),
+            handle,
+        })
     }
 }
 
@@ -121,13 +130,15 @@ mod tests {
     #[test]
     fn bounded_with_overflow_marker() {
         let q = Arc::new(EventQueue::new(4));
-        let sink = ObjectSink::new(&q, 9);
+        let sink = ObjectSink::bound(&q, 9);
         for _ in 0..10 {
             sink.deliver(Event::new(EventKind::CqNotify));
         }
         let evs = q.pop(100);
         assert_eq!(evs.len(), 4);
-        assert!(evs[..3].iter().all(|e| e.kind == EventKind::CqNotify && e.handle == 9));
+        assert!(evs[..3]
+            .iter()
+            .all(|e| e.kind == EventKind::CqNotify && e.handle == 9));
         assert_eq!(evs[3].kind, EventKind::EventOverflow);
         assert_eq!(q.dropped(), 7);
         sink.deliver(Event::new(EventKind::CqNotify));

@@ -54,7 +54,12 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { limits: Limits::default(), event_queue: 4096, max_contexts: 4096, pin_limit: None }
+        Config {
+            limits: Limits::default(),
+            event_queue: 4096,
+            max_contexts: 4096,
+            pin_limit: None,
+        }
     }
 }
 
@@ -96,11 +101,19 @@ impl Kal {
     }
 
     fn device(&self, dev: u32) -> Result<Arc<dyn Provider>> {
-        self.devices.read().get(dev as usize).cloned().ok_or(VerbsError::NoSuchResource)
+        self.devices
+            .read()
+            .get(dev as usize)
+            .cloned()
+            .ok_or(VerbsError::NoSuchResource)
     }
 
     fn context(&self, ctx: ContextId) -> Result<Arc<Context>> {
-        self.contexts.read().get(&ctx).cloned().ok_or(VerbsError::NoSuchResource)
+        self.contexts
+            .read()
+            .get(&ctx)
+            .cloned()
+            .ok_or(VerbsError::NoSuchResource)
     }
 
     /// Open a context for `caller`, reached through `peer`.
@@ -110,8 +123,16 @@ impl Kal {
             return Err(VerbsError::Exhausted);
         }
         let id = self.next_ctx.fetch_add(1, Ordering::Relaxed);
-        ctxs.insert(id, Arc::new(Context::new(id, caller, peer, self.config.event_queue)));
-        tracing::info!(ctx = id, pid = caller.pid, uid = caller.uid, "context opened");
+        ctxs.insert(
+            id,
+            Arc::new(Context::new(id, caller, peer, self.config.event_queue)),
+        );
+        tracing::info!(
+            ctx = id,
+            pid = caller.pid,
+            uid = caller.uid,
+            "context opened"
+        );
         Ok(id)
     }
 
@@ -135,14 +156,17 @@ impl Kal {
         let evs = c.events.pop(max);
         for (i, ev) in evs.iter().enumerate() {
             let rec = abi::EventRecord::from_event(ev);
-            out[i * abi::EVENT_SIZE..(i + 1) * abi::EVENT_SIZE].copy_from_slice(bytemuck::bytes_of(&rec));
+            out[i * abi::EVENT_SIZE..(i + 1) * abi::EVENT_SIZE]
+                .copy_from_slice(bytemuck::bytes_of(&rec));
         }
         Ok(evs.len() * abi::EVENT_SIZE)
     }
 
     /// Whether an event is queued for `ctx`.
     pub fn readable(&self, ctx: ContextId) -> bool {
-        self.context(ctx).map(|c| !c.events.is_empty()).unwrap_or(false)
+        self.context(ctx)
+            .map(|c| !c.events.is_empty())
+            .unwrap_or(false)
     }
 
     /// `waker` is called (from any thread) whenever an event is queued for `ctx`.
@@ -154,7 +178,9 @@ impl Kal {
 
     /// Tear a context down, children first; idempotent.
     pub fn release(&self, ctx: ContextId) {
-        let Some(c) = self.contexts.write().remove(&ctx) else { return };
+        let Some(c) = self.contexts.write().remove(&ctx) else {
+            return;
+        };
         c.events.set_waker(None);
         let mut objs = c.objects.lock();
         let order = objs.teardown_order();
@@ -174,7 +200,10 @@ impl Kal {
         }
         match obj {
             context::Object::Mr { pinned, .. } => self.pins.release(c.caller.uid, *pinned),
-            context::Object::Qp { doorbell: Some(token), .. } => {
+            context::Object::Qp {
+                doorbell: Some(token),
+                ..
+            } => {
                 if let Some(Ok(r)) = self.reactor.get() {
                     r.remove(*token);
                 }

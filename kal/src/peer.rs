@@ -43,7 +43,9 @@ impl Peer for EmbeddedPeer {
         // SAFETY: we only borrow the number for the duration of the dup; if it is not an
         // open descriptor, try_clone_to_owned fails with EBADF and nothing is touched.
         let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-        borrowed.try_clone_to_owned().map_err(|_| VerbsError::Invalid)
+        borrowed
+            .try_clone_to_owned()
+            .map_err(|_| VerbsError::Invalid)
     }
 
     fn memory(&self) -> Arc<dyn MemoryAccess> {
@@ -74,13 +76,20 @@ pub fn check_mapping(pid: u32, addr: u64, len: u64, write: bool) -> Result<()> {
     if len == 0 || addr == 0 {
         return Err(VerbsError::Invalid);
     }
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|_| VerbsError::BadAddress)?;
+    let maps =
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|_| VerbsError::BadAddress)?;
     let mut covered = addr;
     for line in maps.lines() {
         let mut cols = line.split_whitespace();
-        let (Some(range), Some(perms)) = (cols.next(), cols.next()) else { continue };
-        let Some((lo, hi)) = range.split_once('-') else { continue };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        let (Some(range), Some(perms)) = (cols.next(), cols.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
         if hi <= covered || lo > covered {
             continue;
         }
@@ -109,7 +118,13 @@ mod tests {
         assert_eq!(check_mapping(me, 0, 16, false), Err(VerbsError::Invalid));
         static RO: [u8; 64] = [1; 64];
         check_mapping(me, RO.as_ptr() as u64, 64, false).unwrap();
-        assert_eq!(check_mapping(me, RO.as_ptr() as u64, 64, true), Err(VerbsError::BadAddress));
-        assert_eq!(check_mapping(me, u64::MAX - 4, 16, false), Err(VerbsError::Invalid));
+        assert_eq!(
+            check_mapping(me, RO.as_ptr() as u64, 64, true),
+            Err(VerbsError::BadAddress)
+        );
+        assert_eq!(
+            check_mapping(me, u64::MAX - 4, 16, false),
+            Err(VerbsError::Invalid)
+        );
     }
 }

@@ -29,7 +29,10 @@ pub fn host_addresses() -> Vec<IfAddr> {
             } else {
                 continue;
             };
-            out.push(IfAddr { ifname: a.interface_name.clone(), addr: ip });
+            out.push(IfAddr {
+                ifname: a.interface_name.clone(),
+                addr: ip,
+            });
         }
     }
     out
@@ -37,16 +40,25 @@ pub fn host_addresses() -> Vec<IfAddr> {
 
 /// The link MTU of an interface, from sysfs.
 pub fn interface_mtu(ifname: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu")).ok()?.trim().parse().ok()
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl KalServices for HostServices {
     fn route(&self, peer: IpAddr) -> Result<Route> {
         // Asking the kernel to connect a UDP socket runs the routing lookup and picks the
         // source address without sending anything.
-        let bind: SocketAddr = if peer.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+        let bind: SocketAddr = if peer.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap()
+        } else {
+            "[::]:0".parse().unwrap()
+        };
         let sock = UdpSocket::bind(bind)?;
-        sock.connect(SocketAddr::new(peer, 9)).map_err(|_| VerbsError::Unreachable)?;
+        sock.connect(SocketAddr::new(peer, 9))
+            .map_err(|_| VerbsError::Unreachable)?;
         let source = sock.local_addr()?.ip();
         let ifname = host_addresses()
             .into_iter()
@@ -54,7 +66,11 @@ impl KalServices for HostServices {
             .map(|a| a.ifname)
             .ok_or(VerbsError::Unreachable)?;
         let mtu = interface_mtu(&ifname).unwrap_or(1500);
-        Ok(Route { source, ifname, mtu })
+        Ok(Route {
+            source,
+            ifname,
+            mtu,
+        })
     }
 
     fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
@@ -67,7 +83,11 @@ impl KalServices for HostServices {
                 return None;
             }
             let mut mac = [0u8; 6];
-            let parts: Vec<u8> = cols.get(3)?.split(':').filter_map(|h| u8::from_str_radix(h, 16).ok()).collect();
+            let parts: Vec<u8> = cols
+                .get(3)?
+                .split(':')
+                .filter_map(|h| u8::from_str_radix(h, 16).ok())
+                .collect();
             (parts.len() == 6 && parts.iter().any(|&b| b != 0)).then(|| {
                 mac.copy_from_slice(&parts);
                 mac

@@ -16,8 +16,12 @@ pub struct StackOptions {
 impl StackOptions {
     pub fn from_env() -> Self {
         StackOptions {
-            siw_netdev: std::env::var("KRDMA_SIW_NETDEV").ok().filter(|s| !s.is_empty()),
-            siw_crc_required: std::env::var("KRDMA_SIW_CRC").map(|v| v == "required").unwrap_or(false),
+            siw_netdev: std::env::var("KRDMA_SIW_NETDEV")
+                .ok()
+                .filter(|s| !s.is_empty()),
+            siw_crc_required: std::env::var("KRDMA_SIW_CRC")
+                .map(|v| v == "required")
+                .unwrap_or(false),
         }
     }
 }

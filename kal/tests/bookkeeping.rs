@@ -72,7 +72,12 @@ impl Provider for TestDev {
         &self.attr
     }
     fn port(&self, _p: u8) -> Result<PortAttr> {
-        Ok(PortAttr { state: PortState::Active, active_mtu: 1500, gids: vec![[0; 16]], netdev: "lo".into() })
+        Ok(PortAttr {
+            state: PortState::Active,
+            active_mtu: 1500,
+            gids: vec![[0; 16]],
+            netdev: "lo".into(),
+        })
     }
     fn alloc_pd(&self) -> Result<u32> {
         Ok(self.log.pds.fetch_add(1, Ordering::Relaxed) + 1)
@@ -81,19 +86,34 @@ impl Provider for TestDev {
         self.log.destroyed.lock().push("pd");
     }
     fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
-        Ok(Arc::new(TestCq(EngineCq::new(init.ring, init.sink), self.log.clone())))
+        Ok(Arc::new(TestCq(
+            EngineCq::new(init.ring, init.sink),
+            self.log.clone(),
+        )))
     }
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
         Ok(Arc::new(TestQp(self.log.clone(), init.sink)))
     }
-    fn reg_mr(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>> {
+    fn reg_mr(
+        &self,
+        pd: u32,
+        base: u64,
+        len: u64,
+        access: Access,
+        mem: Arc<dyn MemoryAccess>,
+    ) -> Result<Arc<Region>> {
         self.mrs.register(pd, base, len, access, mem)
     }
     fn dereg_mr(&self, stag: u32) -> Result<()> {
         self.log.destroyed.lock().push("mr");
         self.mrs.deregister(stag)
     }
-    fn listen(&self, _a: SocketAddr, _b: u32, _s: Arc<dyn EventSink>) -> Result<Arc<dyn ProviderListener>> {
+    fn listen(
+        &self,
+        _a: SocketAddr,
+        _b: u32,
+        _s: Arc<dyn EventSink>,
+    ) -> Result<Arc<dyn ProviderListener>> {
         Err(VerbsError::Unsupported)
     }
 }
@@ -123,12 +143,25 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
         memory_windows: false,
         phys_port_cnt: 1,
     };
-    kal.register(Arc::new(TestDev { attr, mrs: MrTable::new(64), log: log.clone() })).unwrap();
+    kal.register(Arc::new(TestDev {
+        attr,
+        mrs: MrTable::new(64),
+        log: log.clone(),
+    }))
+    .unwrap();
     (kal, log)
 }
 
 fn open(kal: &Kal) -> u32 {
-    kal.open(Caller { pid: std::process::id(), uid: 4242, gid: 0 }, Arc::new(EmbeddedPeer)).unwrap()
+    kal.open(
+        Caller {
+            pid: std::process::id(),
+            uid: 4242,
+            gid: 0,
+        },
+        Arc::new(EmbeddedPeer),
+    )
+    .unwrap()
 }
 
 fn call<T: bytemuck::Pod>(kal: &Kal, ctx: u32, c: u32, a: &mut T) -> Result<()> {
@@ -142,7 +175,12 @@ fn pd(kal: &Kal, ctx: u32) -> Result<u32> {
 
 fn cq(kal: &Kal, ctx: u32) -> (u32, SharedMem) {
     let mem = SharedMem::create("t", queue::ring_bytes::<Cqe>(16)).unwrap();
-    let mut a = abi::CreateCq { dev: 0, cqe: 16, memfd: mem.fd().as_raw_fd(), handle: 0 };
+    let mut a = abi::CreateCq {
+        dev: 0,
+        cqe: 16,
+        memfd: mem.fd().as_raw_fd(),
+        handle: 0,
+    };
     call(kal, ctx, cmd::CREATE_CQ, &mut a).unwrap();
     (a.handle, mem)
 }
@@ -167,7 +205,13 @@ fn qp(kal: &Kal, ctx: u32, pd: u32, cq: u32) -> Result<(u32, SharedMem)> {
 }
 
 fn mr(kal: &Kal, ctx: u32, pd: u32, buf: &[u8]) -> Result<abi::RegMr> {
-    let mut a = abi::RegMr { pd, access: Access::LOCAL_WRITE.bits(), addr: buf.as_ptr() as u64, length: buf.len() as u64, ..Zeroable::zeroed() };
+    let mut a = abi::RegMr {
+        pd,
+        access: Access::LOCAL_WRITE.bits(),
+        addr: buf.as_ptr() as u64,
+        length: buf.len() as u64,
+        ..Zeroable::zeroed()
+    };
     call(kal, ctx, cmd::REG_MR, &mut a).map(|_| a)
 }
 
@@ -180,12 +224,21 @@ fn teardown_is_children_first_and_returns_pins() {
     let (_q, _m2) = qp(&kal, ctx, p, c).unwrap();
     let buf = vec![0u8; 3 * 4096];
     mr(&kal, ctx, p, &buf).unwrap();
-    assert_eq!(kal.pinned_total(), 3 * 4096 + 4096 * (buf.as_ptr() as usize % 4096 != 0) as u64);
+    assert_eq!(
+        kal.pinned_total(),
+        3 * 4096 + 4096 * !(buf.as_ptr() as usize).is_multiple_of(4096) as u64
+    );
     // Parents in use cannot go.
     let mut d = abi::Destroy { handle: p, _pad: 0 };
-    assert_eq!(call(&kal, ctx, cmd::DEALLOC_PD, &mut d), Err(VerbsError::Busy));
+    assert_eq!(
+        call(&kal, ctx, cmd::DEALLOC_PD, &mut d),
+        Err(VerbsError::Busy)
+    );
     let mut d = abi::Destroy { handle: c, _pad: 0 };
-    assert_eq!(call(&kal, ctx, cmd::DESTROY_CQ, &mut d), Err(VerbsError::Busy));
+    assert_eq!(
+        call(&kal, ctx, cmd::DESTROY_CQ, &mut d),
+        Err(VerbsError::Busy)
+    );
     kal.release(ctx);
     assert_eq!(*log.destroyed.lock(), vec!["qp", "mr", "cq", "pd"]);
     assert_eq!(kal.pinned_total(), 0);
@@ -195,8 +248,14 @@ fn teardown_is_children_first_and_returns_pins() {
 
 #[test]
 fn limits_are_enforced_per_context() {
-    let limits = Limits { pds: 2, ..Limits::default() };
-    let (kal, _) = kal_with(Config { limits, ..Config::default() });
+    let limits = Limits {
+        pds: 2,
+        ..Limits::default()
+    };
+    let (kal, _) = kal_with(Config {
+        limits,
+        ..Config::default()
+    });
     let a = open(&kal);
     let b = open(&kal);
     pd(&kal, a).unwrap();
@@ -207,7 +266,10 @@ fn limits_are_enforced_per_context() {
 
 #[test]
 fn pin_limit_per_user() {
-    let (kal, _) = kal_with(Config { pin_limit: Some(8192), ..Config::default() });
+    let (kal, _) = kal_with(Config {
+        pin_limit: Some(8192),
+        ..Config::default()
+    });
     let ctx = open(&kal);
     let other = open(&kal); // same uid: shares the quota
     let p = pd(&kal, ctx).unwrap();
@@ -227,15 +289,34 @@ fn registration_checks_the_mapping_and_keys_rotate() {
     let (kal, _) = kal_with(Config::default());
     let ctx = open(&kal);
     let p = pd(&kal, ctx).unwrap();
-    let mut a = abi::RegMr { pd: p, access: Access::LOCAL_WRITE.bits(), addr: 4096, length: 4096, ..Zeroable::zeroed() };
-    assert_eq!(call(&kal, ctx, cmd::REG_MR, &mut a), Err(VerbsError::BadAddress));
+    let mut a = abi::RegMr {
+        pd: p,
+        access: Access::LOCAL_WRITE.bits(),
+        addr: 4096,
+        length: 4096,
+        ..Zeroable::zeroed()
+    };
+    assert_eq!(
+        call(&kal, ctx, cmd::REG_MR, &mut a),
+        Err(VerbsError::BadAddress)
+    );
     a.access = Access::REMOTE_WRITE.bits(); // without LOCAL_WRITE
-    assert_eq!(call(&kal, ctx, cmd::REG_MR, &mut a), Err(VerbsError::Invalid));
+    assert_eq!(
+        call(&kal, ctx, cmd::REG_MR, &mut a),
+        Err(VerbsError::Invalid)
+    );
     static RO: [u8; 4096] = [0; 4096];
-    assert_eq!(mr(&kal, ctx, p, &RO).unwrap_err(), VerbsError::BadAddress, "read-only memory cannot be writable");
+    assert_eq!(
+        mr(&kal, ctx, p, &RO).unwrap_err(),
+        VerbsError::BadAddress,
+        "read-only memory cannot be writable"
+    );
     let buf = vec![0u8; 4096];
     let first = mr(&kal, ctx, p, &buf).unwrap();
-    let mut d = abi::Destroy { handle: first.handle, _pad: 0 };
+    let mut d = abi::Destroy {
+        handle: first.handle,
+        _pad: 0,
+    };
     call(&kal, ctx, cmd::DEREG_MR, &mut d).unwrap();
     let second = mr(&kal, ctx, p, &buf).unwrap();
     assert_ne!(first.lkey, second.lkey, "re-registration changes the key");
@@ -249,7 +330,10 @@ fn handles_are_scoped_to_their_context() {
     let p = pd(&kal, a).unwrap();
     for h in 0..1000 {
         let mut d = abi::Destroy { handle: h, _pad: 0 };
-        assert_eq!(call(&kal, b, cmd::DEALLOC_PD, &mut d), Err(VerbsError::NoSuchResource));
+        assert_eq!(
+            call(&kal, b, cmd::DEALLOC_PD, &mut d),
+            Err(VerbsError::NoSuchResource)
+        );
     }
     let mut d = abi::Destroy { handle: p, _pad: 0 };
     call(&kal, a, cmd::DEALLOC_PD, &mut d).unwrap();
@@ -257,7 +341,10 @@ fn handles_are_scoped_to_their_context() {
 
 #[test]
 fn event_queue_is_bounded_and_overflow_reported() {
-    let (kal, _) = kal_with(Config { event_queue: 8, ..Config::default() });
+    let (kal, _) = kal_with(Config {
+        event_queue: 8,
+        ..Config::default()
+    });
     let ctx = open(&kal);
     let p = pd(&kal, ctx).unwrap();
     let (c, _m) = cq(&kal, ctx);
@@ -269,7 +356,8 @@ fn event_queue_is_bounded_and_overflow_reported() {
     let mut buf = vec![0u8; abi::EVENT_SIZE * 64];
     let n = kal.read_events(ctx, &mut buf).unwrap() / abi::EVENT_SIZE;
     assert_eq!(n, 8);
-    let last: abi::EventRecord = bytemuck::pod_read_unaligned(&buf[7 * abi::EVENT_SIZE..8 * abi::EVENT_SIZE]);
+    let last: abi::EventRecord =
+        bytemuck::pod_read_unaligned(&buf[7 * abi::EVENT_SIZE..8 * abi::EVENT_SIZE]);
     assert_eq!(last.kind, EventKind::EventOverflow as u16);
     let mut s = abi::StatContexts::zeroed();
     call(&kal, ctx, cmd::STAT_CONTEXTS, &mut s).unwrap();
@@ -282,9 +370,18 @@ fn wrong_sizes_and_unknown_commands_are_refused() {
     let (kal, _) = kal_with(Config::default());
     let ctx = open(&kal);
     let mut small = [0u8; 4];
-    assert_eq!(kal.ioctl(ctx, cmd::QUERY_ABI, &mut small), Err(VerbsError::Invalid));
-    assert_eq!(kal.ioctl(ctx, 0xdead_beef, &mut small), Err(VerbsError::Invalid));
-    assert_eq!(kal.ioctl(ctx + 100, cmd::QUERY_ABI, &mut small), Err(VerbsError::NoSuchResource));
+    assert_eq!(
+        kal.ioctl(ctx, cmd::QUERY_ABI, &mut small),
+        Err(VerbsError::Invalid)
+    );
+    assert_eq!(
+        kal.ioctl(ctx, 0xdead_beef, &mut small),
+        Err(VerbsError::Invalid)
+    );
+    assert_eq!(
+        kal.ioctl(ctx + 100, cmd::QUERY_ABI, &mut small),
+        Err(VerbsError::NoSuchResource)
+    );
 }
 
 proptest! {

@@ -91,7 +91,9 @@ impl VerbsError {
 
 impl From<std::io::Error> for VerbsError {
     fn from(e: std::io::Error) -> Self {
-        e.raw_os_error().map(Self::from_errno).unwrap_or(VerbsError::Io)
+        e.raw_os_error()
+            .map(Self::from_errno)
+            .unwrap_or(VerbsError::Io)
     }
 }
 

@@ -94,7 +94,17 @@ pub struct Event {
 
 impl Event {
     pub fn new(kind: EventKind) -> Self {
-        Event { kind, handle: 0, conn_id: 0, status: 0, ird: 0, ord: 0, local: None, peer: None, private_data: Vec::new() }
+        Event {
+            kind,
+            handle: 0,
+            conn_id: 0,
+            status: 0,
+            ird: 0,
+            ord: 0,
+            local: None,
+            peer: None,
+            private_data: Vec::new(),
+        }
     }
     pub fn with_status(mut self, status: i32) -> Self {
         self.status = status;

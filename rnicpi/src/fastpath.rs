@@ -35,20 +35,36 @@ pub struct UserQp {
 
 impl std::fmt::Debug for UserQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UserQp").field("qp_num", &self.qp_num).finish()
+        f.debug_struct("UserQp")
+            .field("qp_num", &self.qp_num)
+            .finish()
     }
 }
 
 impl UserQp {
-    pub fn new(qp_num: u32, caps: QpCaps, sq: Ring<Wqe>, rq: Ring<Wqe>, doorbell: Arc<dyn Doorbell>) -> Self {
-        UserQp { qp_num, caps, sq: Mutex::new(sq), rq: Mutex::new(rq), doorbell }
+    pub fn new(
+        qp_num: u32,
+        caps: QpCaps,
+        sq: Ring<Wqe>,
+        rq: Ring<Wqe>,
+        doorbell: Arc<dyn Doorbell>,
+    ) -> Self {
+        UserQp {
+            qp_num,
+            caps,
+            sq: Mutex::new(sq),
+            rq: Mutex::new(rq),
+            doorbell,
+        }
     }
 
     fn check(&self, wqe: &Wqe, max_sge: u32) -> Result<()> {
         if wqe.num_sge as u32 > max_sge.min(MAX_SGE as u32) {
             return Err(VerbsError::Invalid);
         }
-        if wqe.is_inline() && wqe.inline_len > self.caps.max_inline.min(crate::wr::MAX_INLINE as u32) {
+        if wqe.is_inline()
+            && wqe.inline_len > self.caps.max_inline.min(crate::wr::MAX_INLINE as u32)
+        {
             return Err(VerbsError::Invalid);
         }
         if wqe.opcode().is_none() {
@@ -117,7 +133,9 @@ impl std::fmt::Debug for UserCq {
 
 impl UserCq {
     pub fn new(ring: Ring<Cqe>) -> Self {
-        UserCq { ring: Mutex::new(ring) }
+        UserCq {
+            ring: Mutex::new(ring),
+        }
     }
 
     /// Take up to `out.len()` completions; returns how many were written.
@@ -145,7 +163,11 @@ impl UserCq {
     /// Request a notification (a `CqNotify` event) for the next completion, or for the
     /// next solicited/error completion.
     pub fn arm(&self, solicited_only: bool) {
-        let how = if solicited_only { crate::queue::notify::SOLICITED } else { crate::queue::notify::NEXT };
+        let how = if solicited_only {
+            crate::queue::notify::SOLICITED
+        } else {
+            crate::queue::notify::NEXT
+        };
         self.ring.lock().arm(how);
     }
 
@@ -164,13 +186,20 @@ pub struct EngineCq {
 
 impl std::fmt::Debug for EngineCq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineCq").field("pushed", &self.pushed).finish()
+        f.debug_struct("EngineCq")
+            .field("pushed", &self.pushed)
+            .finish()
     }
 }
 
 impl EngineCq {
     pub fn new(ring: Ring<Cqe>, sink: Arc<dyn EventSink>) -> Self {
-        EngineCq { ring: Mutex::new(ring), sink, pushed: AtomicU64::new(0), overflows: AtomicU64::new(0) }
+        EngineCq {
+            ring: Mutex::new(ring),
+            sink,
+            pushed: AtomicU64::new(0),
+            overflows: AtomicU64::new(0),
+        }
     }
 
     /// Append a completion. On overflow (or a consumer that corrupted the ring) the
@@ -183,7 +212,8 @@ impl EngineCq {
             drop(ring);
             self.overflows.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(wr_id = cqe.wr_id, "completion queue overflow");
-            self.sink.deliver(Event::new(EventKind::CqError).with_status(libc::EOVERFLOW));
+            self.sink
+                .deliver(Event::new(EventKind::CqError).with_status(libc::EOVERFLOW));
             return false;
         }
         self.pushed.fetch_add(1, Ordering::Relaxed);
@@ -222,14 +252,32 @@ mod tests {
         let sq = Ring::attach(mem.clone(), 0, 4).unwrap();
         let rq = Ring::attach(mem.clone(), ring_bytes::<Wqe>(4).div_ceil(64) * 64, 4).unwrap();
         let bell = Arc::new(CountBell(AtomicUsize::new(0)));
-        let caps = QpCaps { max_send_wr: 2, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline: 16 };
+        let caps = QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 16,
+        };
         let qp = UserQp::new(7, caps, sq, rq, bell.clone());
-        let sge = crate::Sge { addr: 1, length: 1, lkey: 1 };
+        let sge = crate::Sge {
+            addr: 1,
+            length: 1,
+            lkey: 1,
+        };
         qp.post_send(&Wqe::new(1, WrOpcode::Send, &[sge])).unwrap();
-        assert_eq!(qp.post_send(&Wqe::new(2, WrOpcode::Send, &[sge, sge])), Err(VerbsError::Invalid));
+        assert_eq!(
+            qp.post_send(&Wqe::new(2, WrOpcode::Send, &[sge, sge])),
+            Err(VerbsError::Invalid)
+        );
         qp.post_send(&Wqe::new(3, WrOpcode::Send, &[sge])).unwrap();
-        assert_eq!(qp.post_send(&Wqe::new(4, WrOpcode::Send, &[sge])), Err(VerbsError::QueueFull));
-        let big = Wqe::new(5, WrOpcode::Send, &[]).with_inline(&[0; 32]).unwrap();
+        assert_eq!(
+            qp.post_send(&Wqe::new(4, WrOpcode::Send, &[sge])),
+            Err(VerbsError::QueueFull)
+        );
+        let big = Wqe::new(5, WrOpcode::Send, &[])
+            .with_inline(&[0; 32])
+            .unwrap();
         assert_eq!(qp.post_send(&big), Err(VerbsError::Invalid));
         assert_eq!(bell.0.load(Ordering::Relaxed), 2);
     }
@@ -243,10 +291,22 @@ mod tests {
         let eng = EngineCq::new(Ring::attach(mem.clone(), 0, 2).unwrap(), sink);
         let user = UserCq::new(Ring::attach(mem, 0, 2).unwrap());
         user.arm(false);
-        assert!(eng.push(Cqe { wr_id: 1, ..Default::default() }));
-        assert!(eng.push(Cqe { wr_id: 2, ..Default::default() }));
-        assert!(!eng.push(Cqe { wr_id: 3, ..Default::default() }));
-        assert_eq!(*events.lock(), vec![EventKind::CqNotify, EventKind::CqError]);
+        assert!(eng.push(Cqe {
+            wr_id: 1,
+            ..Default::default()
+        }));
+        assert!(eng.push(Cqe {
+            wr_id: 2,
+            ..Default::default()
+        }));
+        assert!(!eng.push(Cqe {
+            wr_id: 3,
+            ..Default::default()
+        }));
+        assert_eq!(
+            *events.lock(),
+            vec![EventKind::CqNotify, EventKind::CqError]
+        );
         let mut out = [Cqe::default(); 4];
         assert_eq!(user.poll(&mut out), 2);
         assert_eq!(eng.overflows(), 1);

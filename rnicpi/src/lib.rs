@@ -78,7 +78,9 @@ pub use error::{Result, VerbsError};
 pub use event::{Event, EventKind, EventSink, NullSink};
 pub use fastpath::{Doorbell, EngineCq, UserCq, UserQp};
 pub use memory::{AccessError, LocalMemory, MemoryAccess, MrTable, Region};
-pub use provider::{Counter, CqInit, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp, QpInit, Route};
+pub use provider::{
+    Counter, CqInit, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp, QpInit, Route,
+};
 pub use queue::{QpRingLayout, Ring, RingCorrupt, SharedMem};
 pub use types::*;
 pub use wr::*;

@@ -58,7 +58,7 @@ impl MemoryAccess for LocalMemory {
     }
 
     fn atomic(&self, addr: u64, op: &mut dyn FnMut(u64) -> u64) -> Result<u64> {
-        if addr % 8 != 0 || addr == 0 {
+        if !addr.is_multiple_of(8) || addr == 0 {
             return Err(VerbsError::BadAddress);
         }
         // SAFETY: the address is 8-aligned, inside a validated registration (see `read`),
@@ -134,7 +134,13 @@ impl Region {
     }
 
     /// Read after a successful [`check`](Self::check) of the same range.
-    pub fn read(&self, pd: u32, addr: u64, buf: &mut [u8], need: Access) -> Result<(), AccessError> {
+    pub fn read(
+        &self,
+        pd: u32,
+        addr: u64,
+        buf: &mut [u8],
+        need: Access,
+    ) -> Result<(), AccessError> {
         self.check(pd, addr, buf.len() as u64, need)?;
         if buf.is_empty() {
             return Ok(());
@@ -152,9 +158,14 @@ impl Region {
     }
 
     /// RDMA atomic on an aligned word inside the registration.
-    pub fn atomic(&self, pd: u32, addr: u64, op: &mut dyn FnMut(u64) -> u64) -> Result<u64, AccessError> {
+    pub fn atomic(
+        &self,
+        pd: u32,
+        addr: u64,
+        op: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<u64, AccessError> {
         self.check(pd, addr, 8, Access::REMOTE_ATOMIC)?;
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(AccessError::OutOfBounds);
         }
         self.mem.atomic(addr, op).map_err(|_| AccessError::Fault)
@@ -195,7 +206,14 @@ impl MrTable {
     }
 
     /// Register `[base, base+len)` of the memory behind `mem` in `pd` with `access`.
-    pub fn register(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>> {
+    pub fn register(
+        &self,
+        pd: u32,
+        base: u64,
+        len: u64,
+        access: Access,
+        mem: Arc<dyn MemoryAccess>,
+    ) -> Result<Arc<Region>> {
         if !access.is_consistent() || base.checked_add(len).is_none() {
             return Err(VerbsError::Invalid);
         }
@@ -215,10 +233,24 @@ impl MrTable {
         let g = &mut gens[index as usize];
         *g = g.wrapping_add(1);
         let stag = (index << 8) | *g as u32;
-        let region = Arc::new(Region { stag, pd, base, len, access, mem, valid: AtomicBool::new(true) });
+        let region = Arc::new(Region {
+            stag,
+            pd,
+            base,
+            len,
+            access,
+            mem,
+            valid: AtomicBool::new(true),
+        });
         slots[index as usize] = Some(region.clone());
         self.live.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(stag = format_args!("{stag:#x}"), pd, base, len, "memory registered");
+        tracing::debug!(
+            stag = format_args!("{stag:#x}"),
+            pd,
+            base,
+            len,
+            "memory registered"
+        );
         Ok(region)
     }
 
@@ -266,7 +298,15 @@ mod tests {
     use super::*;
 
     fn buf_region(table: &MrTable, buf: &mut [u8], access: Access) -> Arc<Region> {
-        table.register(1, buf.as_mut_ptr() as u64, buf.len() as u64, access, Arc::new(LocalMemory)).unwrap()
+        table
+            .register(
+                1,
+                buf.as_mut_ptr() as u64,
+                buf.len() as u64,
+                access,
+                Arc::new(LocalMemory),
+            )
+            .unwrap()
     }
 
     #[test]
@@ -275,13 +315,29 @@ mod tests {
         let mut b = vec![0u8; 64];
         let r = buf_region(&t, &mut b, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
         let base = r.base;
-        r.write(1, base + 60, &[1, 2, 3, 4], Access::REMOTE_WRITE).unwrap();
-        assert_eq!(r.write(1, base + 61, &[1, 2, 3, 4], Access::REMOTE_WRITE), Err(AccessError::OutOfBounds));
-        assert_eq!(r.write(1, base - 1, &[1], Access::REMOTE_WRITE), Err(AccessError::OutOfBounds));
-        assert_eq!(r.write(1, u64::MAX, &[1, 2], Access::REMOTE_WRITE), Err(AccessError::OutOfBounds));
-        assert_eq!(r.write(2, base, &[1], Access::REMOTE_WRITE), Err(AccessError::PdMismatch));
+        r.write(1, base + 60, &[1, 2, 3, 4], Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            r.write(1, base + 61, &[1, 2, 3, 4], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            r.write(1, base - 1, &[1], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            r.write(1, u64::MAX, &[1, 2], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            r.write(2, base, &[1], Access::REMOTE_WRITE),
+            Err(AccessError::PdMismatch)
+        );
         let mut out = [0u8; 4];
-        assert_eq!(r.read(1, base, &mut out, Access::REMOTE_READ), Err(AccessError::NoRight));
+        assert_eq!(
+            r.read(1, base, &mut out, Access::REMOTE_READ),
+            Err(AccessError::NoRight)
+        );
         drop(r);
         assert_eq!(&b[60..], &[1, 2, 3, 4]);
     }
@@ -306,9 +362,14 @@ mod tests {
         let mut b = vec![0u8; 8];
         let a = buf_region(&t, &mut b, Access::LOCAL_WRITE);
         let _b2 = buf_region(&t, &mut b, Access::LOCAL_WRITE);
-        assert!(t.register(1, 1, 1, Access::empty(), Arc::new(LocalMemory)).is_err());
+        assert!(t
+            .register(1, 1, 1, Access::empty(), Arc::new(LocalMemory))
+            .is_err());
         t.invalidate(a.stag, 1).unwrap();
-        assert_eq!(a.check(1, a.base, 1, Access::empty()), Err(AccessError::Invalidated));
+        assert_eq!(
+            a.check(1, a.base, 1, Access::empty()),
+            Err(AccessError::Invalidated)
+        );
     }
 
     #[test]
@@ -316,7 +377,13 @@ mod tests {
         let t = MrTable::new(4);
         let mut b = vec![0u64; 2];
         let r = t
-            .register(1, b.as_mut_ptr() as u64, 16, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC, Arc::new(LocalMemory))
+            .register(
+                1,
+                b.as_mut_ptr() as u64,
+                16,
+                Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+                Arc::new(LocalMemory),
+            )
             .unwrap();
         assert_eq!(r.atomic(1, r.base + 8, &mut |v| v + 5).unwrap(), 0);
         assert_eq!(r.atomic(1, r.base + 8, &mut |v| v + 5).unwrap(), 5);

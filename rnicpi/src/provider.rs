@@ -66,11 +66,23 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Register `[base, base+len)` of a consumer's memory, already pinned by the kAL and
     /// reachable through `mem`. Returns the registration with its STag/lkey/rkey.
-    fn reg_mr(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>>;
+    fn reg_mr(
+        &self,
+        pd: u32,
+        base: u64,
+        len: u64,
+        access: Access,
+        mem: Arc<dyn MemoryAccess>,
+    ) -> Result<Arc<Region>>;
     fn dereg_mr(&self, stag: u32) -> Result<()>;
 
     /// Listen for connection requests on `addr`. `ConnectRequest` events go to `sink`.
-    fn listen(&self, addr: SocketAddr, backlog: u32, sink: Arc<dyn EventSink>) -> Result<Arc<dyn ProviderListener>>;
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<Arc<dyn ProviderListener>>;
 }
 
 /// A completion queue created by a provider.
@@ -133,7 +145,11 @@ pub trait KalServices: Send + Sync + 'static {
     /// Link-layer neighbour (ARP/ND) entry of `ip`, when the host knows it.
     fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]>;
     /// Open an LLP (TCP) connection for an iWARP provider.
-    fn tcp_connect(&self, peer: SocketAddr, timeout: std::time::Duration) -> Result<std::net::TcpStream>;
+    fn tcp_connect(
+        &self,
+        peer: SocketAddr,
+        timeout: std::time::Duration,
+    ) -> Result<std::net::TcpStream>;
     /// Listen on an LLP (TCP) address for an iWARP provider.
     fn tcp_listen(&self, addr: SocketAddr, backlog: u32) -> Result<std::net::TcpListener>;
 }

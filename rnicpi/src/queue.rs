@@ -26,7 +26,9 @@ pub struct SharedMem {
 
 impl std::fmt::Debug for SharedMem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedMem").field("len", &self.len()).finish()
+        f.debug_struct("SharedMem")
+            .field("len", &self.len())
+            .finish()
     }
 }
 
@@ -132,16 +134,23 @@ impl<T: Pod> Ring<T> {
     /// View `capacity` slots at byte `offset` of `mem`. `capacity` must be a power of two
     /// and the ring must fit; the header is left as found (both sides attach to one ring).
     pub fn attach(mem: std::sync::Arc<SharedMem>, offset: usize, capacity: u32) -> Result<Self> {
-        if !capacity.is_power_of_two() || offset % 64 != 0 {
+        if !capacity.is_power_of_two() || !offset.is_multiple_of(64) {
             return Err(VerbsError::Invalid);
         }
-        let end = offset.checked_add(ring_bytes::<T>(capacity)).ok_or(VerbsError::Invalid)?;
+        let end = offset
+            .checked_add(ring_bytes::<T>(capacity))
+            .ok_or(VerbsError::Invalid)?;
         if end > mem.len() {
             return Err(VerbsError::Invalid);
         }
         // SAFETY: offset + ring size lies within the mapping (checked above).
         let base = unsafe { mem.as_ptr().add(offset) };
-        Ok(Ring { base, cap: capacity, _mem: mem, _t: PhantomData })
+        Ok(Ring {
+            base,
+            cap: capacity,
+            _mem: mem,
+            _t: PhantomData,
+        })
     }
 
     fn word(&self, off: usize) -> &AtomicU32 {
@@ -190,7 +199,8 @@ impl<T: Pod> Ring<T> {
         // SAFETY: the slot is inside the ring; the consumer does not read it until the
         // producer index below is published; a volatile write tolerates a hostile reader.
         unsafe { std::ptr::write_volatile(self.slot(p), *item) };
-        self.word(PRODUCER).store(p.wrapping_add(1), Ordering::Release);
+        self.word(PRODUCER)
+            .store(p.wrapping_add(1), Ordering::Release);
         Ok(true)
     }
 
@@ -209,7 +219,8 @@ impl<T: Pod> Ring<T> {
     /// Consumer side: drop the oldest entry (after `peek`).
     pub fn advance(&self) {
         let c = self.word(CONSUMER).load(Ordering::Relaxed);
-        self.word(CONSUMER).store(c.wrapping_add(1), Ordering::Release);
+        self.word(CONSUMER)
+            .store(c.wrapping_add(1), Ordering::Release);
     }
 
     /// Consumer side: take the oldest entry.
@@ -232,7 +243,9 @@ impl<T: Pod> Ring<T> {
         let w = self.word(NOTIFY);
         let cur = w.load(Ordering::Acquire);
         let fire = cur == notify::NEXT || (cur == notify::SOLICITED && solicited_or_error);
-        fire && w.compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        fire && w
+            .compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Consumer side, for recovery: mark everything produced as consumed.
@@ -259,7 +272,13 @@ impl QpRingLayout {
         let sq_len = ring_bytes::<crate::Wqe>(sq_depth);
         let rq_offset = sq_len.div_ceil(4096) * 4096;
         let total = rq_offset + ring_bytes::<crate::Wqe>(rq_depth);
-        Some(QpRingLayout { sq_depth, rq_depth, sq_offset: 0, rq_offset, total: total.div_ceil(4096) * 4096 })
+        Some(QpRingLayout {
+            sq_depth,
+            rq_depth,
+            sq_offset: 0,
+            rq_offset,
+            total: total.div_ceil(4096) * 4096,
+        })
     }
 }
 
@@ -271,14 +290,22 @@ mod tests {
 
     fn ring<T: Pod>(cap: u32) -> (Ring<T>, Ring<T>) {
         let mem = Arc::new(SharedMem::create("t", ring_bytes::<T>(cap)).unwrap());
-        (Ring::attach(mem.clone(), 0, cap).unwrap(), Ring::attach(mem, 0, cap).unwrap())
+        (
+            Ring::attach(mem.clone(), 0, cap).unwrap(),
+            Ring::attach(mem, 0, cap).unwrap(),
+        )
     }
 
     #[test]
     fn fifo_and_full() {
         let (p, c) = ring::<Cqe>(4);
         for i in 0..4 {
-            assert!(p.push(&Cqe { wr_id: i, ..Default::default() }).unwrap());
+            assert!(p
+                .push(&Cqe {
+                    wr_id: i,
+                    ..Default::default()
+                })
+                .unwrap());
         }
         assert!(!p.push(&Cqe::default()).unwrap());
         for i in 0..4 {

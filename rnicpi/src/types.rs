@@ -184,7 +184,8 @@ bitflags! {
 impl Access {
     /// Verbs rule: remote write or atomic access requires local write.
     pub fn is_consistent(self) -> bool {
-        !(self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !self.contains(Access::LOCAL_WRITE))
+        !self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            || self.contains(Access::LOCAL_WRITE)
     }
 }
 

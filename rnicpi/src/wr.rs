@@ -136,7 +136,12 @@ impl Wqe {
 
     /// A send-side request with a gather list.
     pub fn new(wr_id: u64, opcode: WrOpcode, sges: &[Sge]) -> Self {
-        let mut w = Wqe { wr_id, opcode: opcode as u8, flags: send_flags::SIGNALED, ..Default::default() };
+        let mut w = Wqe {
+            wr_id,
+            opcode: opcode as u8,
+            flags: send_flags::SIGNALED,
+            ..Default::default()
+        };
         let n = sges.len().min(MAX_SGE);
         w.sge[..n].copy_from_slice(&sges[..n]);
         w.num_sge = n as u8;
@@ -315,8 +320,10 @@ mod tests {
 
     #[test]
     fn hostile_num_sge_is_clamped() {
-        let mut w = Wqe::default();
-        w.num_sge = 200;
+        let w = Wqe {
+            num_sge: 200,
+            ..Wqe::default()
+        };
         assert_eq!(w.sges().len(), MAX_SGE);
     }
 }

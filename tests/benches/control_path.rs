@@ -31,7 +31,12 @@ fn time(mut f: impl FnMut()) -> (f64, f64) {
 }
 
 fn query_abi(ctx: &Context) {
-    let mut q = abi::QueryAbi { version: 0, event_size: 0, context: 0, _pad: 0 };
+    let mut q = abi::QueryAbi {
+        version: 0,
+        event_size: 0,
+        context: 0,
+        _pad: 0,
+    };
     ctx.channel().call(cmd::QUERY_ABI, &mut q).unwrap();
 }
 
@@ -49,7 +54,11 @@ fn main() {
     let file = std::fs::File::open(&d.path).unwrap();
     let fd = file.as_raw_fd();
     let (plain, plain99) = time(|| {
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd, timeout 0.
         unsafe { libc::poll(&mut p, 1, 0) };
     });
@@ -57,7 +66,16 @@ fn main() {
     let dev_id = ctx.device("siw0").unwrap().index;
     let (pd, pd99) = time(|| drop(ctx.alloc_pd(dev_id).unwrap()));
     println!("| plain FUSE round trip (poll, timeout 0) | {plain:.2} | {plain99:.2} | 1.00 |");
-    println!("| /dev/krdma ioctl QUERY_ABI | {dev:.2} | {dev99:.2} | {:.2} |", dev / plain);
-    println!("| /dev/krdma ALLOC_PD + DEALLOC_PD (2 ioctls) | {pd:.2} | {pd99:.2} | {:.2} |", pd / plain);
-    println!("| embedded QUERY_ABI (function call) | {emb:.3} | {emb99:.3} | {:.3} |", emb / plain);
+    println!(
+        "| /dev/krdma ioctl QUERY_ABI | {dev:.2} | {dev99:.2} | {:.2} |",
+        dev / plain
+    );
+    println!(
+        "| /dev/krdma ALLOC_PD + DEALLOC_PD (2 ioctls) | {pd:.2} | {pd99:.2} | {:.2} |",
+        pd / plain
+    );
+    println!(
+        "| embedded QUERY_ABI (function call) | {emb:.3} | {emb99:.3} | {:.3} |",
+        emb / plain
+    );
 }

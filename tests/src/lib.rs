@@ -20,7 +20,11 @@ pub fn krdmad_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = profile_dir.join("krdmad");
-    assert!(bin.exists(), "{} not built (run the tests through cargo/nextest on the workspace)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not built (run the tests through cargo/nextest on the workspace)",
+        bin.display()
+    );
     bin
 }
 
@@ -65,7 +69,8 @@ impl Daemon {
                 }
             }
         });
-        rx.recv_timeout(Duration::from_secs(20)).expect("krdmad did not become ready");
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("krdmad did not become ready");
         Daemon { child, path, dir }
     }
 
@@ -80,7 +85,10 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -90,7 +98,11 @@ impl Drop for Daemon {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.path).stderr(Stdio::null()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .stderr(Stdio::null())
+            .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

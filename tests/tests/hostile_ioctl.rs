@@ -13,9 +13,16 @@ fn random_commands_and_bytes_are_refused_cleanly() {
         let dev = victim.device("siw0").unwrap().index;
         let pd = victim.alloc_pd(dev).unwrap();
         let attacker = door.open();
-        let mut runner = TestRunner::new(Config { cases: 3000, failure_persistence: None, ..Config::default() });
+        let mut runner = TestRunner::new(Config {
+            cases: 3000,
+            failure_persistence: None,
+            ..Config::default()
+        });
         let valid: Vec<u32> = cmd::ALL.iter().map(|(c, _)| *c).collect();
-        let strategy = (prop_oneof![any::<u32>(), proptest::sample::select(valid)], proptest::collection::vec(any::<u8>(), 0..2048));
+        let strategy = (
+            prop_oneof![any::<u32>(), proptest::sample::select(valid)],
+            proptest::collection::vec(any::<u8>(), 0..2048),
+        );
         runner
             .run(&strategy, |(c, mut bytes)| {
                 if let Some((_, _, size)) = abi::decode(c) {

@@ -11,14 +11,25 @@ use ual::{Access, Context, QpConfig, Target};
 #[test]
 #[ignore = "run as a child process by killed_process_is_cleaned_up"]
 fn hold_resources() {
-    let Ok(path) = std::env::var("KRDMA_TEST_HOLD") else { return };
+    let Ok(path) = std::env::var("KRDMA_TEST_HOLD") else {
+        return;
+    };
     let ctx = Context::open_target(&Target::Device(path.into())).unwrap();
     let dev = ctx.device("siw0").unwrap().index;
     let pd = ctx.alloc_pd(dev).unwrap();
     let cq = ctx.create_cq(dev, 64).unwrap();
-    let qps: Vec<_> = (0..4).map(|_| ctx.create_qp(&pd, &cq, &cq, QpConfig::default()).unwrap()).collect();
+    let qps: Vec<_> = (0..4)
+        .map(|_| ctx.create_qp(&pd, &cq, &cq, QpConfig::default()).unwrap())
+        .collect();
     let buf = vec![1u8; 1 << 20];
-    let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let mr = ctx
+        .reg_mr(
+            &pd,
+            buf.as_ptr(),
+            buf.len(),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
     println!("HOLDING ctx={}", ctx.id());
     loop {
         std::thread::sleep(Duration::from_secs(1));
@@ -48,7 +59,10 @@ fn killed_process_is_cleaned_up() {
         }
     };
     let (during, rows) = observer.stat_contexts().unwrap();
-    let row = rows.iter().find(|r| r.id == ctx_id).expect("child's context visible");
+    let row = rows
+        .iter()
+        .find(|r| r.id == ctx_id)
+        .expect("child's context visible");
     assert_eq!((row.qps, row.cqs, row.mrs), (4, 1, 1));
     assert!(during.pinned_total >= base.pinned_total + (1 << 20));
 
@@ -58,10 +72,16 @@ fn killed_process_is_cleaned_up() {
     loop {
         let (now, rows) = observer.stat_contexts().unwrap();
         if !rows.iter().any(|r| r.id == ctx_id) {
-            assert_eq!(now.pinned_total, base.pinned_total, "pinned bytes back to baseline");
+            assert_eq!(
+                now.pinned_total, base.pinned_total,
+                "pinned bytes back to baseline"
+            );
             break;
         }
-        assert!(killed.elapsed() < Duration::from_secs(1), "context still present after 1 s");
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "context still present after 1 s"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     eprintln!("context gone {:?} after SIGKILL", killed.elapsed());

@@ -5,20 +5,25 @@ use krdma_tests::{crc, each_front_door, fill_pattern, FrontDoor};
 use std::sync::Arc;
 use std::time::Duration;
 use ual::perf::{connect_pair, Endpoint};
-use ual::{send_flags, wc_flags, Access, Context, EventKind, Sge, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode};
+use ual::{
+    send_flags, wc_flags, Access, Context, EventKind, Sge, VerbsError, WcOpcode, WcStatus, Wqe,
+    WrOpcode,
+};
 
 const SIG: u8 = send_flags::SIGNALED;
+
+/// Fill an endpoint's buffer with a pattern; returns its checksum.
+fn fill(ep: &Endpoint, seed: u32) -> u32 {
+    let mut v = vec![0u8; ep.buf.len()];
+    fill_pattern(&mut v, seed);
+    ep.buf.write(0, &v);
+    crc(&v)
+}
 
 fn pair(door: &FrontDoor, len: usize) -> (Arc<Context>, Arc<Context>, Endpoint, Endpoint) {
     let (a, b) = (door.open(), door.open());
     let (s, c) = connect_pair(&a, &b, "siw0", len, 64).expect("connect over siw0");
     (a, b, s, c)
-}
-
-fn buf_mut(ep: &Endpoint) -> &mut [u8] {
-    // SAFETY (test only): the endpoint's buffer is registered and only the engine writes
-    // it while a transfer runs; the tests touch it only between transfers.
-    unsafe { std::slice::from_raw_parts_mut(ep.buf.as_ptr() as *mut u8, ep.buf.len()) }
 }
 
 #[test]
@@ -38,8 +43,7 @@ fn send_write_read_are_byte_exact() {
     each_front_door(|door| {
         let len = 1 << 20;
         let (_a, _b, s, c) = pair(door, len);
-        fill_pattern(buf_mut(&c), 1);
-        let want = crc(&c.buf);
+        let want = fill(&c, 1);
 
         // Send / Recv with immediate placement into the posted buffer.
         s.post_recv(1, 0, len as u32).unwrap();
@@ -47,13 +51,12 @@ fn send_write_read_are_byte_exact() {
         let rc = s.complete(1).unwrap();
         assert_eq!(rc[0].opcode(), Some(WcOpcode::Recv));
         assert_eq!(rc[0].byte_len, len as u32);
-        assert_eq!(crc(&s.buf), want, "send payload");
+        assert_eq!(crc(&s.buf.to_vec()), want, "send payload");
         assert_eq!(c.complete(1).unwrap()[0].opcode(), Some(WcOpcode::Send));
 
         // RDMA Write into the server's buffer.
-        buf_mut(&s).fill(0);
-        fill_pattern(buf_mut(&c), 2);
-        let want = crc(&c.buf);
+        s.buf.fill(0);
+        let want = fill(&c, 2);
         c.write(3, 0, len as u32, 0, SIG).unwrap();
         c.complete(1).unwrap();
         // Ordering: a Send after the Write arrives after the Write is placed.
@@ -61,16 +64,15 @@ fn send_write_read_are_byte_exact() {
         c.send(5, 0, 0, SIG).unwrap();
         s.complete(1).unwrap();
         c.complete(1).unwrap();
-        assert_eq!(crc(&s.buf), want, "write payload");
+        assert_eq!(crc(&s.buf.to_vec()), want, "write payload");
 
         // RDMA Read back from the server into a cleared client buffer.
-        fill_pattern(buf_mut(&s), 3);
-        let want = crc(&s.buf);
-        buf_mut(&c).fill(0);
+        let want = fill(&s, 3);
+        c.buf.fill(0);
         c.read(6, 0, len as u32, 0).unwrap();
         let rc = c.complete(1).unwrap();
         assert_eq!(rc[0].opcode(), Some(WcOpcode::RdmaRead));
-        assert_eq!(crc(&c.buf), want, "read payload");
+        assert_eq!(crc(&c.buf.to_vec()), want, "read payload");
     });
 }
 
@@ -101,11 +103,19 @@ fn solicited_event_and_cq_notification() {
         c.complete(1).unwrap();
         let first = s.cq.wait(1, Duration::from_secs(10)).unwrap();
         assert_eq!(first[0].flags & wc_flags::SOLICITED, 0);
-        assert!(s.cq.events().recv_timeout(Duration::from_millis(300)).is_err(), "no notify for unsolicited");
+        assert!(
+            s.cq.events()
+                .recv_timeout(Duration::from_millis(300))
+                .is_err(),
+            "no notify for unsolicited"
+        );
         // …a solicited one must.
         s.cq.arm(true);
         c.send(11, 0, 8, SIG | send_flags::SOLICITED).unwrap();
-        let ev = s.cq.events().recv_timeout(Duration::from_secs(10)).expect("CQ notification");
+        let ev =
+            s.cq.events()
+                .recv_timeout(Duration::from_secs(10))
+                .expect("CQ notification");
         assert_eq!(ev.kind, EventKind::CqNotify);
         let mut out = [ual::Cqe::default(); 4];
         assert_eq!(s.cq.poll(&mut out), 1);
@@ -118,23 +128,37 @@ fn send_with_invalidate_invalidates_the_stag() {
     each_front_door(|door| {
         let (a, _b, s, c) = pair(door, 4096);
         // A second registration on the server that the client will invalidate.
-        let extra = vec![0u8; 4096];
-        let mr = a.reg_mr(&s.pd, extra.as_ptr(), extra.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        let extra = ual::RegBuf::new(4096).unwrap();
+        let mr = a
+            .reg_mr(
+                &s.pd,
+                extra.as_ptr(),
+                extra.len(),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .unwrap();
         s.post_recv(1, 0, 64).unwrap();
-        let w = Wqe::new(2, WrOpcode::SendWithInv, &[c.mr.sge(0, 16)]).with_imm(mr.rkey).with_flags(SIG);
+        let w = Wqe::new(2, WrOpcode::SendWithInv, &[c.mr.sge(0, 16)])
+            .with_imm(mr.rkey)
+            .with_flags(SIG);
         c.qp.post_send(&w).unwrap();
         c.complete(1).unwrap();
         let rc = s.complete(1).unwrap();
         assert_ne!(rc[0].flags & wc_flags::WITH_INV, 0);
         assert_eq!(rc[0].imm_or_inv, mr.rkey);
         // A write to the invalidated STag now fails: the client's QP gets an error.
-        let w = Wqe::new(3, WrOpcode::RdmaWrite, &[c.mr.sge(0, 16)]).with_remote(mr.addr, mr.rkey).with_flags(SIG);
+        let w = Wqe::new(3, WrOpcode::RdmaWrite, &[c.mr.sge(0, 16)])
+            .with_remote(mr.addr, mr.rkey)
+            .with_flags(SIG);
         c.qp.post_send(&w).unwrap();
         // The write itself is handed to TCP; the peer answers with a Terminate that moves
         // our QP to Error: a later receive completes flushed or in error.
         c.post_recv(4, 0, 16).unwrap();
         let cs = c.cq.wait(2, Duration::from_secs(10)).unwrap();
-        assert!(cs.iter().any(|x| x.status() != WcStatus::Success), "access to an invalidated STag must fail: {cs:?}");
+        assert!(
+            cs.iter().any(|x| x.status() != WcStatus::Success),
+            "access to an invalidated STag must fail: {cs:?}"
+        );
     });
 }
 
@@ -143,17 +167,24 @@ fn one_gib_write_is_byte_exact() {
     each_front_door(|door| {
         let len = 1usize << 30;
         let (_a, _b, s, c) = pair(door, len);
-        fill_pattern(buf_mut(&c), 7);
-        let want = crc(&c.buf);
-        let w = Wqe::new(1, WrOpcode::RdmaWrite, &[Sge { addr: c.mr.addr, length: len as u32, lkey: c.mr.lkey }])
-            .with_remote(c.remote.0, c.remote.1)
-            .with_flags(SIG);
+        let want = fill(&c, 7);
+        let w = Wqe::new(
+            1,
+            WrOpcode::RdmaWrite,
+            &[Sge {
+                addr: c.mr.addr,
+                length: len as u32,
+                lkey: c.mr.lkey,
+            }],
+        )
+        .with_remote(c.remote.0, c.remote.1)
+        .with_flags(SIG);
         c.qp.post_send(&w).unwrap();
         c.complete(1).unwrap();
         s.post_recv(2, 0, 0).unwrap();
         c.send(3, 0, 0, SIG).unwrap();
         s.complete(1).unwrap();
-        assert_eq!(crc(&s.buf), want);
+        assert_eq!(crc(&s.buf.to_vec()), want);
     });
 }
 
@@ -168,12 +199,22 @@ fn foreign_handle_guesses_never_touch_another_context() {
         // b owns nothing: every guess must fail with NoSuchResource.
         for h in 0..512u32 {
             let mut d = ual::abi::Destroy { handle: h, _pad: 0 };
-            assert_eq!(b.channel().call(ual::abi::cmd::DEALLOC_PD, &mut d), Err(VerbsError::NoSuchResource));
-            assert_eq!(b.channel().call(ual::abi::cmd::DESTROY_CQ, &mut d), Err(VerbsError::NoSuchResource));
+            assert_eq!(
+                b.channel().call(ual::abi::cmd::DEALLOC_PD, &mut d),
+                Err(VerbsError::NoSuchResource)
+            );
+            assert_eq!(
+                b.channel().call(ual::abi::cmd::DESTROY_CQ, &mut d),
+                Err(VerbsError::NoSuchResource)
+            );
         }
         let (_, rows) = a.stat_contexts().unwrap();
         let mine = rows.iter().find(|r| r.id == a.id()).unwrap();
-        assert_eq!((mine.pds, mine.cqs), (1, 1), "a's objects survive b's guesses");
+        assert_eq!(
+            (mine.pds, mine.cqs),
+            (1, 1),
+            "a's objects survive b's guesses"
+        );
         drop((cq, pd));
     });
 }
@@ -189,16 +230,22 @@ fn many_concurrent_qps() {
         }
         for (i, (s, c)) in pairs.iter().enumerate() {
             s.post_recv(i as u64, 0, 8).unwrap();
-            buf_mut(c)[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            c.buf.write(0, &(i as u64).to_le_bytes());
             c.send(i as u64, 0, 8, SIG).unwrap();
         }
         for (i, (s, c)) in pairs.iter().enumerate() {
             s.complete(1).unwrap();
             c.complete(1).unwrap();
-            assert_eq!(&s.buf[..8], &(i as u64).to_le_bytes());
+            let mut got = [0u8; 8];
+            s.buf.read(0, &mut got);
+            assert_eq!(got, (i as u64).to_le_bytes());
         }
         let (_, rows) = a.stat_contexts().unwrap();
-        let qps: u32 = rows.iter().filter(|r| r.id == a.id() || r.id == b.id()).map(|r| r.qps).sum();
+        let qps: u32 = rows
+            .iter()
+            .filter(|r| r.id == a.id() || r.id == b.id())
+            .map(|r| r.qps)
+            .sum();
         assert_eq!(qps, 2 * n as u32);
     });
 }
@@ -211,7 +258,13 @@ fn disconnect_flushes_and_notifies_both_sides() {
         c.post_recv(2, 0, 64).unwrap();
         c.qp.disconnect(false).unwrap();
         let ev = s.qp.next_event(Duration::from_secs(10)).unwrap();
-        assert!(matches!(ev.kind, EventKind::Disconnected | EventKind::ConnectionBroken), "{ev:?}");
+        assert!(
+            matches!(
+                ev.kind,
+                EventKind::Disconnected | EventKind::ConnectionBroken
+            ),
+            "{ev:?}"
+        );
         let sc = s.cq.wait(1, Duration::from_secs(10)).unwrap();
         assert_eq!(sc[0].status(), WcStatus::WrFlushErr);
         let cc = c.cq.wait(1, Duration::from_secs(10)).unwrap();

@@ -11,8 +11,15 @@ use std::time::Duration;
 
 /// Where a uAL context reaches the kAL.
 pub enum Channel {
-    Device { file: DeviceFile, path: PathBuf },
-    Embedded { kal: Arc<Kal>, ctx: ContextId, signal: Arc<(Mutex<bool>, Condvar)> },
+    Device {
+        file: DeviceFile,
+        path: PathBuf,
+    },
+    Embedded {
+        kal: Arc<Kal>,
+        ctx: ContextId,
+        signal: Arc<(Mutex<bool>, Condvar)>,
+    },
 }
 
 /// The process-wide embedded kAL, started with the default providers on first use.
@@ -57,7 +64,9 @@ impl Target {
 
 /// Whether `path` is a mount served by krdmad (a FUSE mount whose fs name is krdma).
 fn is_served(path: &Path) -> bool {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else { return false };
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
     let p = path.to_string_lossy();
     mounts.lines().any(|l| {
         let mut c = l.split_whitespace();
@@ -68,7 +77,10 @@ fn is_served(path: &Path) -> bool {
 impl Channel {
     pub fn open(target: &Target) -> Result<Channel> {
         match target {
-            Target::Device(path) => Ok(Channel::Device { file: DeviceFile::open(path)?, path: path.clone() }),
+            Target::Device(path) => Ok(Channel::Device {
+                file: DeviceFile::open(path)?,
+                path: path.clone(),
+            }),
             Target::Embedded => {
                 let kal = embedded_kal()?;
                 let me = kal::Caller {
@@ -104,7 +116,10 @@ impl Channel {
 
     /// Execute one command struct.
     pub fn call<T: bytemuck::Pod>(&self, cmd: u32, arg: &mut T) -> Result<()> {
-        debug_assert_eq!(abi::decode(cmd).map(|d| d.2), Some(std::mem::size_of::<T>()));
+        debug_assert_eq!(
+            abi::decode(cmd).map(|d| d.2),
+            Some(std::mem::size_of::<T>())
+        );
         let bytes = bytemuck::bytes_of_mut(arg);
         match self {
             Channel::Device { file, .. } => file.ioctl(cmd, bytes),
@@ -146,7 +161,10 @@ impl Channel {
                 n
             }
         };
-        Ok(buf[..n].chunks_exact(abi::EVENT_SIZE).map(bytemuck::pod_read_unaligned).collect())
+        Ok(buf[..n]
+            .chunks_exact(abi::EVENT_SIZE)
+            .map(bytemuck::pod_read_unaligned)
+            .collect())
     }
 
     /// Embedded mode: a doorbell straight into the provider.

@@ -21,8 +21,14 @@ fn map_err(e: nix::errno::Errno) -> VerbsError {
 
 impl DeviceFile {
     pub fn open(path: &Path) -> Result<DeviceFile> {
-        let fd = nix::fcntl::open(path, nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK, nix::sys::stat::Mode::empty())
-            .map_err(map_err)?;
+        let fd = nix::fcntl::open(
+            path,
+            nix::fcntl::OFlag::O_RDWR
+                | nix::fcntl::OFlag::O_CLOEXEC
+                | nix::fcntl::OFlag::O_NONBLOCK,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(map_err)?;
         Ok(DeviceFile { fd })
     }
 
@@ -48,15 +54,27 @@ impl DeviceFile {
 
     /// Wait until an event is readable or `timeout` passes.
     pub fn wait_readable(&self, timeout: Option<Duration>) -> Result<bool> {
-        let ms = timeout.map(|t| t.as_millis().min(i32::MAX as u128) as i32).unwrap_or(-1);
-        let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout
+            .map(|t| t.as_millis().min(i32::MAX as u128) as i32)
+            .unwrap_or(-1);
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd for the duration of the call.
         let r = unsafe { libc::poll(&mut p, 1, ms) };
         if r < 0 {
             let e = nix::errno::Errno::last();
-            return if e == nix::errno::Errno::EINTR { Ok(false) } else { Err(map_err(e)) };
+            return if e == nix::errno::Errno::EINTR {
+                Ok(false)
+            } else {
+                Err(map_err(e))
+            };
         }
-        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && p.revents & libc::POLLIN == 0 {
+        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+            && p.revents & libc::POLLIN == 0
+        {
             return Err(VerbsError::Dead);
         }
         Ok(r > 0 && p.revents & libc::POLLIN != 0)

@@ -34,7 +34,10 @@ impl Dispatcher {
                 tx
             })
             .collect();
-        Arc::new(Dispatcher { handlers: Mutex::new(HashMap::new()), workers })
+        Arc::new(Dispatcher {
+            handlers: Mutex::new(HashMap::new()),
+            workers,
+        })
     }
 
     pub fn set(&self, handle: u32, h: Handler) {
@@ -58,7 +61,12 @@ impl Dispatcher {
 
     /// The access layer died: every handler gets `AccessLayerDead`.
     pub fn broadcast_dead(&self) {
-        let hs: Vec<(u32, Handler)> = self.handlers.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
+        let hs: Vec<(u32, Handler)> = self
+            .handlers
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         for (handle, h) in hs {
             let mut ev = Event::new(EventKind::AccessLayerDead).with_status(libc::ENOTCONN);
             ev.handle = handle;

@@ -15,13 +15,15 @@
 //!
 //! Every object frees itself on drop, children before parents (a QP holds its PD and CQs).
 
+mod buffer;
 mod channel;
 mod device;
 mod events;
-pub mod pin;
 pub mod perf;
+pub mod pin;
 mod verbs;
 
+pub use buffer::RegBuf;
 pub use channel::{embedded_kal, Channel, Target};
 pub use device::DeviceFile;
 pub use events::Handler;
@@ -29,6 +31,6 @@ pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Pd, PortInfo, Qp, QpConfi
 
 pub use kal::abi;
 pub use rnicpi::{
-    send_flags, wc_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps, QpState, QpType,
-    Result, Sge, Transport, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
+    send_flags, wc_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps,
+    QpState, QpType, Result, Sge, Transport, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
 };

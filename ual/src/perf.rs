@@ -2,8 +2,11 @@
 //! a connected pair of endpoints, bandwidth and ping-pong latency runs over RDMA, and
 //! the raw-TCP baseline the same run is compared against.
 
+use crate::buffer::RegBuf;
 use crate::verbs::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
-use rnicpi::{send_flags, Access, ConnParam, Cqe, QpCaps, Result, VerbsError, WcStatus, Wqe, WrOpcode};
+use rnicpi::{
+    send_flags, Access, ConnParam, Cqe, QpCaps, Result, VerbsError, WcStatus, Wqe, WrOpcode,
+};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -16,18 +19,34 @@ pub struct Endpoint {
     pub qp: Arc<Qp>,
     pub cq: Arc<Cq>,
     pub mr: Arc<Mr>,
-    pub buf: Vec<u8>,
+    pub buf: Arc<RegBuf>,
     pub pd: Arc<Pd>,
     /// The peer's buffer: (address, rkey, length), exchanged in the private data.
     pub remote: (u64, u32, u64),
 }
 
-fn endpoint_parts(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<(Arc<Pd>, Arc<Cq>, Arc<Qp>, Arc<Mr>, Vec<u8>)> {
+type Parts = (Arc<Pd>, Arc<Cq>, Arc<Qp>, Arc<Mr>, Arc<RegBuf>);
+
+fn endpoint_parts(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Parts> {
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
-    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 2, max_recv_sge: 2, max_inline: 64 };
-    let qp = ctx.create_qp(&pd, &cq, &cq, QpConfig { caps, ..Default::default() })?;
-    let buf = vec![0u8; buf_len.max(64)];
+    let caps = QpCaps {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline: 64,
+    };
+    let qp = ctx.create_qp(
+        &pd,
+        &cq,
+        &cq,
+        QpConfig {
+            caps,
+            ..Default::default()
+        },
+    )?;
+    let buf = RegBuf::new(buf_len.max(64))?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), access)?;
     Ok((pd, cq, qp, mr, buf))
@@ -46,38 +65,98 @@ fn parse_advert(p: &[u8]) -> Result<(u64, u32, u64)> {
         return Err(VerbsError::Invalid);
     }
     let u64at = |i: usize| u64::from_be_bytes(p[i..i + 8].try_into().unwrap());
-    Ok((u64at(0), u32::from_be_bytes(p[8..12].try_into().unwrap()), u64at(12)))
+    Ok((
+        u64at(0),
+        u32::from_be_bytes(p[8..12].try_into().unwrap()),
+        u64at(12),
+    ))
 }
 
 /// Accept one connection on `listener` (server side of [`connect_pair`]).
-pub fn accept_endpoint(ctx: &Arc<Context>, dev: u32, listener: &Listener, buf_len: usize, depth: u32) -> Result<Endpoint> {
+pub fn accept_endpoint(
+    ctx: &Arc<Context>,
+    dev: u32,
+    listener: &Listener,
+    buf_len: usize,
+    depth: u32,
+) -> Result<Endpoint> {
     let req = listener.get_request(TIMEOUT)?;
     let remote = parse_advert(&req.private_data)?;
     let (pd, cq, qp, mr, buf) = endpoint_parts(ctx, dev, buf_len, depth)?;
-    listener.accept(req.conn_id, &qp, &ConnParam { private_data: advertise(&mr), ird: 16, ord: 16 })?;
+    listener.accept(
+        req.conn_id,
+        &qp,
+        &ConnParam {
+            private_data: advertise(&mr),
+            ird: 16,
+            ord: 16,
+        },
+    )?;
     let ev = qp.next_event(TIMEOUT)?;
     if ev.kind != rnicpi::EventKind::Established {
         return Err(VerbsError::ConnectionReset);
     }
-    Ok(Endpoint { qp, cq, mr, buf, pd, remote })
+    Ok(Endpoint {
+        qp,
+        cq,
+        mr,
+        buf,
+        pd,
+        remote,
+    })
 }
 
 /// Connect to `peer` (client side).
-pub fn connect_endpoint(ctx: &Arc<Context>, dev: u32, peer: SocketAddr, buf_len: usize, depth: u32) -> Result<Endpoint> {
+pub fn connect_endpoint(
+    ctx: &Arc<Context>,
+    dev: u32,
+    peer: SocketAddr,
+    buf_len: usize,
+    depth: u32,
+) -> Result<Endpoint> {
     let (pd, cq, qp, mr, buf) = endpoint_parts(ctx, dev, buf_len, depth)?;
-    let ev = qp.connect_wait(peer, &ConnParam { private_data: advertise(&mr), ird: 16, ord: 16 }, TIMEOUT)?;
+    let ev = qp.connect_wait(
+        peer,
+        &ConnParam {
+            private_data: advertise(&mr),
+            ird: 16,
+            ord: 16,
+        },
+        TIMEOUT,
+    )?;
     let remote = parse_advert(&ev.private_data)?;
-    Ok(Endpoint { qp, cq, mr, buf, pd, remote })
+    Ok(Endpoint {
+        qp,
+        cq,
+        mr,
+        buf,
+        pd,
+        remote,
+    })
 }
 
 /// A connected pair over device `dev` on loopback, each side on its own context.
-pub fn connect_pair(server: &Arc<Context>, client: &Arc<Context>, dev_name: &str, buf_len: usize, depth: u32) -> Result<(Endpoint, Endpoint)> {
+pub fn connect_pair(
+    server: &Arc<Context>,
+    client: &Arc<Context>,
+    dev_name: &str,
+    buf_len: usize,
+    depth: u32,
+) -> Result<(Endpoint, Endpoint)> {
     let sdev = server.device(dev_name)?.index;
     let cdev = client.device(dev_name)?.index;
     let listener = server.listen(sdev, "127.0.0.1:0".parse().unwrap(), 16)?;
     let port = listener.port;
     let c2 = client.clone();
-    let t = std::thread::spawn(move || connect_endpoint(&c2, cdev, SocketAddr::from(([127, 0, 0, 1], port)), buf_len, depth));
+    let t = std::thread::spawn(move || {
+        connect_endpoint(
+            &c2,
+            cdev,
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            buf_len,
+            depth,
+        )
+    });
     let s = accept_endpoint(server, sdev, &listener, buf_len, depth);
     let c = t.join().map_err(|_| VerbsError::Io)?;
     Ok((s?, c?))
@@ -95,14 +174,24 @@ fn expect_ok(c: &Cqe) -> Result<()> {
 impl Endpoint {
     /// Post a receive covering `len` bytes of the buffer at `offset`.
     pub fn post_recv(&self, wr_id: u64, offset: u64, len: u32) -> Result<()> {
-        self.qp.post_recv(&Wqe::recv(wr_id, &[self.mr.sge(offset, len)]))
+        self.qp
+            .post_recv(&Wqe::recv(wr_id, &[self.mr.sge(offset, len)]))
     }
 
     pub fn send(&self, wr_id: u64, offset: u64, len: u32, flags: u8) -> Result<()> {
-        self.qp.post_send(&Wqe::new(wr_id, WrOpcode::Send, &[self.mr.sge(offset, len)]).with_flags(flags))
+        self.qp.post_send(
+            &Wqe::new(wr_id, WrOpcode::Send, &[self.mr.sge(offset, len)]).with_flags(flags),
+        )
     }
 
-    pub fn write(&self, wr_id: u64, offset: u64, len: u32, remote_off: u64, flags: u8) -> Result<()> {
+    pub fn write(
+        &self,
+        wr_id: u64,
+        offset: u64,
+        len: u32,
+        remote_off: u64,
+        flags: u8,
+    ) -> Result<()> {
         let w = Wqe::new(wr_id, WrOpcode::RdmaWrite, &[self.mr.sge(offset, len)])
             .with_remote(self.remote.0 + remote_off, self.remote.1)
             .with_flags(flags);
@@ -110,7 +199,8 @@ impl Endpoint {
     }
 
     pub fn read(&self, wr_id: u64, offset: u64, len: u32, remote_off: u64) -> Result<()> {
-        let w = Wqe::new(wr_id, WrOpcode::RdmaRead, &[self.mr.sge(offset, len)]).with_remote(self.remote.0 + remote_off, self.remote.1);
+        let w = Wqe::new(wr_id, WrOpcode::RdmaRead, &[self.mr.sge(offset, len)])
+            .with_remote(self.remote.0 + remote_off, self.remote.1);
         self.qp.post_send(&w)
     }
 
@@ -149,7 +239,14 @@ pub enum Op {
 /// Stream `total` bytes in `msg`-sized messages from `client` to `server` (or read them,
 /// for `Op::Read`) with `window` in flight; returns bytes per second. The clock stops when
 /// the server has seen the last byte (a final Send after the data orders behind it).
-pub fn bandwidth(server: &Endpoint, client: &Endpoint, op: Op, msg: u32, total: u64, window: u32) -> Result<f64> {
+pub fn bandwidth(
+    server: &Endpoint,
+    client: &Endpoint,
+    op: Op,
+    msg: u32,
+    total: u64,
+    window: u32,
+) -> Result<f64> {
     let count = (total / msg as u64).max(1);
     let sig = send_flags::SIGNALED;
     std::thread::scope(|s| {
@@ -226,7 +323,9 @@ pub fn pingpong(server: &Endpoint, client: &Endpoint, size: u32, iters: u32) -> 
     let wqe = |ep: &Endpoint| {
         let w = Wqe::new(0, WrOpcode::Send, &[ep.mr.sge(0, size)]).with_flags(sig);
         if inline != 0 {
-            w.with_inline(&ep.buf[..size as usize]).unwrap().with_flags(sig | inline)
+            let mut data = vec![0u8; size as usize];
+            ep.buf.read(0, &mut data);
+            w.with_inline(&data).unwrap().with_flags(sig | inline)
         } else {
             w
         }
@@ -299,7 +398,8 @@ pub fn tcp_bandwidth(msg: usize, total: u64) -> std::io::Result<f64> {
     let mut ack = [0u8];
     c.read_exact(&mut ack)?;
     let secs = start.elapsed().as_secs_f64();
-    srv.join().map_err(|_| std::io::Error::other("server panicked"))??;
+    srv.join()
+        .map_err(|_| std::io::Error::other("server panicked"))??;
     Ok(total as f64 / secs)
 }
 
@@ -327,7 +427,8 @@ pub fn tcp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
         c.read_exact(&mut b)?;
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
-    srv.join().map_err(|_| std::io::Error::other("server panicked"))??;
+    srv.join()
+        .map_err(|_| std::io::Error::other("server panicked"))??;
     lat.sort_by(|a, b| a.total_cmp(b));
     Ok(lat)
 }

@@ -12,12 +12,20 @@ static PAGES: Mutex<BTreeMap<usize, u32>> = Mutex::new(BTreeMap::new());
 
 fn span(addr: u64, len: u64) -> Option<(usize, usize)> {
     let start = (addr as usize) & !(PAGE - 1);
-    let end = (addr as usize).checked_add(len as usize)?.checked_add(PAGE - 1)? & !(PAGE - 1);
+    let end = (addr as usize)
+        .checked_add(len as usize)?
+        .checked_add(PAGE - 1)?
+        & !(PAGE - 1);
     Some((start, end))
 }
 
 /// Apply `f` to every maximal run of pages in `[start, end)` for which `pick` holds.
-fn runs(start: usize, end: usize, pick: impl Fn(usize) -> bool, mut f: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {
+fn runs(
+    start: usize,
+    end: usize,
+    pick: impl Fn(usize) -> bool,
+    mut f: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
     let mut p = start;
     while p < end {
         if !pick(p) {
@@ -45,7 +53,9 @@ pub fn pin(addr: u64, len: u64) -> Result<()> {
             if libc::mlock(s as *const libc::c_void, n) != 0 {
                 let e = std::io::Error::last_os_error();
                 return Err(match e.raw_os_error() {
-                    Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => VerbsError::PinLimit,
+                    Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
+                        VerbsError::PinLimit
+                    }
                     _ => e.into(),
                 });
             }
@@ -55,11 +65,16 @@ pub fn pin(addr: u64, len: u64) -> Result<()> {
     });
     if let Err(e) = r {
         // Undo the runs locked before the failure.
-        let _ = runs(start, end, |p| !pages.contains_key(&p), |s, n| {
-            // SAFETY: as above; unlocking pages we locked a moment ago.
-            unsafe { libc::munlock(s as *const libc::c_void, n) };
-            Ok(())
-        });
+        let _ = runs(
+            start,
+            end,
+            |p| !pages.contains_key(&p),
+            |s, n| {
+                // SAFETY: as above; unlocking pages we locked a moment ago.
+                unsafe { libc::munlock(s as *const libc::c_void, n) };
+                Ok(())
+            },
+        );
         return Err(e);
     }
     let mut p = start;
@@ -72,7 +87,9 @@ pub fn pin(addr: u64, len: u64) -> Result<()> {
 
 /// Undo one [`pin`] of the same range.
 pub fn unpin(addr: u64, len: u64) {
-    let Some((start, end)) = span(addr, len) else { return };
+    let Some((start, end)) = span(addr, len) else {
+        return;
+    };
     let mut pages = PAGES.lock();
     let mut p = start;
     while p < end {

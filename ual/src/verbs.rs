@@ -8,8 +8,8 @@ use crossbeam_channel::Receiver;
 use kal::abi::{self, cmd};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
-    Access, ConnParam, Cqe, Doorbell, Event, PortState, QpAttr, QpAttrMask, QpCaps, QpRingLayout, QpState, QpType,
-    Result, Ring, SharedMem, Transport, UserCq, UserQp, VerbsError, Wqe,
+    Access, ConnParam, Cqe, Doorbell, Event, PortState, QpAttr, QpAttrMask, QpCaps, QpRingLayout,
+    QpState, QpType, Result, Ring, SharedMem, Transport, UserCq, UserQp, VerbsError, Wqe,
 };
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -53,10 +53,18 @@ impl Context {
         let mut q = abi::QueryAbi::zeroed();
         chan.call(cmd::QUERY_ABI, &mut q)?;
         if q.version != abi::ABI_VERSION || q.event_size as usize != abi::EVENT_SIZE {
-            tracing::error!(kal = q.version, ual = abi::ABI_VERSION, "kAL ABI version mismatch");
+            tracing::error!(
+                kal = q.version,
+                ual = abi::ABI_VERSION,
+                "kAL ABI version mismatch"
+            );
             return Err(VerbsError::Unsupported);
         }
-        let ctx = Arc::new(Context { chan, dispatcher: Dispatcher::new(), id: q.context });
+        let ctx = Arc::new(Context {
+            chan,
+            dispatcher: Dispatcher::new(),
+            id: q.context,
+        });
         start_event_thread(&ctx);
         Ok(ctx)
     }
@@ -103,11 +111,16 @@ impl Context {
     pub fn devices(&self) -> Result<Vec<DeviceInfo>> {
         let mut l = abi::ListDevices::zeroed();
         self.call(cmd::LIST_DEVICES, &mut l)?;
-        (0..l.count.min(abi::MAX_DEVICES as u32)).map(|i| self.query_device(i)).collect()
+        (0..l.count.min(abi::MAX_DEVICES as u32))
+            .map(|i| self.query_device(i))
+            .collect()
     }
 
     pub fn query_device(&self, index: u32) -> Result<DeviceInfo> {
-        let mut q = abi::QueryDevice { dev: index, ..Zeroable::zeroed() };
+        let mut q = abi::QueryDevice {
+            dev: index,
+            ..Zeroable::zeroed()
+        };
         self.call(cmd::QUERY_DEVICE, &mut q)?;
         Ok(DeviceInfo {
             index,
@@ -120,11 +133,18 @@ impl Context {
 
     /// Find a device by name.
     pub fn device(&self, name: &str) -> Result<DeviceInfo> {
-        self.devices()?.into_iter().find(|d| d.name == name).ok_or(VerbsError::NoSuchResource)
+        self.devices()?
+            .into_iter()
+            .find(|d| d.name == name)
+            .ok_or(VerbsError::NoSuchResource)
     }
 
     pub fn query_port(&self, dev: u32, port: u8) -> Result<PortInfo> {
-        let mut q = abi::QueryPort { dev, port, ..Zeroable::zeroed() };
+        let mut q = abi::QueryPort {
+            dev,
+            port,
+            ..Zeroable::zeroed()
+        };
         self.call(cmd::QUERY_PORT, &mut q)?;
         Ok(PortInfo {
             state: PortState::from_u8(q.state).ok_or(VerbsError::Io)?,
@@ -137,25 +157,51 @@ impl Context {
     pub fn alloc_pd(self: &Arc<Self>, dev: u32) -> Result<Arc<Pd>> {
         let mut a = abi::AllocPd { dev, handle: 0 };
         self.call(cmd::ALLOC_PD, &mut a)?;
-        Ok(Arc::new(Pd { ctx: self.clone(), handle: a.handle, dev }))
+        Ok(Arc::new(Pd {
+            ctx: self.clone(),
+            handle: a.handle,
+            dev,
+        }))
     }
 
     pub fn create_cq(self: &Arc<Self>, dev: u32, depth: u32) -> Result<Arc<Cq>> {
         let cap = ring_capacity(depth).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-cq", ring_bytes::<Cqe>(cap))?);
-        let mut a = abi::CreateCq { dev, cqe: depth, memfd: mem.fd().as_raw_fd(), handle: 0 };
+        let mut a = abi::CreateCq {
+            dev,
+            cqe: depth,
+            memfd: mem.fd().as_raw_fd(),
+            handle: 0,
+        };
         self.call(cmd::CREATE_CQ, &mut a)?;
         let ring = Ring::attach(mem, 0, cap)?;
         let events = self.subscribe(a.handle);
-        Ok(Arc::new(Cq { ctx: self.clone(), handle: a.handle, dev, user: UserCq::new(ring), events }))
+        Ok(Arc::new(Cq {
+            ctx: self.clone(),
+            handle: a.handle,
+            dev,
+            user: UserCq::new(ring),
+            events,
+        }))
     }
 
     /// Create a QP on `pd` with its completion queues.
-    pub fn create_qp(self: &Arc<Self>, pd: &Arc<Pd>, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>, cfg: QpConfig) -> Result<Arc<Qp>> {
+    pub fn create_qp(
+        self: &Arc<Self>,
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        cfg: QpConfig,
+    ) -> Result<Arc<Qp>> {
         let caps = cfg.caps;
-        let layout = QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
+        let layout =
+            QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-qp", layout.total)?);
-        let doorbell_fd = if self.is_embedded() { None } else { Some(eventfd()?) };
+        let doorbell_fd = if self.is_embedded() {
+            None
+        } else {
+            Some(eventfd()?)
+        };
         let mut a = abi::CreateQp {
             pd: pd.handle,
             send_cq: send_cq.handle,
@@ -192,25 +238,66 @@ impl Context {
 
     /// Register `len` bytes at `addr` of this process. The pages are pinned until the
     /// returned [`Mr`] is dropped. The memory must stay mapped while registered.
-    pub fn reg_mr(self: &Arc<Self>, pd: &Arc<Pd>, addr: *const u8, len: usize, access: Access) -> Result<Arc<Mr>> {
+    pub fn reg_mr(
+        self: &Arc<Self>,
+        pd: &Arc<Pd>,
+        addr: *const u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Arc<Mr>> {
         let (addr, len) = (addr as u64, len as u64);
         pin::pin(addr, len)?;
-        let mut a = abi::RegMr { pd: pd.handle, access: access.bits(), addr, length: len, ..Zeroable::zeroed() };
+        let mut a = abi::RegMr {
+            pd: pd.handle,
+            access: access.bits(),
+            addr,
+            length: len,
+            ..Zeroable::zeroed()
+        };
         if let Err(e) = self.call(cmd::REG_MR, &mut a) {
             pin::unpin(addr, len);
             return Err(e);
         }
-        Ok(Arc::new(Mr { ctx: self.clone(), handle: a.handle, addr, len, lkey: a.lkey, rkey: a.rkey, _pd: pd.clone() }))
+        Ok(Arc::new(Mr {
+            ctx: self.clone(),
+            handle: a.handle,
+            addr,
+            len,
+            lkey: a.lkey,
+            rkey: a.rkey,
+            _pd: pd.clone(),
+        }))
     }
 
     /// Listen on `addr` (port 0 picks one) of device `dev`.
-    pub fn listen(self: &Arc<Self>, dev: u32, addr: SocketAddr, backlog: u32) -> Result<Arc<Listener>> {
+    pub fn listen(
+        self: &Arc<Self>,
+        dev: u32,
+        addr: SocketAddr,
+        backlog: u32,
+    ) -> Result<Arc<Listener>> {
         let (gid, port) = rnicpi::sockaddr_to_parts(addr);
-        let gid = if addr.ip().is_unspecified() { [0; 16] } else { gid };
-        let mut a = abi::Listen { dev, backlog, addr: gid, port, _pad: [0; 2], handle: 0 };
+        let gid = if addr.ip().is_unspecified() {
+            [0; 16]
+        } else {
+            gid
+        };
+        let mut a = abi::Listen {
+            dev,
+            backlog,
+            addr: gid,
+            port,
+            _pad: [0; 2],
+            handle: 0,
+        };
         self.call(cmd::LISTEN, &mut a)?;
         let events = self.subscribe(a.handle);
-        Ok(Arc::new(Listener { ctx: self.clone(), handle: a.handle, port: a.port, events }))
+        Ok(Arc::new(Listener {
+            ctx: self.clone(),
+            handle: a.handle,
+            port: a.port,
+            events,
+        }))
     }
 
     pub fn stat_contexts(&self) -> Result<(abi::StatContexts, Vec<abi::ContextRow>)> {
@@ -228,11 +315,18 @@ impl Context {
 
     pub fn stat_device(&self, dev: u32) -> Result<Vec<(String, u64)>> {
         let mut out = Vec::new();
-        let mut s = Box::new(abi::StatDevice { dev, ..Zeroable::zeroed() });
+        let mut s = Box::new(abi::StatDevice {
+            dev,
+            ..Zeroable::zeroed()
+        });
         loop {
             s.start = out.len() as u32;
             self.call(cmd::STAT_DEVICE, s.as_mut())?;
-            out.extend(s.rows[..s.count as usize].iter().map(|r| (abi::name_to_str(&r.name).to_string(), r.value)));
+            out.extend(
+                s.rows[..s.count as usize]
+                    .iter()
+                    .map(|r| (abi::name_to_str(&r.name).to_string(), r.value)),
+            );
             if s.count == 0 || out.len() as u32 >= s.total {
                 return Ok(out);
             }
@@ -356,8 +450,13 @@ impl Cq {
             let got = self.poll(&mut buf[..(n - out.len()).min(16)]);
             out.extend_from_slice(&buf[..got]);
             if got == 0 {
-                match self.events.recv_timeout((deadline - now).min(Duration::from_millis(50))) {
-                    Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => return Err(VerbsError::Dead),
+                match self
+                    .events
+                    .recv_timeout((deadline - now).min(Duration::from_millis(50)))
+                {
+                    Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => {
+                        return Err(VerbsError::Dead)
+                    }
                     _ => {}
                 }
             }
@@ -383,7 +482,13 @@ impl Default for QpConfig {
     fn default() -> Self {
         QpConfig {
             qp_type: QpType::Rc,
-            caps: QpCaps { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 4, max_recv_sge: 4, max_inline: 64 },
+            caps: QpCaps {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline: 64,
+            },
         }
     }
 }
@@ -416,7 +521,9 @@ impl Qp {
 
     /// Wait for the next event of this QP.
     pub fn next_event(&self, timeout: Duration) -> Result<Event> {
-        self.events.recv_timeout(timeout).map_err(|_| VerbsError::TimedOut)
+        self.events
+            .recv_timeout(timeout)
+            .map_err(|_| VerbsError::TimedOut)
     }
 
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -425,7 +532,10 @@ impl Qp {
     }
 
     pub fn state(&self) -> Result<QpState> {
-        let mut a = abi::QpAttrs { handle: self.handle, ..Zeroable::zeroed() };
+        let mut a = abi::QpAttrs {
+            handle: self.handle,
+            ..Zeroable::zeroed()
+        };
         self.ctx.call(cmd::QUERY_QP, &mut a)?;
         QpState::from_u8(a.state).ok_or(VerbsError::Io)
     }
@@ -434,13 +544,25 @@ impl Qp {
     /// `Rejected` or `Unreachable` event (see [`Qp::connect_wait`]).
     pub fn connect(&self, peer: SocketAddr, param: &ConnParam) -> Result<()> {
         let (addr, port) = rnicpi::sockaddr_to_parts(peer);
-        let mut a = abi::Connect { qp: self.handle, ird: param.ird, ord: param.ord, addr, port, ..Zeroable::zeroed() };
+        let mut a = abi::Connect {
+            qp: self.handle,
+            ird: param.ird,
+            ord: param.ord,
+            addr,
+            port,
+            ..Zeroable::zeroed()
+        };
         a.pdata_len = fill_pdata(&mut a.pdata, &param.private_data)?;
         self.ctx.call(cmd::CONNECT, &mut a)
     }
 
     /// Connect and wait for the outcome; returns the `Established` event.
-    pub fn connect_wait(&self, peer: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<Event> {
+    pub fn connect_wait(
+        &self,
+        peer: SocketAddr,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<Event> {
         self.connect(peer, param)?;
         let ev = self.next_event(timeout)?;
         match ev.kind {
@@ -451,7 +573,10 @@ impl Qp {
     }
 
     pub fn disconnect(&self, abortive: bool) -> Result<()> {
-        let mut a = abi::Disconnect { qp: self.handle, abortive: abortive as u32 };
+        let mut a = abi::Disconnect {
+            qp: self.handle,
+            abortive: abortive as u32,
+        };
         self.ctx.call(cmd::DISCONNECT, &mut a)
     }
 }
@@ -522,7 +647,11 @@ pub struct Mr {
 impl Mr {
     /// An SGE covering `[offset, offset+len)` of this registration.
     pub fn sge(&self, offset: u64, len: u32) -> rnicpi::Sge {
-        rnicpi::Sge { addr: self.addr + offset, length: len, lkey: self.lkey }
+        rnicpi::Sge {
+            addr: self.addr + offset,
+            length: len,
+            lkey: self.lkey,
+        }
     }
 }
 
@@ -549,7 +678,10 @@ impl Listener {
     /// Wait for the next connection request.
     pub fn get_request(&self, timeout: Duration) -> Result<Event> {
         loop {
-            let ev = self.events.recv_timeout(timeout).map_err(|_| VerbsError::TimedOut)?;
+            let ev = self
+                .events
+                .recv_timeout(timeout)
+                .map_err(|_| VerbsError::TimedOut)?;
             match ev.kind {
                 rnicpi::EventKind::ConnectRequest => return Ok(ev),
                 rnicpi::EventKind::AccessLayerDead => return Err(VerbsError::Dead),
@@ -559,13 +691,24 @@ impl Listener {
     }
 
     pub fn accept(&self, conn_id: u64, qp: &Qp, param: &ConnParam) -> Result<()> {
-        let mut a = abi::Accept { listen: self.handle, qp: qp.handle, conn_id, ird: param.ird, ord: param.ord, ..Zeroable::zeroed() };
+        let mut a = abi::Accept {
+            listen: self.handle,
+            qp: qp.handle,
+            conn_id,
+            ird: param.ird,
+            ord: param.ord,
+            ..Zeroable::zeroed()
+        };
         a.pdata_len = fill_pdata(&mut a.pdata, &param.private_data)?;
         self.ctx.call(cmd::ACCEPT, &mut a)
     }
 
     pub fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()> {
-        let mut a = abi::Reject { listen: self.handle, conn_id, ..Zeroable::zeroed() };
+        let mut a = abi::Reject {
+            listen: self.handle,
+            conn_id,
+            ..Zeroable::zeroed()
+        };
         a.pdata_len = fill_pdata(&mut a.pdata, private_data)?;
         self.ctx.call(cmd::REJECT, &mut a)
     }

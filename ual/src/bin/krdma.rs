@@ -7,7 +7,11 @@ use ual::perf::{self, Op};
 use ual::{Context, Target};
 
 #[derive(Parser)]
-#[command(name = "krdma", version, about = "krdma: a user-space RDMA stack (iWARP and RoCEv2) with the OpenRDMA layering")]
+#[command(
+    name = "krdma",
+    version,
+    about = "krdma: a user-space RDMA stack (iWARP and RoCEv2) with the OpenRDMA layering"
+)]
 struct Cli {
     /// kAL front door: a device path served by krdmad, or `embedded` (default: /dev/krdma
     /// when a daemon serves it, embedded otherwise).
@@ -37,7 +41,9 @@ enum Cmd {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -63,12 +69,19 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
         Cmd::Devices => devices(&Context::open_target(target)?),
         Cmd::Stat => stat(&Context::open_target(target)?),
-        Cmd::Demo { device, bytes, iters } => demo(target, &device, bytes, iters),
+        Cmd::Demo {
+            device,
+            bytes,
+            iters,
+        } => demo(target, &device, bytes, iters),
     }
 }
 
 fn gid_str(g: &[u8; 16]) -> String {
-    g.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+    g.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
@@ -79,12 +92,34 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
     for d in devs {
         let q = d.raw;
         println!("hca_id: {}", d.name);
-        println!("\ttransport:\t\t{} ({})", d.transport.name(), d.transport as u8);
-        println!("\tnode_guid:\t\t{:04x}:{:04x}:{:04x}:{:04x}", d.node_guid >> 48, (d.node_guid >> 32) & 0xffff, (d.node_guid >> 16) & 0xffff, d.node_guid & 0xffff);
+        println!(
+            "\ttransport:\t\t{} ({})",
+            d.transport.name(),
+            d.transport as u8
+        );
+        println!(
+            "\tnode_guid:\t\t{:04x}:{:04x}:{:04x}:{:04x}",
+            d.node_guid >> 48,
+            (d.node_guid >> 32) & 0xffff,
+            (d.node_guid >> 16) & 0xffff,
+            d.node_guid & 0xffff
+        );
         println!("\tvendor_id:\t\t{:#06x}", q.vendor_id);
-        println!("\tmax_qp:\t\t\t{}\n\tmax_qp_wr:\t\t{}\n\tmax_sge:\t\t{}\n\tmax_inline:\t\t{}", q.max_qp, q.max_qp_wr, q.max_sge, q.max_inline);
-        println!("\tmax_cq:\t\t\t{}\n\tmax_cqe:\t\t{}\n\tmax_mr:\t\t\t{}\n\tmax_mr_size:\t\t{:#x}", q.max_cq, q.max_cqe, q.max_mr, q.max_mr_size);
-        println!("\tmax_pd:\t\t\t{}\n\tmax_ird/ord:\t\t{}/{}\n\tatomics:\t\t{}", q.max_pd, q.max_ird, q.max_ord, if q.atomics != 0 { "yes" } else { "no" });
+        println!(
+            "\tmax_qp:\t\t\t{}\n\tmax_qp_wr:\t\t{}\n\tmax_sge:\t\t{}\n\tmax_inline:\t\t{}",
+            q.max_qp, q.max_qp_wr, q.max_sge, q.max_inline
+        );
+        println!(
+            "\tmax_cq:\t\t\t{}\n\tmax_cqe:\t\t{}\n\tmax_mr:\t\t\t{}\n\tmax_mr_size:\t\t{:#x}",
+            q.max_cq, q.max_cqe, q.max_mr, q.max_mr_size
+        );
+        println!(
+            "\tmax_pd:\t\t\t{}\n\tmax_ird/ord:\t\t{}/{}\n\tatomics:\t\t{}",
+            q.max_pd,
+            q.max_ird,
+            q.max_ord,
+            if q.atomics != 0 { "yes" } else { "no" }
+        );
         println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
         for port in 1..=q.phys_port_cnt {
             let p = ctx.query_port(d.index, port)?;
@@ -93,7 +128,11 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             println!("\t\t\tactive_mtu:\t{}", p.active_mtu);
             println!("\t\t\tnetdev:\t\t{}", p.netdev);
             for (i, g) in p.gids.iter().enumerate() {
-                println!("\t\t\tGID[{i:2}]:\t{}  ({})", gid_str(g), rnicpi::gid_to_ip(*g));
+                println!(
+                    "\t\t\tGID[{i:2}]:\t{}  ({})",
+                    gid_str(g),
+                    rnicpi::gid_to_ip(*g)
+                );
             }
         }
     }
@@ -102,8 +141,25 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
 
 fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
     let (head, rows) = ctx.stat_contexts()?;
-    println!("kAL: {} context(s), {} pinned bytes in all (this one is context {})", head.total, head.pinned_total, ctx.id());
-    let mut t = table(&["ctx", "pid", "uid", "PDs", "CQs", "QPs", "MRs", "listeners", "pinned", "events queued", "events dropped"]);
+    println!(
+        "kAL: {} context(s), {} pinned bytes in all (this one is context {})",
+        head.total,
+        head.pinned_total,
+        ctx.id()
+    );
+    let mut t = table(&[
+        "ctx",
+        "pid",
+        "uid",
+        "PDs",
+        "CQs",
+        "QPs",
+        "MRs",
+        "listeners",
+        "pinned",
+        "events queued",
+        "events dropped",
+    ]);
     for r in rows {
         t.add_row(vec![
             r.id.to_string(),
@@ -134,17 +190,34 @@ fn gbits(bps: f64) -> String {
     format!("{:.2} Gbit/s", bps * 8.0 / 1e9)
 }
 
-fn demo(target: &Target, device: &str, bytes: u64, iters: u32) -> Result<(), Box<dyn std::error::Error>> {
+fn demo(
+    target: &Target,
+    device: &str,
+    bytes: u64,
+    iters: u32,
+) -> Result<(), Box<dyn std::error::Error>> {
     let server = Context::open_target(target)?;
     let client = Context::open_target(target)?;
-    println!("krdma demo: {device} over loopback, kAL front door: {}", target.describe());
+    println!(
+        "krdma demo: {device} over loopback, kAL front door: {}",
+        target.describe()
+    );
     let mut t = table(&["test", "krdma", "raw TCP (same run)", "ratio"]);
     for msg in [64u32 << 10, 1 << 20] {
         let (s, c) = perf::connect_pair(&server, &client, device, msg as usize, 32)?;
-        for (op, name) in [(Op::Write, "RDMA Write"), (Op::Send, "Send"), (Op::Read, "RDMA Read")] {
+        for (op, name) in [
+            (Op::Write, "RDMA Write"),
+            (Op::Send, "Send"),
+            (Op::Read, "RDMA Read"),
+        ] {
             let rdma = perf::bandwidth(&s, &c, op, msg, bytes, 16)?;
             let tcp = perf::tcp_bandwidth(msg as usize, bytes)?;
-            t.add_row(vec![format!("{name} BW, {} KiB", msg >> 10), gbits(rdma), gbits(tcp), format!("{:.2}x", rdma / tcp)]);
+            t.add_row(vec![
+                format!("{name} BW, {} KiB", msg >> 10),
+                gbits(rdma),
+                gbits(tcp),
+                format!("{:.2}x", rdma / tcp),
+            ]);
         }
     }
     let (s, c) = perf::connect_pair(&server, &client, device, 4096, 32)?;
@@ -161,7 +234,10 @@ fn demo(target: &Target, device: &str, bytes: u64, iters: u32) -> Result<(), Box
         "8 B Send ping-pong, one-way (p99)".into(),
         format!("{:.2} µs", perf::percentile(&lat, 99.0)),
         format!("{:.2} µs", perf::percentile(&tcp, 99.0)),
-        format!("{:+.2} µs", perf::percentile(&lat, 99.0) - perf::percentile(&tcp, 99.0)),
+        format!(
+            "{:+.2} µs",
+            perf::percentile(&lat, 99.0) - perf::percentile(&tcp, 99.0)
+        ),
     ]);
     println!("{t}");
     drop((s, c));
