@@ -26,5 +26,5 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # `ci` profile: optimised (the data path is exercised with real traffic) but with debug
 # assertions and overflow checks on.
-cargo nextest run --workspace --cargo-profile ci --no-fail-fast "$@"
 cargo test --workspace --doc --profile ci
+cargo nextest run --workspace --cargo-profile ci --no-fail-fast "$@"
