@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// wr_id of the receiver's "all receives posted" message.
+const READY: u64 = u64::MAX - 1;
 
 /// One side of a connection with a registered buffer.
 pub struct Endpoint {
@@ -23,6 +25,8 @@ pub struct Endpoint {
     pub pd: Arc<Pd>,
     /// The peer's buffer: (address, rkey, length), exchanged in the private data.
     pub remote: (u64, u32, u64),
+    /// Send/receive queue depth.
+    pub depth: u32,
 }
 
 type Parts = (Arc<Pd>, Arc<Cq>, Arc<Qp>, Arc<Mr>, Arc<RegBuf>);
@@ -103,6 +107,7 @@ pub fn accept_endpoint(
         buf,
         pd,
         remote,
+        depth,
     })
 }
 
@@ -132,6 +137,7 @@ pub fn connect_endpoint(
         buf,
         pd,
         remote,
+        depth,
     })
 }
 
@@ -253,18 +259,14 @@ pub fn bandwidth(
         let srv = s.spawn(move || -> Result<()> {
             match op {
                 Op::Send => {
-                    let mut posted = 0u64;
-                    let mut done = 0u64;
-                    while posted < count.min(window as u64) {
-                        server.post_recv(posted, 0, msg)?;
-                        posted += 1;
+                    for i in 0..count {
+                        server.post_recv(i, 0, msg)?;
                     }
+                    server.send(READY, 0, 0, sig)?;
+                    let mut done = 0u64;
                     while done < count {
-                        server.spin_one()?;
-                        done += 1;
-                        if posted < count {
-                            server.post_recv(posted, 0, msg)?;
-                            posted += 1;
+                        if server.spin_one()?.opcode() == Some(rnicpi::WcOpcode::Recv) {
+                            done += 1;
                         }
                     }
                 }
@@ -277,6 +279,11 @@ pub fn bandwidth(
             server.spin_one()?;
             Ok(())
         });
+        // Receives are consumed in posting order: the one for READY goes first.
+        if op == Op::Send {
+            client.post_recv(READY, 0, 0)?;
+            while client.spin_one()?.wr_id != READY {}
+        }
         client.post_recv(u64::MAX, 0, 0)?;
         let start = Instant::now();
         let mut posted = 0u64;

@@ -1,1 +1,23 @@
-//! siw (being written)
+//! # siw — software iWARP for krdma
+//!
+//! iWARP exactly as on the wire — MPA (RFC 5044) with the enhanced connection set-up of
+//! RFC 6581, DDP (RFC 5041) and RDMAP (RFC 5040) over TCP — so a krdma host talks to a
+//! Linux host running kernel siw. [`SiwDevice`] implements the RNIC-PI
+//! [`Provider`](rnicpi::Provider): the kAL registers it at start-up as `siw0`.
+//!
+//! * [`wire`]: MPA frames, FPDU framing with CRC32c, DDP/RDMAP headers, Read Request and
+//!   Terminate fields;
+//! * `qp`: the QP engine — requester, responder, Terminate, flush — with one receive and
+//!   one transmit thread per connected QP (small requests are transmitted inline by the
+//!   doorbell);
+//! * `cm`: connection management — active connect, listen, accept/reject with private
+//!   data, over TCP sockets from the kAL's LLP services.
+//!
+//! Not supported: MPA markers (refused, as kernel siw does), memory windows, SRQs.
+
+mod cm;
+mod device;
+mod qp;
+pub mod wire;
+
+pub use device::{host_addrs, HostAddr, SiwConfig, SiwDevice};

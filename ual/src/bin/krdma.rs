@@ -204,7 +204,7 @@ fn demo(
     );
     let mut t = table(&["test", "krdma", "raw TCP (same run)", "ratio"]);
     for msg in [64u32 << 10, 1 << 20] {
-        let (s, c) = perf::connect_pair(&server, &client, device, msg as usize, 32)?;
+        let (s, c) = perf::connect_pair(&server, &client, device, msg as usize, 4096)?;
         for (op, name) in [
             (Op::Write, "RDMA Write"),
             (Op::Send, "Send"),

@@ -1,0 +1,221 @@
+//! The siw device: attributes, ports, and the resources it hands the kAL.
+
+use crate::cm::SiwListener;
+use crate::qp::{SiwCq, SiwQp};
+use rnicpi::*;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How the device is set up.
+#[derive(Debug, Clone)]
+pub struct SiwConfig {
+    /// Device name, `siw0`.
+    pub name: String,
+    /// Interface to bind to (`None`: every host address).
+    pub netdev: Option<String>,
+    /// Require MPA CRC32c (otherwise negotiated off unless the peer requires it, as
+    /// kernel siw does by default).
+    pub crc_required: bool,
+}
+
+impl Default for SiwConfig {
+    fn default() -> Self {
+        SiwConfig { name: "siw0".into(), netdev: None, crc_required: false }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub tx_fpdus: AtomicU64,
+    pub rx_fpdus: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub crc_errors: AtomicU64,
+    pub bad_fpdus: AtomicU64,
+    pub terminates_sent: AtomicU64,
+    pub terminates_received: AtomicU64,
+    pub connections: AtomicU64,
+    pub conn_requests: AtomicU64,
+    pub cq_overflows: AtomicU64,
+    pub qps_created: AtomicU64,
+}
+
+/// State shared by the device and its objects.
+pub(crate) struct Shared {
+    pub attr: DeviceAttr,
+    pub mrs: MrTable,
+    pub services: Arc<dyn KalServices>,
+    pub crc_required: bool,
+    pub counters: Counters,
+    netdev: Option<String>,
+}
+
+/// Software iWARP device.
+pub struct SiwDevice {
+    shared: Arc<Shared>,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+}
+
+/// An IP address with the interface that holds it.
+#[derive(Debug, Clone)]
+pub struct HostAddr {
+    pub ifname: String,
+    pub ip: IpAddr,
+}
+
+/// Host addresses (`getifaddrs`).
+pub fn host_addrs() -> Vec<HostAddr> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we walk read-only and free with freeifaddrs.
+    unsafe {
+        if libc::getifaddrs(&mut ifap) != 0 {
+            return out;
+        }
+        let mut p = ifap;
+        while !p.is_null() {
+            let a = &*p;
+            if !a.ifa_addr.is_null() {
+                let name = std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy().into_owned();
+                match (*a.ifa_addr).sa_family as i32 {
+                    libc::AF_INET => {
+                        let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
+                        out.push(HostAddr { ifname: name, ip: IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()) });
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
+                        out.push(HostAddr { ifname: name, ip: IpAddr::from(sin6.sin6_addr.s6_addr) });
+                    }
+                    _ => {}
+                }
+            }
+            p = a.ifa_next;
+        }
+        libc::freeifaddrs(ifap);
+    }
+    out
+}
+
+impl SiwDevice {
+    pub fn new(config: SiwConfig, services: Arc<dyn KalServices>) -> Arc<SiwDevice> {
+        let guid_src = host_addrs().into_iter().find(|a| Some(&a.ifname) == config.netdev.as_ref() || config.netdev.is_none());
+        let mut guid = 0x02_00_5e_00_0000_0000u64;
+        if let Some(a) = guid_src {
+            guid |= crc32c::crc32c(a.ip.to_string().as_bytes()) as u64;
+        }
+        let attr = DeviceAttr {
+            name: config.name.clone(),
+            transport: Transport::Iwarp,
+            node_guid: guid,
+            vendor_id: 0x626d74, // "bmt", as kernel siw reports
+            max_qp: 16 * 1024,
+            max_qp_wr: 16 * 1024,
+            max_sge: MAX_SGE as u32,
+            max_inline: MAX_INLINE as u32,
+            max_cq: 32 * 1024,
+            max_cqe: 64 * 1024,
+            max_mr: 128 * 1024,
+            max_mr_size: 1 << 40,
+            max_pd: 32 * 1024,
+            max_srq: 0,
+            max_srq_wr: 0,
+            max_ird: 32,
+            max_ord: 32,
+            atomics: false,
+            memory_windows: false,
+            phys_port_cnt: 1,
+        };
+        let shared = Arc::new(Shared {
+            mrs: MrTable::new(attr.max_mr),
+            attr,
+            services,
+            crc_required: config.crc_required,
+            counters: Counters::default(),
+            netdev: config.netdev,
+        });
+        tracing::info!(name = %config.name, crc_required = config.crc_required, "siw device created");
+        Arc::new(SiwDevice { shared, next_qpn: AtomicU32::new(1), next_pd: AtomicU32::new(1) })
+    }
+
+    fn addrs(&self) -> Vec<HostAddr> {
+        host_addrs().into_iter().filter(|a| self.shared.netdev.as_ref().is_none_or(|n| *n == a.ifname)).collect()
+    }
+}
+
+impl Provider for SiwDevice {
+    fn attr(&self) -> &DeviceAttr {
+        &self.shared.attr
+    }
+
+    fn port(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(VerbsError::Invalid);
+        }
+        let addrs = self.addrs();
+        let netdev = self.shared.netdev.clone().unwrap_or_else(|| "*".into());
+        let mtu = match &self.shared.netdev {
+            Some(n) => std::fs::read_to_string(format!("/sys/class/net/{n}/mtu")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1500),
+            None => 1500,
+        };
+        let state = if addrs.is_empty() { PortState::Down } else { PortState::Active };
+        Ok(PortAttr { state, active_mtu: mtu, gids: addrs.iter().map(|a| ip_to_gid(a.ip)).collect(), netdev })
+    }
+
+    fn counters(&self) -> Vec<Counter> {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("tx_fpdus", g(&c.tx_fpdus)),
+            ("rx_fpdus", g(&c.rx_fpdus)),
+            ("tx_bytes", g(&c.tx_bytes)),
+            ("rx_bytes", g(&c.rx_bytes)),
+            ("crc_errors", g(&c.crc_errors)),
+            ("bad_fpdus", g(&c.bad_fpdus)),
+            ("terminates_sent", g(&c.terminates_sent)),
+            ("terminates_received", g(&c.terminates_received)),
+            ("connections", g(&c.connections)),
+            ("connect_requests", g(&c.conn_requests)),
+            ("cq_overflows", g(&c.cq_overflows)),
+            ("qps_created", g(&c.qps_created)),
+            ("mrs_live", self.shared.mrs.live() as u64),
+        ]
+    }
+
+    fn alloc_pd(&self) -> Result<u32> {
+        Ok(self.next_pd.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn dealloc_pd(&self, _pd: u32) {}
+
+    fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
+        Ok(Arc::new(SiwCq(EngineCq::new(init.ring, init.sink))))
+    }
+
+    fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
+        if init.qp_type != QpType::Rc {
+            return Err(VerbsError::Unsupported);
+        }
+        for cq in [&init.send_cq, &init.recv_cq] {
+            if cq.as_any().downcast_ref::<SiwCq>().is_none() {
+                return Err(VerbsError::Invalid);
+            }
+        }
+        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+        self.shared.counters.qps_created.fetch_add(1, Ordering::Relaxed);
+        Ok(SiwQp::new(self.shared.clone(), qpn, init))
+    }
+
+    fn reg_mr(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>> {
+        self.shared.mrs.register(pd, base, len, access, mem)
+    }
+
+    fn dereg_mr(&self, stag: u32) -> Result<()> {
+        self.shared.mrs.deregister(stag)
+    }
+
+    fn listen(&self, addr: SocketAddr, backlog: u32, sink: Arc<dyn EventSink>) -> Result<Arc<dyn ProviderListener>> {
+        Ok(SiwListener::start(self.shared.clone(), addr, backlog, sink)?)
+    }
+}
