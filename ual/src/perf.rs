@@ -255,6 +255,10 @@ pub fn bandwidth(
 ) -> Result<f64> {
     let count = (total / msg as u64).max(1);
     let sig = send_flags::SIGNALED;
+    // Every receive a message may land in is posted before the peer can send it.
+    if op != Op::Send {
+        server.post_recv(u64::MAX, 0, 0)?;
+    }
     std::thread::scope(|s| {
         let srv = s.spawn(move || -> Result<()> {
             match op {
@@ -271,7 +275,6 @@ pub fn bandwidth(
                     }
                 }
                 Op::Write | Op::Read => {
-                    server.post_recv(u64::MAX, 0, 0)?;
                     server.spin_one()?;
                 }
             }
@@ -337,9 +340,10 @@ pub fn pingpong(server: &Endpoint, client: &Endpoint, size: u32, iters: u32) -> 
             w
         }
     };
+    server.post_recv(0, 0, size)?;
+    client.post_recv(0, 0, size)?;
     std::thread::scope(|s| {
         let srv = s.spawn(move || -> Result<()> {
-            server.post_recv(0, 0, size)?;
             let w = wqe(server);
             for _ in 0..iters {
                 loop {
@@ -355,7 +359,6 @@ pub fn pingpong(server: &Endpoint, client: &Endpoint, size: u32, iters: u32) -> 
         });
         let w = wqe(client);
         let mut lat = Vec::with_capacity(iters as usize);
-        client.post_recv(0, 0, size)?;
         for _ in 0..iters {
             let t = Instant::now();
             client.qp.post_send(&w)?;

@@ -1,1 +1,68 @@
-fn main() {}
+//! `krdmad` — the krdma kernel access layer as a daemon, serving `/dev/krdma`.
+
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "krdmad", version, about = "The krdma kernel access layer: serves /dev/krdma (a FUSE mount) for every process")]
+struct Args {
+    /// Where to serve the device.
+    #[arg(long, env = "KRDMA_DEVICE", default_value = "/dev/krdma")]
+    device: PathBuf,
+    /// Bind siw0 to this interface (default: every host address).
+    #[arg(long, env = "KRDMA_SIW_NETDEV")]
+    siw_netdev: Option<String>,
+    /// Require MPA CRC32c on siw connections.
+    #[arg(long)]
+    siw_crc_required: bool,
+    /// Event records one context may have queued.
+    #[arg(long, default_value_t = 4096)]
+    event_queue: usize,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("krdmad: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if !std::path::Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse is missing: krdmad serves the device through FUSE (load the fuse module or create the node)".into());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err("must run as root: mounting FUSE without fusermount needs CAP_SYS_ADMIN, and reaching client memory needs CAP_SYS_PTRACE".into());
+    }
+    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let mut signals = nix::sys::signal::SigSet::empty();
+    signals.add(nix::sys::signal::Signal::SIGTERM);
+    signals.add(nix::sys::signal::Signal::SIGINT);
+    // Block the signals in every thread (spawned threads inherit the mask), then wait for them.
+    signals.thread_block().map_err(|e| format!("signal mask: {e}"))?;
+
+    let config = kal::Config { event_queue: args.event_queue, ..kal::Config::default() };
+    let kal = kal::Kal::new(config);
+    let opts = kal::stack::StackOptions { siw_netdev: args.siw_netdev, siw_crc_required: args.siw_crc_required };
+    kal::stack::start_default(&kal, &opts).map_err(|e| format!("starting providers: {e}"))?;
+    let handle = kal::fuse::serve(kal.clone(), &args.device).map_err(|e| format!("mounting {}: {e}", args.device.display()))?;
+    let names: Vec<String> = kal.devices().iter().map(|d| d.attr().name.clone()).collect();
+    tracing::info!(device = %args.device.display(), devices = ?names, "krdmad serving");
+    println!("krdmad: ready {}", args.device.display());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    let sig = signals.wait().map_err(|e| format!("waiting for signals: {e}"))?;
+    tracing::info!(?sig, "krdmad stopping");
+    kal.shutdown();
+    handle.shutdown().map_err(|e| format!("unmounting: {e}"))?;
+    tracing::info!("krdmad stopped");
+    Ok(())
+}
