@@ -62,10 +62,15 @@ impl Peer for ProcessPeer {
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: prlimit with a null new-limit only reads the target's limit into `lim`.
         let r = unsafe { libc::prlimit(self.tgid as libc::pid_t, libc::RLIMIT_MEMLOCK, std::ptr::null(), &mut lim) };
-        if r != 0 {
-            return Some(64 << 10); // the kernel's historical default, when we cannot read it
+        if r == 0 {
+            return crate::peer::rlimit_to_option(lim.rlim_cur);
         }
-        crate::peer::rlimit_to_option(lim.rlim_cur)
+        // prlimit on another user's process needs CAP_SYS_RESOURCE, which containers often
+        // withhold; /proc/PID/limits is world-readable and says the same.
+        match memlock_from_proc(self.tgid) {
+            Some(l) => l,
+            None => Some(64 << 10), // the kernel's historical default, when nothing tells
+        }
     }
 
     fn unlimited_pin(&self) -> bool {
@@ -75,6 +80,17 @@ impl Peer for ProcessPeer {
     fn in_process(&self) -> bool {
         false
     }
+}
+
+/// The soft RLIMIT_MEMLOCK of `pid` from `/proc/PID/limits` (`Some(None)` = unlimited).
+fn memlock_from_proc(pid: u32) -> Option<Option<u64>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max locked memory"))?;
+    let soft = line["Max locked memory".len()..].split_whitespace().next()?;
+    if soft == "unlimited" {
+        return Some(None);
+    }
+    soft.parse().ok().map(Some)
 }
 
 /// Another process's memory, copied with `process_vm_readv`/`process_vm_writev`.
@@ -125,6 +141,13 @@ impl MemoryAccess for ProcessMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memlock_limit_from_proc_matches_getrlimit() {
+        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).unwrap();
+        let want = crate::peer::rlimit_to_option(soft);
+        assert_eq!(memlock_from_proc(std::process::id()), Some(want));
+    }
 
     #[test]
     fn own_process_memory_round_trip() {

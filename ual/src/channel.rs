@@ -19,6 +19,7 @@ pub enum Channel {
         kal: Arc<Kal>,
         ctx: ContextId,
         signal: Arc<(Mutex<bool>, Condvar)>,
+        stopped: std::sync::atomic::AtomicBool,
     },
 }
 
@@ -98,7 +99,12 @@ impl Channel {
                         s.1.notify_all();
                     })),
                 );
-                Ok(Channel::Embedded { kal, ctx, signal })
+                Ok(Channel::Embedded {
+                    kal,
+                    ctx,
+                    signal,
+                    stopped: false.into(),
+                })
             }
         }
     }
@@ -147,11 +153,16 @@ impl Channel {
                     n
                 }
             }
-            Channel::Embedded { kal, ctx, signal } => {
+            Channel::Embedded {
+                kal,
+                ctx,
+                signal,
+                stopped,
+            } => {
                 let mut n = kal.read_events(*ctx, &mut buf)?;
                 if n == 0 {
                     let mut ready = signal.0.lock();
-                    if !*ready {
+                    if !*ready && !stopped.load(std::sync::atomic::Ordering::Acquire) {
                         signal.1.wait_for(&mut ready, timeout);
                     }
                     *ready = false;
@@ -165,6 +176,30 @@ impl Channel {
             .chunks_exact(abi::EVENT_SIZE)
             .map(bytemuck::pod_read_unaligned)
             .collect())
+    }
+
+    /// Make every current and future [`Channel::wait_events`] return at once (teardown).
+    pub fn stop_waiters(&self) {
+        match self {
+            Channel::Device { file, .. } => file.stop(),
+            Channel::Embedded {
+                signal, stopped, ..
+            } => {
+                stopped.store(true, std::sync::atomic::Ordering::Release);
+                *signal.0.lock() = true;
+                signal.1.notify_all();
+            }
+        }
+    }
+
+    /// Whether [`Channel::stop_waiters`] was called.
+    pub fn is_stopped(&self) -> bool {
+        match self {
+            Channel::Device { file, .. } => file.is_stopped(),
+            Channel::Embedded { stopped, .. } => {
+                stopped.load(std::sync::atomic::Ordering::Acquire)
+            }
+        }
     }
 
     /// Embedded mode: a doorbell straight into the provider.

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 pub struct DeviceFile {
     fd: OwnedFd,
+    /// Written to stop a waiter in [`DeviceFile::wait_readable`] (context teardown).
+    stop: OwnedFd,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 fn map_err(e: nix::errno::Errno) -> VerbsError {
@@ -29,7 +32,18 @@ impl DeviceFile {
             nix::sys::stat::Mode::empty(),
         )
         .map_err(map_err)?;
-        Ok(DeviceFile { fd })
+        // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
+        let e = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if e < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let stop = unsafe { std::os::fd::FromRawFd::from_raw_fd(e) };
+        Ok(DeviceFile {
+            fd,
+            stop,
+            stopped: false.into(),
+        })
     }
 
     /// One `_IOWR` command; `arg` is the whole in/out struct.
@@ -52,18 +66,37 @@ impl DeviceFile {
         }
     }
 
-    /// Wait until an event is readable or `timeout` passes.
+    /// Wake a thread blocked in [`DeviceFile::wait_readable`] for good.
+    pub fn stop(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        let _ = nix::unistd::write(&self.stop, &1u64.to_ne_bytes());
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Wait until an event is readable, `timeout` passes, or [`DeviceFile::stop`] is
+    /// called (then `Ok(false)` at once, now and later).
     pub fn wait_readable(&self, timeout: Option<Duration>) -> Result<bool> {
         let ms = timeout
             .map(|t| t.as_millis().min(i32::MAX as u128) as i32)
             .unwrap_or(-1);
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        let mut p = [
+            libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds for the duration of the call.
+        let r = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
         if r < 0 {
             let e = nix::errno::Errno::last();
             return if e == nix::errno::Errno::EINTR {
@@ -72,11 +105,13 @@ impl DeviceFile {
                 Err(map_err(e))
             };
         }
-        if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
-            && p.revents & libc::POLLIN == 0
-        {
+        if p[1].revents != 0 {
+            return Ok(false);
+        }
+        let ev = p[0].revents;
+        if ev & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && ev & libc::POLLIN == 0 {
             return Err(VerbsError::Dead);
         }
-        Ok(r > 0 && p.revents & libc::POLLIN != 0)
+        Ok(r > 0 && ev & libc::POLLIN != 0)
     }
 }

@@ -13,14 +13,17 @@ use rnicpi::{
 };
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Weak};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An open kAL context: the root of this process's resources on one front door.
 pub struct Context {
-    chan: Channel,
+    chan: Arc<Channel>,
     dispatcher: Arc<Dispatcher>,
     id: u32,
+    /// The event thread; stopped and joined on drop so the device closes at once.
+    events: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// What `QUERY_DEVICE` reports, decoded.
@@ -60,13 +63,15 @@ impl Context {
             );
             return Err(VerbsError::Unsupported);
         }
-        let ctx = Arc::new(Context {
+        let chan = Arc::new(chan);
+        let dispatcher = Dispatcher::new();
+        let events = start_event_thread(q.context, chan.clone(), dispatcher.clone());
+        Ok(Arc::new(Context {
             chan,
-            dispatcher: Dispatcher::new(),
+            dispatcher,
             id: q.context,
-        });
-        start_event_thread(&ctx);
-        Ok(ctx)
+            events: Mutex::new(Some(events)),
+        }))
     }
 
     /// The kAL's id of this context (as `krdma stat` shows it).
@@ -334,14 +339,31 @@ impl Context {
     }
 }
 
-fn start_event_thread(ctx: &Arc<Context>) {
-    let weak: Weak<Context> = Arc::downgrade(ctx);
-    let disp = ctx.dispatcher.clone();
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.chan.stop_waiters();
+        if let Some(t) = self.events.lock().take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The context's event thread: waits on the kAL and dispatches records until the context
+/// is dropped or the kAL dies.
+fn start_event_thread(
+    id: u32,
+    chan: Arc<Channel>,
+    disp: Arc<Dispatcher>,
+) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
-        .name(format!("krdma-ev{}", ctx.id))
+        .name(format!("krdma-ev{id}"))
         .spawn(move || loop {
-            let Some(ctx) = weak.upgrade() else { return };
-            match ctx.chan.wait_events(Duration::from_millis(100)) {
+            if chan.is_stopped() {
+                return; // the context is being dropped
+            }
+            match chan.wait_events(Duration::from_millis(500)) {
                 Ok(recs) => {
                     for r in recs {
                         match r.to_event() {
@@ -361,7 +383,7 @@ fn start_event_thread(ctx: &Arc<Context>) {
                 }
             }
         })
-        .expect("spawn event thread");
+        .expect("spawn event thread")
 }
 
 fn eventfd() -> Result<OwnedFd> {

@@ -334,6 +334,12 @@ impl SiwQp {
     /// Emit the FPDUs of one send-queue request. Ok(true) when it is complete once sent.
     fn emit_request(&self, out: &mut Vec<u8>, w: &Wqe, crc: bool, mtu: usize, msn: u32, flush: &mut dyn FnMut(&mut Vec<u8>)) -> Result<bool, WcStatus> {
         let op = w.opcode().ok_or(WcStatus::LocQpOpErr)?;
+        // The request came through memory the consumer can scribble on: hold it to the
+        // QP's capabilities before using any of it.
+        let max_inline = (self.caps.max_inline as usize).min(rnicpi::wr::MAX_INLINE);
+        if u32::from(w.num_sge) > self.caps.max_send_sge || (w.is_inline() && w.inline_len as usize > max_inline) {
+            return Err(WcStatus::LocLenErr);
+        }
         match op {
             WrOpcode::Send | WrOpcode::SendWithInv => {
                 let opcode = match (op == WrOpcode::SendWithInv, w.solicited()) {
