@@ -10,8 +10,9 @@
 use crate::process::ProcessPeer;
 use crate::{abi, Caller, ContextId, Kal};
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, IoctlFlags, LockOwner, MountOption, OpenFlags,
-    PollEvents, PollFlags, PollNotifier, ReplyAttr, ReplyData, ReplyEmpty, ReplyIoctl, ReplyOpen, ReplyPoll, Request, SessionACL,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, IoctlFlags,
+    LockOwner, MountOption, OpenFlags, PollEvents, PollFlags, PollNotifier, ReplyAttr, ReplyData,
+    ReplyEmpty, ReplyIoctl, ReplyOpen, ReplyPoll, Request, SessionACL,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -63,7 +64,11 @@ impl Filesystem for Device {
     fn open(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let caller = match ProcessPeer::new(req.pid(), req.uid()) {
             Ok(peer) => {
-                let c = Caller { pid: peer.tgid, uid: req.uid(), gid: req.gid() };
+                let c = Caller {
+                    pid: peer.tgid,
+                    uid: req.uid(),
+                    gid: req.gid(),
+                };
                 self.kal.open(c, Arc::new(peer))
             }
             Err(e) => Err(e),
@@ -82,15 +87,34 @@ impl Filesystem for Device {
                     })),
                 );
                 self.open.lock().insert(fh, (ctx, slot));
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE | FopenFlags::FOPEN_STREAM);
+                reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_DIRECT_IO
+                        | FopenFlags::FOPEN_NONSEEKABLE
+                        | FopenFlags::FOPEN_STREAM,
+                );
             }
             Err(e) => reply.error(errno(e)),
         }
     }
 
-    fn ioctl(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: IoctlFlags, cmd: u32, in_data: &[u8], out_size: u32, reply: ReplyIoctl) {
-        let Some((ctx, _)) = self.ctx(fh) else { return reply.error(Errno::EBADF) };
-        let Some((t, _, size)) = abi::decode(cmd) else { return reply.error(Errno::ENOTTY) };
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let Some((ctx, _)) = self.ctx(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        let Some((t, _, size)) = abi::decode(cmd) else {
+            return reply.error(Errno::ENOTTY);
+        };
         if t != abi::IOC_TYPE {
             return reply.error(Errno::ENOTTY);
         }
@@ -104,8 +128,19 @@ impl Filesystem for Device {
         }
     }
 
-    fn poll(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, ph: PollNotifier, _events: PollEvents, _flags: PollFlags, reply: ReplyPoll) {
-        let Some((ctx, slot)) = self.ctx(fh) else { return reply.error(Errno::EBADF) };
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        let Some((ctx, slot)) = self.ctx(fh) else {
+            return reply.error(Errno::EBADF);
+        };
         *slot.lock() = Some(ph);
         // Check after storing the handle, so an event queued in between still wakes.
         if self.kal.readable(ctx) {
@@ -116,8 +151,20 @@ impl Filesystem for Device {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
-        let Some((ctx, _)) = self.ctx(fh) else { return reply.error(Errno::EBADF) };
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some((ctx, _)) = self.ctx(fh) else {
+            return reply.error(Errno::EBADF);
+        };
         let mut buf = vec![0u8; (size as usize).min(abi::EVENT_SIZE * 64)];
         match self.kal.read_events(ctx, &mut buf) {
             Ok(0) => reply.error(Errno::EAGAIN),
@@ -126,11 +173,27 @@ impl Filesystem for Device {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
-    fn release(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         let entry = self.open.lock().remove(&fh.0);
         if let Some((ctx, _)) = entry {
             self.kal.release(ctx);
@@ -169,15 +232,32 @@ pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
     }
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {
-        return Err(std::io::Error::other(format!("{} exists and is not a regular file", path.display())));
+        return Err(std::io::Error::other(format!(
+            "{} exists and is not a regular file",
+            path.display()
+        )));
     }
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
-    let dev = Device { kal, open: Mutex::new(HashMap::new()), uid: 0, gid: 0 };
+    let dev = Device {
+        kal,
+        open: Mutex::new(HashMap::new()),
+        uid: 0,
+        gid: 0,
+    };
     let mut config = Config::default();
-    config.mount_options = vec![MountOption::FSName("krdma".into()), MountOption::Subtype("krdma".into()), MountOption::DefaultPermissions, MountOption::NoSuid, MountOption::NoDev];
+    config.mount_options = vec![
+        MountOption::FSName("krdma".into()),
+        MountOption::Subtype("krdma".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+    ];
     config.acl = SessionACL::All;
     config.n_threads = Some(4);
     config.clone_fd = true;
     let session = fuser::Session::new(dev, path, &config)?.spawn()?;
-    Ok(FuseHandle { session: Some(session), path: path.to_path_buf() })
+    Ok(FuseHandle {
+        session: Some(session),
+        path: path.to_path_buf(),
+    })
 }

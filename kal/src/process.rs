@@ -17,7 +17,8 @@ pub struct ProcessPeer {
 
 /// The thread group of thread `tid` (FUSE requests carry the calling thread's id).
 pub fn tgid_of(tid: u32) -> Result<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).map_err(|_| VerbsError::NoSuchResource)?;
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .map_err(|_| VerbsError::NoSuchResource)?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
@@ -35,7 +36,12 @@ impl ProcessPeer {
         }
         // SAFETY: a fresh descriptor nobody else owns.
         let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(ProcessPeer { tgid, uid, pidfd, memory: Arc::new(ProcessMemory { pid: tgid }) })
+        Ok(ProcessPeer {
+            tgid,
+            uid,
+            pidfd,
+            memory: Arc::new(ProcessMemory { pid: tgid }),
+        })
     }
 }
 
@@ -59,9 +65,19 @@ impl Peer for ProcessPeer {
     }
 
     fn memlock_limit(&self) -> Option<u64> {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: prlimit with a null new-limit only reads the target's limit into `lim`.
-        let r = unsafe { libc::prlimit(self.tgid as libc::pid_t, libc::RLIMIT_MEMLOCK, std::ptr::null(), &mut lim) };
+        let r = unsafe {
+            libc::prlimit(
+                self.tgid as libc::pid_t,
+                libc::RLIMIT_MEMLOCK,
+                std::ptr::null(),
+                &mut lim,
+            )
+        };
         if r == 0 {
             return crate::peer::rlimit_to_option(lim.rlim_cur);
         }
@@ -86,7 +102,9 @@ impl Peer for ProcessPeer {
 fn memlock_from_proc(pid: u32) -> Option<Option<u64>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
     let line = text.lines().find(|l| l.starts_with("Max locked memory"))?;
-    let soft = line["Max locked memory".len()..].split_whitespace().next()?;
+    let soft = line["Max locked memory".len()..]
+        .split_whitespace()
+        .next()?;
     if soft == "unlimited" {
         return Some(None);
     }
@@ -107,8 +125,14 @@ impl ProcessMemory {
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(CHUNK);
-            let l = libc::iovec { iov_base: local.wrapping_add(done) as *mut libc::c_void, iov_len: n };
-            let r = libc::iovec { iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void, iov_len: n };
+            let l = libc::iovec {
+                iov_base: local.wrapping_add(done) as *mut libc::c_void,
+                iov_len: n,
+            };
+            let r = libc::iovec {
+                iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
+                iov_len: n,
+            };
             // SAFETY: `l` describes `n` bytes of a live local buffer owned by the caller
             // (readable for writes, writable for reads); `r` describes the remote range,
             // which the kernel checks against the target's mappings (EFAULT otherwise).
@@ -144,14 +168,17 @@ mod tests {
 
     #[test]
     fn memlock_limit_from_proc_matches_getrlimit() {
-        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).unwrap();
+        let (soft, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).unwrap();
         let want = crate::peer::rlimit_to_option(soft);
         assert_eq!(memlock_from_proc(std::process::id()), Some(want));
     }
 
     #[test]
     fn own_process_memory_round_trip() {
-        let m = ProcessMemory { pid: std::process::id() };
+        let m = ProcessMemory {
+            pid: std::process::id(),
+        };
         let src = vec![7u8; 10000];
         let mut dst = vec![0u8; 10000];
         m.read(src.as_ptr() as u64, &mut dst).unwrap();

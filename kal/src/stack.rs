@@ -18,8 +18,12 @@ pub struct StackOptions {
 impl StackOptions {
     pub fn from_env() -> Self {
         StackOptions {
-            siw_netdev: std::env::var("KRDMA_SIW_NETDEV").ok().filter(|s| !s.is_empty()),
-            siw_crc_required: std::env::var("KRDMA_SIW_CRC").map(|v| v == "required").unwrap_or(false),
+            siw_netdev: std::env::var("KRDMA_SIW_NETDEV")
+                .ok()
+                .filter(|s| !s.is_empty()),
+            siw_crc_required: std::env::var("KRDMA_SIW_CRC")
+                .map(|v| v == "required")
+                .unwrap_or(false),
         }
     }
 }
@@ -28,7 +32,11 @@ impl StackOptions {
 pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
     let services = Arc::new(HostServices);
     let siw = siw::SiwDevice::new(
-        siw::SiwConfig { name: "siw0".into(), netdev: opts.siw_netdev.clone(), crc_required: opts.siw_crc_required },
+        siw::SiwConfig {
+            name: "siw0".into(),
+            netdev: opts.siw_netdev.clone(),
+            crc_required: opts.siw_crc_required,
+        },
         services,
     );
     kal.register(siw)?;

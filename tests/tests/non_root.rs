@@ -16,7 +16,11 @@ fn unprivileged_child() {
     let Ok(path) = std::env::var("KRDMA_TEST_NONROOT") else {
         return;
     };
-    assert_eq!(nix::unistd::geteuid().as_raw(), NOBODY, "child runs unprivileged");
+    assert_eq!(
+        nix::unistd::geteuid().as_raw(),
+        NOBODY,
+        "child runs unprivileged"
+    );
     let target = Target::Device(path.into());
     let (a, b) = (
         Context::open_target(&target).unwrap(),

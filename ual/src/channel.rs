@@ -196,9 +196,7 @@ impl Channel {
     pub fn is_stopped(&self) -> bool {
         match self {
             Channel::Device { file, .. } => file.is_stopped(),
-            Channel::Embedded { stopped, .. } => {
-                stopped.load(std::sync::atomic::Ordering::Acquire)
-            }
+            Channel::Embedded { stopped, .. } => stopped.load(std::sync::atomic::Ordering::Acquire),
         }
     }
 

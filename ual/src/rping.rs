@@ -13,8 +13,7 @@
 
 use crate::{Context, Cq, Mr, Qp, QpCaps, QpConfig, RegBuf};
 use rnicpi::{
-    send_flags, Access, ConnParam, Cqe, EventKind, Result, VerbsError, WcOpcode, WcStatus, Wqe,
-    WrOpcode,
+    send_flags, Access, ConnParam, EventKind, Result, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
 };
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -109,7 +108,7 @@ const SEND_OFF: u64 = INFO_LEN as u64;
 
 /// What the peer's next message turned out to be.
 enum Next {
-    Got(Cqe),
+    Got,
     Closed,
 }
 
@@ -208,12 +207,12 @@ impl Session {
                             tracing::warn!("rping: message out of turn");
                             return Err(VerbsError::Invalid);
                         }
-                        let got = Next::Got(c);
+                        let got = Next::Got;
                         self.post_recv()?;
                         return Ok(got);
                     }
                     if op == Some(want) {
-                        return Ok(Next::Got(c));
+                        return Ok(Next::Got);
                     }
                 }
                 Err(VerbsError::TimedOut) => {
@@ -318,8 +317,11 @@ fn client(ctx: &Arc<Context>, dev: u32, o: &Options, out: &mut dyn Write) -> Res
         ird: 1,
         ord: 1,
     };
-    s.qp
-        .connect_wait(SocketAddr::new(o.addr, o.port), &param, Duration::from_secs(10))?;
+    s.qp.connect_wait(
+        SocketAddr::new(o.addr, o.port),
+        &param,
+        Duration::from_secs(10),
+    )?;
     let src_off = o.size;
     let mut start = b'A';
     let mut pings = 0;

@@ -6,6 +6,7 @@ use crate::pin;
 use bytemuck::Zeroable;
 use crossbeam_channel::Receiver;
 use kal::abi::{self, cmd};
+use parking_lot::Mutex;
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
     Access, ConnParam, Cqe, Doorbell, Event, PortState, QpAttr, QpAttrMask, QpCaps, QpRingLayout,
@@ -13,7 +14,6 @@ use rnicpi::{
 };
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,7 +4,11 @@ use clap::Parser;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "krdmad", version, about = "The krdma kernel access layer: serves /dev/krdma (a FUSE mount) for every process")]
+#[command(
+    name = "krdmad",
+    version,
+    about = "The krdma kernel access layer: serves /dev/krdma (a FUSE mount) for every process"
+)]
 struct Args {
     /// Where to serve the device.
     #[arg(long, env = "KRDMA_DEVICE", default_value = "/dev/krdma")]
@@ -22,7 +26,9 @@ struct Args {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
@@ -39,27 +45,45 @@ fn run(args: Args) -> Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("must run as root: mounting FUSE without fusermount needs CAP_SYS_ADMIN, and reaching client memory needs CAP_SYS_PTRACE".into());
     }
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
     let mut signals = nix::sys::signal::SigSet::empty();
     signals.add(nix::sys::signal::Signal::SIGTERM);
     signals.add(nix::sys::signal::Signal::SIGINT);
     // Block the signals in every thread (spawned threads inherit the mask), then wait for them.
-    signals.thread_block().map_err(|e| format!("signal mask: {e}"))?;
+    signals
+        .thread_block()
+        .map_err(|e| format!("signal mask: {e}"))?;
 
-    let config = kal::Config { event_queue: args.event_queue, ..kal::Config::default() };
+    let config = kal::Config {
+        event_queue: args.event_queue,
+        ..kal::Config::default()
+    };
     let kal = kal::Kal::new(config);
-    let opts = kal::stack::StackOptions { siw_netdev: args.siw_netdev, siw_crc_required: args.siw_crc_required };
+    let opts = kal::stack::StackOptions {
+        siw_netdev: args.siw_netdev,
+        siw_crc_required: args.siw_crc_required,
+    };
     kal::stack::start_default(&kal, &opts).map_err(|e| format!("starting providers: {e}"))?;
-    let handle = kal::fuse::serve(kal.clone(), &args.device).map_err(|e| format!("mounting {}: {e}", args.device.display()))?;
-    let names: Vec<String> = kal.devices().iter().map(|d| d.attr().name.clone()).collect();
+    let handle = kal::fuse::serve(kal.clone(), &args.device)
+        .map_err(|e| format!("mounting {}: {e}", args.device.display()))?;
+    let names: Vec<String> = kal
+        .devices()
+        .iter()
+        .map(|d| d.attr().name.clone())
+        .collect();
     tracing::info!(device = %args.device.display(), devices = ?names, "krdmad serving");
     println!("krdmad: ready {}", args.device.display());
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
-    let sig = signals.wait().map_err(|e| format!("waiting for signals: {e}"))?;
+    let sig = signals
+        .wait()
+        .map_err(|e| format!("waiting for signals: {e}"))?;
     tracing::info!(?sig, "krdmad stopping");
     kal.shutdown();
     handle.shutdown().map_err(|e| format!("unmounting: {e}"))?;

@@ -37,9 +37,19 @@ fn read_mpa(s: &mut TcpStream) -> Result<MpaFrame, VerbsError> {
         }
         // Byte by byte: the first FPDU may follow the frame immediately and must stay in
         // the socket for the engine.
-        let want = if buf.len() < 20 { 20 - buf.len() } else { 20 + u16::from_be_bytes([buf[18], buf[19]]) as usize - buf.len() };
+        let want = if buf.len() < 20 {
+            20 - buf.len()
+        } else {
+            20 + u16::from_be_bytes([buf[18], buf[19]]) as usize - buf.len()
+        };
         let mut tmp = vec![0u8; want.max(1)];
-        let n = s.read(&mut tmp).map_err(|e| if e.kind() == std::io::ErrorKind::WouldBlock { VerbsError::TimedOut } else { e.into() })?;
+        let n = s.read(&mut tmp).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                VerbsError::TimedOut
+            } else {
+                e.into()
+            }
+        })?;
         if n == 0 {
             return Err(VerbsError::ConnectionReset);
         }
@@ -61,7 +71,18 @@ pub(crate) fn active_connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam)
     let result = (|| -> Result<(MpaFrame, TcpStream), VerbsError> {
         let dev = qp.shared();
         let mut s = dev.services.tcp_connect(peer, MPA_TIMEOUT)?;
-        send_mpa(&mut s, &mpa_frame(false, dev.crc_required, false, ird, ord, &param.private_data))?;
+        send_mpa(
+            &mut s,
+            &mpa_frame(
+                false,
+                dev.crc_required,
+                false,
+                2,
+                ird,
+                ord,
+                &param.private_data,
+            ),
+        )?;
         let rep = read_mpa(&mut s)?;
         if !rep.reply {
             return Err(VerbsError::Refused);
@@ -71,20 +92,39 @@ pub(crate) fn active_connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam)
     let ev = match result {
         Ok((rep, _)) if rep.reject => {
             tracing::info!(%peer, "siw connection rejected by peer");
-            Event::new(EventKind::Rejected).with_status(libc::ECONNREFUSED).with_param(&ConnParam { private_data: rep.private_data, ird: 0, ord: 0 })
+            Event::new(EventKind::Rejected)
+                .with_status(libc::ECONNREFUSED)
+                .with_param(&ConnParam {
+                    private_data: rep.private_data,
+                    ird: 0,
+                    ord: 0,
+                })
         }
         Ok((rep, s)) if rep.markers => {
             drop(s);
             Event::new(EventKind::Rejected).with_status(libc::EPROTO)
         }
         Ok((rep, s)) => {
-            let (pird, pord) = rep.ird_ord.map(|(i, o)| ((i & wire::RFC6581_MASK) as u32, (o & wire::RFC6581_MASK) as u32)).unwrap_or((ord, ird));
+            let crc = rep.crc || qp.shared().crc_required;
+            let (pird, pord) = rep
+                .ird_ord
+                .map(|(i, o)| {
+                    (
+                        (i & wire::RFC6581_MASK) as u32,
+                        (o & wire::RFC6581_MASK) as u32,
+                    )
+                })
+                .unwrap_or((ord, ird));
             let (my_ird, my_ord) = (ird.min(pord.max(1)), ord.min(pird.max(1)));
             let local = s.local_addr().ok();
-            match qp.attach(s, rep.crc, my_ird, my_ord) {
+            match qp.attach(s, crc, my_ird, my_ord) {
                 Ok(()) => Event::new(EventKind::Established)
                     .with_addrs(local, Some(peer))
-                    .with_param(&ConnParam { private_data: rep.private_data, ird: my_ird, ord: my_ord }),
+                    .with_param(&ConnParam {
+                        private_data: rep.private_data,
+                        ird: my_ird,
+                        ord: my_ord,
+                    }),
                 Err(e) => Event::new(EventKind::ConnectionBroken).with_status(e.errno()),
             }
         }
@@ -113,12 +153,28 @@ pub struct SiwListener {
 }
 
 impl SiwListener {
-    pub(crate) fn start(dev: Arc<Shared>, addr: SocketAddr, backlog: u32, sink: Arc<dyn EventSink>) -> Result<Arc<SiwListener>> {
+    pub(crate) fn start(
+        dev: Arc<Shared>,
+        addr: SocketAddr,
+        backlog: u32,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<Arc<SiwListener>> {
         let listener = dev.services.tcp_listen(addr, backlog)?;
         let local = listener.local_addr()?;
-        let l = Arc::new(SiwListener { dev, local, listener, pending: Mutex::new(HashMap::new()), next: AtomicU64::new(1), closed: AtomicBool::new(false), sink });
+        let l = Arc::new(SiwListener {
+            dev,
+            local,
+            listener,
+            pending: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            sink,
+        });
         let me = l.clone();
-        std::thread::Builder::new().name(format!("siw-listen{}", local.port())).stack_size(256 * 1024).spawn(move || me.accept_loop())?;
+        std::thread::Builder::new()
+            .name(format!("siw-listen{}", local.port()))
+            .stack_size(256 * 1024)
+            .spawn(move || me.accept_loop())?;
         tracing::info!(%local, "siw listening");
         Ok(l)
     }
@@ -130,7 +186,10 @@ impl SiwListener {
             }
             let Ok(stream) = conn else { continue };
             let me = self.clone();
-            let _ = std::thread::Builder::new().name("siw-mpa".into()).stack_size(256 * 1024).spawn(move || me.handshake(stream));
+            let _ = std::thread::Builder::new()
+                .name("siw-mpa".into())
+                .stack_size(256 * 1024)
+                .spawn(move || me.handshake(stream));
         }
     }
 
@@ -143,7 +202,10 @@ impl SiwListener {
             Ok(r) if !r.reply && !r.markers => r,
             Ok(r) => {
                 tracing::info!(%peer, markers = r.markers, "siw refusing MPA request");
-                let _ = send_mpa(&mut stream, &mpa_frame(true, false, true, 0, 0, &[]));
+                let _ = send_mpa(
+                    &mut stream,
+                    &mpa_frame(true, false, true, r.revision, 0, 0, &[]),
+                );
                 return;
             }
             Err(e) => {
@@ -152,25 +214,51 @@ impl SiwListener {
             }
         };
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (ird, ord) = req.ird_ord.map(|(i, o)| ((i & wire::RFC6581_MASK) as u32, (o & wire::RFC6581_MASK) as u32)).unwrap_or((1, 1));
+        let (ird, ord) = req
+            .ird_ord
+            .map(|(i, o)| {
+                (
+                    (i & wire::RFC6581_MASK) as u32,
+                    (o & wire::RFC6581_MASK) as u32,
+                )
+            })
+            .unwrap_or((1, 1));
         let ev = Event::new(EventKind::ConnectRequest)
             .with_conn(id)
             .with_addrs(stream.local_addr().ok(), Some(peer))
-            .with_param(&ConnParam { private_data: req.private_data.clone(), ird, ord });
+            .with_param(&ConnParam {
+                private_data: req.private_data.clone(),
+                ird,
+                ord,
+            });
         {
             let mut p = self.pending.lock();
             p.retain(|_, v| v.since.elapsed() < PENDING_TTL);
             if self.closed.load(Ordering::Acquire) {
                 return;
             }
-            p.insert(id, Pending { stream, req, peer, since: Instant::now() });
+            p.insert(
+                id,
+                Pending {
+                    stream,
+                    req,
+                    peer,
+                    since: Instant::now(),
+                },
+            );
         }
-        self.dev.counters.conn_requests.fetch_add(1, Ordering::Relaxed);
+        self.dev
+            .counters
+            .conn_requests
+            .fetch_add(1, Ordering::Relaxed);
         self.sink.deliver(ev);
     }
 
     fn take(&self, conn_id: u64) -> Result<Pending> {
-        self.pending.lock().remove(&conn_id).ok_or(VerbsError::NoSuchResource)
+        self.pending
+            .lock()
+            .remove(&conn_id)
+            .ok_or(VerbsError::NoSuchResource)
     }
 }
 
@@ -180,27 +268,59 @@ impl ProviderListener for SiwListener {
     }
 
     fn accept(&self, conn_id: u64, qp: &Arc<dyn ProviderQp>, param: ConnParam) -> Result<()> {
-        let qp = qp.as_any().downcast_ref::<SiwQp>().ok_or(VerbsError::Invalid)?.arc()?;
+        let qp = qp
+            .as_any()
+            .downcast_ref::<SiwQp>()
+            .ok_or(VerbsError::Invalid)?
+            .arc()?;
         let mut p = self.take(conn_id)?;
         let (ird, ord) = qp.limits();
-        let (pird, pord) = p.req.ird_ord.map(|(i, o)| ((i & wire::RFC6581_MASK) as u32, (o & wire::RFC6581_MASK) as u32)).unwrap_or((1, 1));
+        let (pird, pord) = p
+            .req
+            .ird_ord
+            .map(|(i, o)| {
+                (
+                    (i & wire::RFC6581_MASK) as u32,
+                    (o & wire::RFC6581_MASK) as u32,
+                )
+            })
+            .unwrap_or((1, 1));
         let my_ird = param.ird.clamp(1, ird).min(pord.max(1));
         let my_ord = param.ord.clamp(1, ord).min(pird.max(1));
         let crc = p.req.crc || self.dev.crc_required;
-        send_mpa(&mut p.stream, &mpa_frame(true, crc, false, my_ird, my_ord, &param.private_data))?;
+        // Answer in the initiator's revision (a revision 1 peer gets no IRD/ORD words).
+        send_mpa(
+            &mut p.stream,
+            &mpa_frame(
+                true,
+                crc,
+                false,
+                p.req.revision,
+                my_ird,
+                my_ord,
+                &param.private_data,
+            ),
+        )?;
         let local = p.stream.local_addr().ok();
         qp.attach(p.stream, crc, my_ird, my_ord)?;
         qp.sink.deliver(
             Event::new(EventKind::Established)
                 .with_addrs(local, Some(p.peer))
-                .with_param(&ConnParam { private_data: p.req.private_data, ird: my_ird, ord: my_ord }),
+                .with_param(&ConnParam {
+                    private_data: p.req.private_data,
+                    ird: my_ird,
+                    ord: my_ord,
+                }),
         );
         Ok(())
     }
 
     fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()> {
         let mut p = self.take(conn_id)?;
-        send_mpa(&mut p.stream, &mpa_frame(true, false, true, 0, 0, private_data))?;
+        send_mpa(
+            &mut p.stream,
+            &mpa_frame(true, false, true, p.req.revision, 0, 0, private_data),
+        )?;
         let _ = p.stream.shutdown(std::net::Shutdown::Both);
         Ok(())
     }
@@ -214,7 +334,10 @@ impl ProviderListener for SiwListener {
         // SAFETY: shutdown on our own listening descriptor; no memory is involved.
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         for (_, mut p) in self.pending.lock().drain() {
-            let _ = send_mpa(&mut p.stream, &mpa_frame(true, false, true, 0, 0, &[]));
+            let _ = send_mpa(
+                &mut p.stream,
+                &mpa_frame(true, false, true, p.req.revision, 0, 0, &[]),
+            );
         }
         tracing::info!(local = %self.local, "siw listener closed");
     }

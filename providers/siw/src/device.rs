@@ -21,7 +21,11 @@ pub struct SiwConfig {
 
 impl Default for SiwConfig {
     fn default() -> Self {
-        SiwConfig { name: "siw0".into(), netdev: None, crc_required: false }
+        SiwConfig {
+            name: "siw0".into(),
+            netdev: None,
+            crc_required: false,
+        }
     }
 }
 
@@ -78,15 +82,23 @@ pub fn host_addrs() -> Vec<HostAddr> {
         while !p.is_null() {
             let a = &*p;
             if !a.ifa_addr.is_null() {
-                let name = std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy().into_owned();
+                let name = std::ffi::CStr::from_ptr(a.ifa_name)
+                    .to_string_lossy()
+                    .into_owned();
                 match (*a.ifa_addr).sa_family as i32 {
                     libc::AF_INET => {
                         let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
-                        out.push(HostAddr { ifname: name, ip: IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()) });
+                        out.push(HostAddr {
+                            ifname: name,
+                            ip: IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()),
+                        });
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
-                        out.push(HostAddr { ifname: name, ip: IpAddr::from(sin6.sin6_addr.s6_addr) });
+                        out.push(HostAddr {
+                            ifname: name,
+                            ip: IpAddr::from(sin6.sin6_addr.s6_addr),
+                        });
                     }
                     _ => {}
                 }
@@ -100,7 +112,9 @@ pub fn host_addrs() -> Vec<HostAddr> {
 
 impl SiwDevice {
     pub fn new(config: SiwConfig, services: Arc<dyn KalServices>) -> Arc<SiwDevice> {
-        let guid_src = host_addrs().into_iter().find(|a| Some(&a.ifname) == config.netdev.as_ref() || config.netdev.is_none());
+        let guid_src = host_addrs()
+            .into_iter()
+            .find(|a| Some(&a.ifname) == config.netdev.as_ref() || config.netdev.is_none());
         let mut guid = 0x02_00_5e_00_0000_0000u64;
         if let Some(a) = guid_src {
             guid |= crc32c::crc32c(a.ip.to_string().as_bytes()) as u64;
@@ -136,11 +150,18 @@ impl SiwDevice {
             netdev: config.netdev,
         });
         tracing::info!(name = %config.name, crc_required = config.crc_required, "siw device created");
-        Arc::new(SiwDevice { shared, next_qpn: AtomicU32::new(1), next_pd: AtomicU32::new(1) })
+        Arc::new(SiwDevice {
+            shared,
+            next_qpn: AtomicU32::new(1),
+            next_pd: AtomicU32::new(1),
+        })
     }
 
     fn addrs(&self) -> Vec<HostAddr> {
-        host_addrs().into_iter().filter(|a| self.shared.netdev.as_ref().is_none_or(|n| *n == a.ifname)).collect()
+        host_addrs()
+            .into_iter()
+            .filter(|a| self.shared.netdev.as_ref().is_none_or(|n| *n == a.ifname))
+            .collect()
     }
 }
 
@@ -156,11 +177,23 @@ impl Provider for SiwDevice {
         let addrs = self.addrs();
         let netdev = self.shared.netdev.clone().unwrap_or_else(|| "*".into());
         let mtu = match &self.shared.netdev {
-            Some(n) => std::fs::read_to_string(format!("/sys/class/net/{n}/mtu")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1500),
+            Some(n) => std::fs::read_to_string(format!("/sys/class/net/{n}/mtu"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(1500),
             None => 1500,
         };
-        let state = if addrs.is_empty() { PortState::Down } else { PortState::Active };
-        Ok(PortAttr { state, active_mtu: mtu, gids: addrs.iter().map(|a| ip_to_gid(a.ip)).collect(), netdev })
+        let state = if addrs.is_empty() {
+            PortState::Down
+        } else {
+            PortState::Active
+        };
+        Ok(PortAttr {
+            state,
+            active_mtu: mtu,
+            gids: addrs.iter().map(|a| ip_to_gid(a.ip)).collect(),
+            netdev,
+        })
     }
 
     fn counters(&self) -> Vec<Counter> {
@@ -203,11 +236,21 @@ impl Provider for SiwDevice {
             }
         }
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-        self.shared.counters.qps_created.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .qps_created
+            .fetch_add(1, Ordering::Relaxed);
         Ok(SiwQp::new(self.shared.clone(), qpn, init))
     }
 
-    fn reg_mr(&self, pd: u32, base: u64, len: u64, access: Access, mem: Arc<dyn MemoryAccess>) -> Result<Arc<Region>> {
+    fn reg_mr(
+        &self,
+        pd: u32,
+        base: u64,
+        len: u64,
+        access: Access,
+        mem: Arc<dyn MemoryAccess>,
+    ) -> Result<Arc<Region>> {
         self.shared.mrs.register(pd, base, len, access, mem)
     }
 
@@ -215,7 +258,17 @@ impl Provider for SiwDevice {
         self.shared.mrs.deregister(stag)
     }
 
-    fn listen(&self, addr: SocketAddr, backlog: u32, sink: Arc<dyn EventSink>) -> Result<Arc<dyn ProviderListener>> {
-        Ok(SiwListener::start(self.shared.clone(), addr, backlog, sink)?)
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        backlog: u32,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<Arc<dyn ProviderListener>> {
+        Ok(SiwListener::start(
+            self.shared.clone(),
+            addr,
+            backlog,
+            sink,
+        )?)
     }
 }

@@ -133,7 +133,13 @@ impl SiwQp {
     }
 
     /// Hand the connected stream to the engine: QP to RTS, start the I/O threads.
-    pub(crate) fn attach(self: &Arc<Self>, stream: TcpStream, crc: bool, ird: u32, ord: u32) -> Result<()> {
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        crc: bool,
+        ird: u32,
+        ord: u32,
+    ) -> Result<()> {
         let _ = stream.set_nodelay(true);
         let mss = tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
@@ -151,10 +157,21 @@ impl SiwQp {
         }
         *self.tx.lock() = Some(stream);
         let (a, b) = (self.clone(), self.clone());
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(name).stack_size(256 * 1024).spawn(f);
-        spawn(format!("siw-rx{}", self.qpn), Box::new(move || a.rx_loop(rx)))?;
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .stack_size(256 * 1024)
+                .spawn(f)
+        };
+        spawn(
+            format!("siw-rx{}", self.qpn),
+            Box::new(move || a.rx_loop(rx)),
+        )?;
         spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop()))?;
-        self.dev.counters.connections.fetch_add(1, Ordering::Relaxed);
+        self.dev
+            .counters
+            .connections
+            .fetch_add(1, Ordering::Relaxed);
         tracing::info!(qpn = self.qpn, crc, ird, ord, mss, "siw QP connected");
         Ok(())
     }
@@ -170,8 +187,16 @@ impl SiwQp {
 
     pub(crate) fn limits(&self) -> (u32, u32) {
         let st = self.st.lock();
-        let ird = if st.attr.max_dest_rd_atomic > 0 { st.attr.max_dest_rd_atomic as u32 } else { self.dev.attr.max_ird };
-        let ord = if st.attr.max_rd_atomic > 0 { st.attr.max_rd_atomic as u32 } else { self.dev.attr.max_ord };
+        let ird = if st.attr.max_dest_rd_atomic > 0 {
+            st.attr.max_dest_rd_atomic as u32
+        } else {
+            self.dev.attr.max_ird
+        };
+        let ord = if st.attr.max_rd_atomic > 0 {
+            st.attr.max_rd_atomic as u32
+        } else {
+            self.dev.attr.max_ord
+        };
         (ird, ord)
     }
 
@@ -181,7 +206,12 @@ impl SiwQp {
         loop {
             {
                 let mut st = self.st.lock();
-                while !st.kick && st.terminate.is_none() && st.responses.is_empty() && !st.closing && st.qp == QpState::Rts {
+                while !st.kick
+                    && st.terminate.is_none()
+                    && st.responses.is_empty()
+                    && !st.closing
+                    && st.qp == QpState::Rts
+                {
                     self.cv.wait(&mut st);
                 }
                 st.kick = false;
@@ -197,13 +227,17 @@ impl SiwQp {
     /// connection is finished. The protocol-state lock is never held while writing.
     fn pump(&self, limit: u64) -> bool {
         let guard = self.tx.lock();
-        let Some(sock) = guard.as_ref() else { return false };
+        let Some(sock) = guard.as_ref() else {
+            return false;
+        };
         let mut out = Vec::with_capacity(64 * 1024);
         let counters = &self.dev.counters;
         let mut flush = |out: &mut Vec<u8>| -> std::io::Result<()> {
             if !out.is_empty() {
                 (&*sock).write_all(out)?;
-                counters.tx_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
+                counters
+                    .tx_bytes
+                    .fetch_add(out.len() as u64, Ordering::Relaxed);
                 out.clear();
             }
             Ok(())
@@ -225,22 +259,25 @@ impl SiwQp {
                     out.extend_from_slice(&bytes);
                     flush(&mut out)
                 }
-                Work::Response { rr, crc, mtu } => match self.emit_read_response(&mut out, &rr, crc, mtu, &mut flush) {
-                    Ok(r) => r.and_then(|_| flush(&mut out)),
-                    Err(code) => {
-                        out.clear();
-                        self.fail(code, None);
-                        continue;
+                Work::Response { rr, crc, mtu } => {
+                    match self.emit_read_response(&mut out, &rr, crc, mtu, &mut flush) {
+                        Ok(r) => r.and_then(|_| flush(&mut out)),
+                        Err(code) => {
+                            out.clear();
+                            self.fail(code, None);
+                            continue;
+                        }
                     }
-                },
+                }
                 Work::Request { wqe, crc, mtu, msn } => {
                     let mut io = Ok(());
-                    let result = self.emit_request(&mut out, &wqe, crc, mtu, msn, &mut |o: &mut Vec<u8>| {
-                        if io.is_ok() {
-                            io = flush(o);
-                        }
-                        o.clear();
-                    });
+                    let result =
+                        self.emit_request(&mut out, &wqe, crc, mtu, msn, &mut |o: &mut Vec<u8>| {
+                            if io.is_ok() {
+                                io = flush(o);
+                            }
+                            o.clear();
+                        });
                     if io.is_ok() {
                         io = flush(&mut out);
                     }
@@ -249,14 +286,20 @@ impl SiwQp {
                     match result {
                         Ok(complete_now) => {
                             if complete_now {
-                                if let Some(f) = st.inflight.iter_mut().find(|f| !f.done && f.wqe.wr_id == wqe.wr_id && f.wqe == wqe) {
+                                if let Some(f) = st
+                                    .inflight
+                                    .iter_mut()
+                                    .find(|f| !f.done && f.wqe.wr_id == wqe.wr_id && f.wqe == wqe)
+                                {
                                     f.done = true;
                                 }
                                 self.complete_in_order(&mut st);
                             }
                         }
                         Err(status) => {
-                            if let Some(i) = st.inflight.iter().position(|f| !f.done && f.wqe == wqe) {
+                            if let Some(i) =
+                                st.inflight.iter().position(|f| !f.done && f.wqe == wqe)
+                            {
                                 st.inflight.remove(i);
                             }
                             self.post_cqe(&self.scq, cqe_for(&wqe, self.qpn, status, 0));
@@ -283,7 +326,11 @@ impl SiwQp {
             return Work::Raw(t);
         }
         if st.qp != QpState::Rts {
-            return if st.closing || st.qp == QpState::Error { Work::Close { abortive: false } } else { Work::Idle };
+            return if st.closing || st.qp == QpState::Error {
+                Work::Close { abortive: false }
+            } else {
+                Work::Idle
+            };
         }
         let (crc, mtu) = (st.crc, st.max_ulpdu);
         if let Some(rr) = st.responses.pop_front() {
@@ -294,7 +341,11 @@ impl SiwQp {
             Ok(Some(w)) => w,
             Ok(None) => {
                 drop(sq);
-                return if st.closing && st.inflight.is_empty() { Work::Close { abortive: false } } else { Work::Idle };
+                return if st.closing && st.inflight.is_empty() {
+                    Work::Close { abortive: false }
+                } else {
+                    Work::Idle
+                };
             }
             Err(_) => {
                 drop(sq);
@@ -332,12 +383,22 @@ impl SiwQp {
     }
 
     /// Emit the FPDUs of one send-queue request. Ok(true) when it is complete once sent.
-    fn emit_request(&self, out: &mut Vec<u8>, w: &Wqe, crc: bool, mtu: usize, msn: u32, flush: &mut dyn FnMut(&mut Vec<u8>)) -> Result<bool, WcStatus> {
+    fn emit_request(
+        &self,
+        out: &mut Vec<u8>,
+        w: &Wqe,
+        crc: bool,
+        mtu: usize,
+        msn: u32,
+        flush: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<bool, WcStatus> {
         let op = w.opcode().ok_or(WcStatus::LocQpOpErr)?;
         // The request came through memory the consumer can scribble on: hold it to the
         // QP's capabilities before using any of it.
         let max_inline = (self.caps.max_inline as usize).min(rnicpi::wr::MAX_INLINE);
-        if u32::from(w.num_sge) > self.caps.max_send_sge || (w.is_inline() && w.inline_len as usize > max_inline) {
+        if u32::from(w.num_sge) > self.caps.max_send_sge
+            || (w.is_inline() && w.inline_len as usize > max_inline)
+        {
             return Err(WcStatus::LocLenErr);
         }
         match op {
@@ -348,13 +409,41 @@ impl SiwQp {
                     (true, false) => Opcode::SendInvalidate,
                     (true, true) => Opcode::SendSeInvalidate,
                 };
-                let inv = if op == WrOpcode::SendWithInv { w.imm_or_inv } else { 0 };
-                self.emit_message(out, w, crc, mtu, |mo| Model::Untagged { inv_stag: inv, qn: wire::QN_SEND, msn, mo: mo as u32 }, opcode, flush)?;
+                let inv = if op == WrOpcode::SendWithInv {
+                    w.imm_or_inv
+                } else {
+                    0
+                };
+                self.emit_message(
+                    out,
+                    w,
+                    crc,
+                    mtu,
+                    |mo| Model::Untagged {
+                        inv_stag: inv,
+                        qn: wire::QN_SEND,
+                        msn,
+                        mo: mo as u32,
+                    },
+                    opcode,
+                    flush,
+                )?;
                 Ok(true)
             }
             WrOpcode::RdmaWrite => {
                 let (stag, base) = (w.rkey, w.remote_addr);
-                self.emit_message(out, w, crc, mtu, |off| Model::Tagged { stag, to: base.wrapping_add(off) }, Opcode::Write, flush)?;
+                self.emit_message(
+                    out,
+                    w,
+                    crc,
+                    mtu,
+                    |off| Model::Tagged {
+                        stag,
+                        to: base.wrapping_add(off),
+                    },
+                    Opcode::Write,
+                    flush,
+                )?;
                 Ok(true)
             }
             WrOpcode::RdmaRead => {
@@ -363,22 +452,46 @@ impl SiwQp {
                 }
                 let (sink_stag, sink_to, size) = match w.sges().first() {
                     Some(s) => {
-                        let r = self.dev.mrs.lookup(s.lkey).map_err(|_| WcStatus::LocProtErr)?;
-                        r.check(self.pd, s.addr, s.length as u64, Access::LOCAL_WRITE).map_err(|_| WcStatus::LocProtErr)?;
+                        let r = self
+                            .dev
+                            .mrs
+                            .lookup(s.lkey)
+                            .map_err(|_| WcStatus::LocProtErr)?;
+                        r.check(self.pd, s.addr, s.length as u64, Access::LOCAL_WRITE)
+                            .map_err(|_| WcStatus::LocProtErr)?;
                         (s.lkey, s.addr, s.length)
                     }
                     None => (0, 0, 0),
                 };
-                let rr = ReadRequest { sink_stag, sink_to, size, src_stag: w.rkey, src_to: w.remote_addr };
+                let rr = ReadRequest {
+                    sink_stag,
+                    sink_to,
+                    size,
+                    src_stag: w.rkey,
+                    src_to: w.remote_addr,
+                };
                 let start = wire::begin_fpdu(out);
-                Header { opcode: Opcode::ReadRequest, last: true, model: Model::Untagged { inv_stag: 0, qn: wire::QN_READ, msn, mo: 0 } }.emit(out);
+                Header {
+                    opcode: Opcode::ReadRequest,
+                    last: true,
+                    model: Model::Untagged {
+                        inv_stag: 0,
+                        qn: wire::QN_READ,
+                        msn,
+                        mo: 0,
+                    },
+                }
+                .emit(out);
                 rr.emit(out);
                 wire::finish_fpdu(out, start, crc).map_err(|_| WcStatus::LocLenErr)?;
                 self.dev.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
                 Ok(false)
             }
             WrOpcode::LocalInv => {
-                self.dev.mrs.invalidate(w.imm_or_inv, self.pd).map_err(|_| WcStatus::LocProtErr)?;
+                self.dev
+                    .mrs
+                    .invalidate(w.imm_or_inv, self.pd)
+                    .map_err(|_| WcStatus::LocProtErr)?;
                 Ok(true)
             }
             _ => Err(WcStatus::LocQpOpErr),
@@ -387,8 +500,21 @@ impl SiwQp {
 
     /// Segment one message (inline data or a gather list) into FPDUs.
     #[allow(clippy::too_many_arguments)]
-    fn emit_message(&self, out: &mut Vec<u8>, w: &Wqe, crc: bool, max_ulpdu: usize, model: impl Fn(u64) -> Model, opcode: Opcode, flush: &mut dyn FnMut(&mut Vec<u8>)) -> Result<(), WcStatus> {
-        let hdr = if opcode.tagged() { wire::TAGGED_HDR } else { wire::UNTAGGED_HDR };
+    fn emit_message(
+        &self,
+        out: &mut Vec<u8>,
+        w: &Wqe,
+        crc: bool,
+        max_ulpdu: usize,
+        model: impl Fn(u64) -> Model,
+        opcode: Opcode,
+        flush: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<(), WcStatus> {
+        let hdr = if opcode.tagged() {
+            wire::TAGGED_HDR
+        } else {
+            wire::UNTAGGED_HDR
+        };
         let chunk = (max_ulpdu - hdr) as u64;
         let total = w.total_len();
         if total > u32::MAX as u64 {
@@ -401,8 +527,13 @@ impl SiwQp {
                 if s.length == 0 {
                     continue;
                 }
-                let r = self.dev.mrs.lookup(s.lkey).map_err(|_| WcStatus::LocProtErr)?;
-                r.check(self.pd, s.addr, s.length as u64, Access::empty()).map_err(|_| WcStatus::LocProtErr)?;
+                let r = self
+                    .dev
+                    .mrs
+                    .lookup(s.lkey)
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                r.check(self.pd, s.addr, s.length as u64, Access::empty())
+                    .map_err(|_| WcStatus::LocProtErr)?;
                 regions.push((r, *s));
             }
         }
@@ -411,7 +542,12 @@ impl SiwQp {
         loop {
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
-            Header { opcode, last: off + n == total, model: model(off) }.emit(out);
+            Header {
+                opcode,
+                last: off + n == total,
+                model: model(off),
+            }
+            .emit(out);
             let p = out.len();
             out.resize(p + n as usize, 0);
             if w.is_inline() {
@@ -421,7 +557,13 @@ impl SiwQp {
                 while filled < n as usize {
                     let (r, s) = &regions[sge_i];
                     let take = ((s.length as u64 - sge_off) as usize).min(n as usize - filled);
-                    r.read(self.pd, s.addr + sge_off, &mut out[p + filled..p + filled + take], Access::empty()).map_err(|_| WcStatus::LocProtErr)?;
+                    r.read(
+                        self.pd,
+                        s.addr + sge_off,
+                        &mut out[p + filled..p + filled + take],
+                        Access::empty(),
+                    )
+                    .map_err(|_| WcStatus::LocProtErr)?;
                     filled += take;
                     sge_off += take as u64;
                     if sge_off == s.length as u64 {
@@ -442,21 +584,50 @@ impl SiwQp {
         }
     }
 
-    fn emit_read_response(&self, out: &mut Vec<u8>, rr: &ReadRequest, crc: bool, max_ulpdu: usize, flush: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>) -> Result<std::io::Result<()>, TermCode> {
-        let region = if rr.size > 0 { Some(self.dev.mrs.lookup(rr.src_stag).map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?) } else { None };
+    fn emit_read_response(
+        &self,
+        out: &mut Vec<u8>,
+        rr: &ReadRequest,
+        crc: bool,
+        max_ulpdu: usize,
+        flush: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    ) -> Result<std::io::Result<()>, TermCode> {
+        let region = if rr.size > 0 {
+            Some(
+                self.dev
+                    .mrs
+                    .lookup(rr.src_stag)
+                    .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?,
+            )
+        } else {
+            None
+        };
         let chunk = (max_ulpdu - wire::TAGGED_HDR) as u64;
         let total = rr.size as u64;
         let mut off = 0u64;
         loop {
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
-            Header { opcode: Opcode::ReadResponse, last: off + n == total, model: Model::Tagged { stag: rr.sink_stag, to: rr.sink_to.wrapping_add(off) } }.emit(out);
+            Header {
+                opcode: Opcode::ReadResponse,
+                last: off + n == total,
+                model: Model::Tagged {
+                    stag: rr.sink_stag,
+                    to: rr.sink_to.wrapping_add(off),
+                },
+            }
+            .emit(out);
             let p = out.len();
             out.resize(p + n as usize, 0);
             if let Some(r) = &region {
-                r.read(self.pd, rr.src_to + off, &mut out[p..], Access::REMOTE_READ).map_err(access_term)?;
+                r.read(self.pd, rr.src_to + off, &mut out[p..], Access::REMOTE_READ)
+                    .map_err(access_term)?;
             }
-            wire::finish_fpdu(out, start, crc).map_err(|_| TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_CATASTROPHIC_LOCAL })?;
+            wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+            })?;
             self.dev.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
             off += n;
             if off >= total {
@@ -474,7 +645,10 @@ impl SiwQp {
 
     fn post_cqe(&self, cq: &Arc<dyn ProviderCq>, cqe: Cqe) {
         if !cq.engine().push(cqe) {
-            self.dev.counters.cq_overflows.fetch_add(1, Ordering::Relaxed);
+            self.dev
+                .counters
+                .cq_overflows
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -483,7 +657,15 @@ impl SiwQp {
         while st.inflight.front().is_some_and(|f| f.done) {
             let f = st.inflight.pop_front().unwrap();
             if f.wqe.signaled() {
-                self.post_cqe(&self.scq, cqe_for(&f.wqe, self.qpn, WcStatus::Success, f.wqe.total_len() as u32));
+                self.post_cqe(
+                    &self.scq,
+                    cqe_for(
+                        &f.wqe,
+                        self.qpn,
+                        WcStatus::Success,
+                        f.wqe.total_len() as u32,
+                    ),
+                );
             }
         }
     }
@@ -493,7 +675,11 @@ impl SiwQp {
         self.set_state(st, QpState::Error);
         self.cv.notify_all();
         for f in st.inflight.drain(..).collect::<Vec<_>>() {
-            let status = if f.done { WcStatus::Success } else { WcStatus::WrFlushErr };
+            let status = if f.done {
+                WcStatus::Success
+            } else {
+                WcStatus::WrFlushErr
+            };
             if f.wqe.signaled() || status != WcStatus::Success {
                 self.post_cqe(&self.scq, cqe_for(&f.wqe, self.qpn, status, 0));
             }
@@ -507,7 +693,10 @@ impl SiwQp {
             }
         }
         if let Some(r) = st.cur_recv.take() {
-            self.post_cqe(&self.rcq, cqe_for(&r.wqe, self.qpn, WcStatus::WrFlushErr, 0));
+            self.post_cqe(
+                &self.rcq,
+                cqe_for(&r.wqe, self.qpn, WcStatus::WrFlushErr, 0),
+            );
         }
         let rq = self.rq.lock();
         while let Ok(Some(w)) = rq.pop() {
@@ -521,11 +710,30 @@ impl SiwQp {
         if st.qp == QpState::Error {
             return;
         }
-        tracing::warn!(qpn = self.qpn, layer = code.layer, etype = code.etype, ecode = code.ecode, "siw QP terminating");
-        self.dev.counters.terminates_sent.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            qpn = self.qpn,
+            layer = code.layer,
+            etype = code.etype,
+            ecode = code.ecode,
+            "siw QP terminating"
+        );
+        self.dev
+            .counters
+            .terminates_sent
+            .fetch_add(1, Ordering::Relaxed);
         let mut t = Vec::with_capacity(64);
         let start = wire::begin_fpdu(&mut t);
-        Header { opcode: Opcode::Terminate, last: true, model: Model::Untagged { inv_stag: 0, qn: wire::QN_TERMINATE, msn: 1, mo: 0 } }.emit(&mut t);
+        Header {
+            opcode: Opcode::Terminate,
+            last: true,
+            model: Model::Untagged {
+                inv_stag: 0,
+                qn: wire::QN_TERMINATE,
+                msn: 1,
+                mo: 0,
+            },
+        }
+        .emit(&mut t);
         let mut ctrl = code.to_u32();
         if let Some(h) = hdr {
             ctrl |= 1 << 14; // D: the DDP segment header is included
@@ -540,10 +748,13 @@ impl SiwQp {
         drop(st);
         let kind = match code.etype {
             term::RDMAP_REMOTE_PROT if code.layer == term::LAYER_RDMAP => EventKind::QpAccessError,
-            _ if code.layer == term::LAYER_DDP && code.etype == term::DDP_TAGGED_BUF => EventKind::QpAccessError,
+            _ if code.layer == term::LAYER_DDP && code.etype == term::DDP_TAGGED_BUF => {
+                EventKind::QpAccessError
+            }
             _ => EventKind::QpFatal,
         };
-        self.sink.deliver(Event::new(kind).with_status(libc::EPROTO));
+        self.sink
+            .deliver(Event::new(kind).with_status(libc::EPROTO));
         self.cv.notify_all();
     }
 
@@ -553,7 +764,11 @@ impl SiwQp {
         let was_error = st.qp == QpState::Error;
         st.connected = false;
         self.to_error(&mut st);
-        let kind = if eof || st.local_close { EventKind::Disconnected } else { EventKind::ConnectionBroken };
+        let kind = if eof || st.local_close {
+            EventKind::Disconnected
+        } else {
+            EventKind::ConnectionBroken
+        };
         let first = !st.events_sent;
         st.events_sent = true;
         drop(st);
@@ -586,16 +801,33 @@ impl SiwQp {
                 _ => return self.connection_lost(false),
             }
             self.dev.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
-            self.dev.counters.rx_bytes.fetch_add(total as u64, Ordering::Relaxed);
+            self.dev
+                .counters
+                .rx_bytes
+                .fetch_add(total as u64, Ordering::Relaxed);
             let u = match wire::check_fpdu(&buf[..total], crc) {
                 Ok(u) => u,
                 Err(wire::WireError::BadCrc) => {
                     self.dev.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
-                    self.fail(TermCode { layer: term::LAYER_LLP, etype: 0, ecode: term::LLP_CRC }, None);
+                    self.fail(
+                        TermCode {
+                            layer: term::LAYER_LLP,
+                            etype: 0,
+                            ecode: term::LLP_CRC,
+                        },
+                        None,
+                    );
                     return self.finish_rx(sock);
                 }
                 Err(_) => {
-                    self.fail(TermCode { layer: term::LAYER_LLP, etype: 0, ecode: term::LLP_BAD_FPDU }, None);
+                    self.fail(
+                        TermCode {
+                            layer: term::LAYER_LLP,
+                            etype: 0,
+                            ecode: term::LLP_BAD_FPDU,
+                        },
+                        None,
+                    );
                     return self.finish_rx(sock);
                 }
             };
@@ -622,13 +854,37 @@ impl SiwQp {
 
     fn on_ulpdu(&self, u: &[u8]) -> Result<(), TermCode> {
         let (h, payload) = Header::parse(u).map_err(|e| match e {
-            wire::WireError::BadDdpVersion => TermCode { layer: term::LAYER_DDP, etype: term::DDP_CATASTROPHIC, ecode: term::DDP_INV_VERSION },
-            wire::WireError::BadRdmapVersion => TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_INV_VERSION },
-            wire::WireError::BadQueue(_) => TermCode { layer: term::LAYER_DDP, etype: term::DDP_UNTAGGED_BUF, ecode: term::DDP_UNTAGGED_INV_QN },
-            _ => TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_UNEXPECTED_OP },
+            wire::WireError::BadDdpVersion => TermCode {
+                layer: term::LAYER_DDP,
+                etype: term::DDP_CATASTROPHIC,
+                ecode: term::DDP_INV_VERSION,
+            },
+            wire::WireError::BadRdmapVersion => TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_INV_VERSION,
+            },
+            wire::WireError::BadQueue(_) => TermCode {
+                layer: term::LAYER_DDP,
+                etype: term::DDP_UNTAGGED_BUF,
+                ecode: term::DDP_UNTAGGED_INV_QN,
+            },
+            // The FPDU's length cannot hold the DDP header it announces.
+            wire::WireError::Truncated => TermCode {
+                layer: term::LAYER_LLP,
+                etype: 0,
+                ecode: term::LLP_BAD_FPDU,
+            },
+            _ => TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_UNEXPECTED_OP,
+            },
         })?;
         match (h.opcode, h.model) {
-            (Opcode::Write, Model::Tagged { stag, to }) => self.place_tagged(stag, to, payload, Access::REMOTE_WRITE),
+            (Opcode::Write, Model::Tagged { stag, to }) => {
+                self.place_tagged(stag, to, payload, Access::REMOTE_WRITE)
+            }
             (Opcode::ReadResponse, Model::Tagged { stag, to }) => {
                 self.place_tagged(stag, to, payload, Access::LOCAL_WRITE)?;
                 if h.last {
@@ -636,19 +892,36 @@ impl SiwQp {
                 }
                 Ok(())
             }
-            (op, Model::Untagged { inv_stag, msn, mo, .. }) if op.is_send() => self.place_send(op, h.last, inv_stag, msn, mo, payload),
-            (Opcode::ReadRequest, Model::Untagged { msn, mo, .. }) => self.on_read_request(h.last, msn, mo, payload),
+            (
+                op,
+                Model::Untagged {
+                    inv_stag, msn, mo, ..
+                },
+            ) if op.is_send() => self.place_send(op, h.last, inv_stag, msn, mo, payload),
+            (Opcode::ReadRequest, Model::Untagged { msn, mo, .. }) => {
+                self.on_read_request(h.last, msn, mo, payload)
+            }
             (Opcode::Terminate, _) => {
-                let code = payload.get(..4).map(|b| TermCode::from_u32(u32::from_be_bytes(b.try_into().unwrap())));
+                let code = payload
+                    .get(..4)
+                    .map(|b| TermCode::from_u32(u32::from_be_bytes(b.try_into().unwrap())));
                 tracing::warn!(qpn = self.qpn, ?code, "siw peer terminated the connection");
-                self.dev.counters.terminates_received.fetch_add(1, Ordering::Relaxed);
+                self.dev
+                    .counters
+                    .terminates_received
+                    .fetch_add(1, Ordering::Relaxed);
                 let mut st = self.st.lock();
                 self.to_error(&mut st);
                 drop(st);
-                self.sink.deliver(Event::new(EventKind::QpFatal).with_status(libc::ECONNABORTED));
+                self.sink
+                    .deliver(Event::new(EventKind::QpFatal).with_status(libc::ECONNABORTED));
                 Ok(())
             }
-            _ => Err(TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_UNEXPECTED_OP }),
+            _ => Err(TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_UNEXPECTED_OP,
+            }),
         }
     }
 
@@ -656,14 +929,26 @@ impl SiwQp {
         if data.is_empty() && need == Access::REMOTE_WRITE {
             return Ok(()); // zero-length write: nothing is placed, no STag is checked
         }
-        let r = self.dev.mrs.lookup(stag).map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
+        let r = self
+            .dev
+            .mrs
+            .lookup(stag)
+            .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
         r.write(self.pd, to, data, need).map_err(access_term)
     }
 
     fn read_response_done(&self) -> Result<(), TermCode> {
         let mut st = self.st.lock();
-        let Some(f) = st.inflight.iter_mut().find(|f| !f.done && f.wqe.opcode() == Some(WrOpcode::RdmaRead)) else {
-            return Err(TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_UNEXPECTED_OP });
+        let Some(f) = st
+            .inflight
+            .iter_mut()
+            .find(|f| !f.done && f.wqe.opcode() == Some(WrOpcode::RdmaRead))
+        else {
+            return Err(TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_UNEXPECTED_OP,
+            });
         };
         f.done = true;
         st.reads_outstanding = st.reads_outstanding.saturating_sub(1);
@@ -673,8 +958,20 @@ impl SiwQp {
         Ok(())
     }
 
-    fn place_send(&self, op: Opcode, last: bool, inv_stag: u32, msn: u32, mo: u32, data: &[u8]) -> Result<(), TermCode> {
-        let untagged = |ecode| TermCode { layer: term::LAYER_DDP, etype: term::DDP_UNTAGGED_BUF, ecode };
+    fn place_send(
+        &self,
+        op: Opcode,
+        last: bool,
+        inv_stag: u32,
+        msn: u32,
+        mo: u32,
+        data: &[u8],
+    ) -> Result<(), TermCode> {
+        let untagged = |ecode| TermCode {
+            layer: term::LAYER_DDP,
+            etype: term::DDP_UNTAGGED_BUF,
+            ecode,
+        };
         let mut st = self.st.lock();
         if msn != st.rx_msn_send {
             return Err(untagged(term::DDP_UNTAGGED_INV_MSN));
@@ -687,7 +984,11 @@ impl SiwQp {
                 Ok(Some(w)) => w,
                 _ => return Err(untagged(term::DDP_UNTAGGED_NO_BUF)),
             };
-            st.cur_recv = Some(RecvInProgress { total: w.total_len(), wqe: w, received: 0 });
+            st.cur_recv = Some(RecvInProgress {
+                total: w.total_len(),
+                wqe: w,
+                received: 0,
+            });
         }
         let rip = st.cur_recv.as_mut().unwrap();
         if mo != rip.received {
@@ -708,8 +1009,13 @@ impl SiwQp {
                 continue;
             }
             let take = ((s.length as u64 - skip) as usize).min(left.len());
-            let r = self.dev.mrs.lookup(s.lkey).map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
-            r.write(self.pd, s.addr + skip, &left[..take], Access::LOCAL_WRITE).map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
+            let r = self
+                .dev
+                .mrs
+                .lookup(s.lkey)
+                .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
+            r.write(self.pd, s.addr + skip, &left[..take], Access::LOCAL_WRITE)
+                .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
             left = &left[take..];
             skip = 0;
         }
@@ -725,7 +1031,11 @@ impl SiwQp {
         }
         if op.invalidates() {
             if self.dev.mrs.invalidate(inv_stag, self.pd).is_err() {
-                return Err(TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_PROT, ecode: term::RDMAP_CANNOT_INVALIDATE });
+                return Err(TermCode {
+                    layer: term::LAYER_RDMAP,
+                    etype: term::RDMAP_REMOTE_PROT,
+                    ecode: term::RDMAP_CANNOT_INVALIDATE,
+                });
             }
             cqe.flags |= wc_flags::WITH_INV;
             cqe.imm_or_inv = inv_stag;
@@ -735,8 +1045,18 @@ impl SiwQp {
         Ok(())
     }
 
-    fn on_read_request(&self, last: bool, msn: u32, mo: u32, payload: &[u8]) -> Result<(), TermCode> {
-        let untagged = |ecode| TermCode { layer: term::LAYER_DDP, etype: term::DDP_UNTAGGED_BUF, ecode };
+    fn on_read_request(
+        &self,
+        last: bool,
+        msn: u32,
+        mo: u32,
+        payload: &[u8],
+    ) -> Result<(), TermCode> {
+        let untagged = |ecode| TermCode {
+            layer: term::LAYER_DDP,
+            etype: term::DDP_UNTAGGED_BUF,
+            ecode,
+        };
         let rr = ReadRequest::parse(payload).map_err(|_| untagged(term::DDP_UNTAGGED_TOO_LONG))?;
         let mut st = self.st.lock();
         if msn != st.rx_msn_read {
@@ -746,11 +1066,20 @@ impl SiwQp {
             return Err(untagged(term::DDP_UNTAGGED_INV_MO));
         }
         if st.responses.len() as u32 >= st.ird {
-            return Err(TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_CATASTROPHIC_LOCAL });
+            return Err(TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+            });
         }
         if rr.size > 0 {
-            let r = self.dev.mrs.lookup(rr.src_stag).map_err(|_| TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_PROT, ecode: term::RDMAP_INV_STAG })?;
-            r.check(self.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ).map_err(access_term_rdmap)?;
+            let r = self.dev.mrs.lookup(rr.src_stag).map_err(|_| TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_PROT,
+                ecode: term::RDMAP_INV_STAG,
+            })?;
+            r.check(self.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ)
+                .map_err(access_term_rdmap)?;
         }
         st.rx_msn_read = st.rx_msn_read.wrapping_add(1);
         st.responses.push_back(rr);
@@ -777,23 +1106,52 @@ impl SiwQp {
 
 enum Work {
     Idle,
-    Close { abortive: bool },
+    Close {
+        abortive: bool,
+    },
     Raw(Vec<u8>),
-    Response { rr: ReadRequest, crc: bool, mtu: usize },
-    Request { wqe: Wqe, crc: bool, mtu: usize, msn: u32 },
+    Response {
+        rr: ReadRequest,
+        crc: bool,
+        mtu: usize,
+    },
+    Request {
+        wqe: Wqe,
+        crc: bool,
+        mtu: usize,
+        msn: u32,
+    },
 }
 
 fn tagged_err(ecode: u8) -> TermCode {
-    TermCode { layer: term::LAYER_DDP, etype: term::DDP_TAGGED_BUF, ecode }
+    TermCode {
+        layer: term::LAYER_DDP,
+        etype: term::DDP_TAGGED_BUF,
+        ecode,
+    }
 }
 
 fn access_term(e: AccessError) -> TermCode {
     match e {
-        AccessError::InvalidStag | AccessError::Invalidated => tagged_err(term::DDP_TAGGED_INV_STAG),
+        AccessError::InvalidStag | AccessError::Invalidated => {
+            tagged_err(term::DDP_TAGGED_INV_STAG)
+        }
         AccessError::OutOfBounds => tagged_err(term::DDP_TAGGED_BASE_BOUNDS),
-        AccessError::PdMismatch => TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_PROT, ecode: term::RDMAP_STAG_NOT_ASSOC },
-        AccessError::NoRight => TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_PROT, ecode: term::RDMAP_ACCESS },
-        AccessError::Fault => TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_OP, ecode: term::RDMAP_CATASTROPHIC_LOCAL },
+        AccessError::PdMismatch => TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_STAG_NOT_ASSOC,
+        },
+        AccessError::NoRight => TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_ACCESS,
+        },
+        AccessError::Fault => TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_OP,
+            ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+        },
     }
 }
 
@@ -804,7 +1162,11 @@ fn access_term_rdmap(e: AccessError) -> TermCode {
         AccessError::PdMismatch => term::RDMAP_STAG_NOT_ASSOC,
         AccessError::NoRight | AccessError::Fault => term::RDMAP_ACCESS,
     };
-    TermCode { layer: term::LAYER_RDMAP, etype: term::RDMAP_REMOTE_PROT, ecode }
+    TermCode {
+        layer: term::LAYER_RDMAP,
+        etype: term::RDMAP_REMOTE_PROT,
+        ecode,
+    }
 }
 
 pub(crate) fn cqe_for(w: &Wqe, qpn: u32, status: WcStatus, byte_len: u32) -> Cqe {
@@ -842,15 +1204,34 @@ fn tcp_mss(s: &TcpStream) -> Option<usize> {
     let mut v: libc::c_int = 0;
     let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt writes one c_int into `v` and its size into `l`.
-    let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_MAXSEG, &mut v as *mut _ as *mut libc::c_void, &mut l) };
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut l,
+        )
+    };
     (r == 0 && v > 0).then_some(v as usize)
 }
 
 pub(crate) fn set_linger_zero(s: &TcpStream) {
     use std::os::fd::AsRawFd;
-    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     // SAFETY: setsockopt reads one linger struct of the given size.
-    unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, &l as *const _ as *const libc::c_void, std::mem::size_of::<libc::linger>() as libc::socklen_t) };
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
 }
 
 impl ProviderQp for SiwQp {
@@ -891,7 +1272,10 @@ impl ProviderQp for SiwQp {
 
     fn query(&self) -> QpAttr {
         let st = self.st.lock();
-        QpAttr { state: st.qp, ..st.attr }
+        QpAttr {
+            state: st.qp,
+            ..st.attr
+        }
     }
 
     fn doorbell(&self) {
@@ -923,7 +1307,9 @@ impl ProviderQp for SiwQp {
         if param.private_data.len() + 4 > wire::MPA_MAX_PDATA {
             return Err(VerbsError::Invalid);
         }
-        std::thread::Builder::new().name("siw-connect".into()).spawn(move || crate::cm::active_connect(me, peer, param))?;
+        std::thread::Builder::new()
+            .name("siw-connect".into())
+            .spawn(move || crate::cm::active_connect(me, peer, param))?;
         Ok(())
     }
 
@@ -958,14 +1344,24 @@ impl ProviderQp for SiwQp {
 }
 
 /// Build the MPA frame a side sends, from its negotiated or offered parameters.
-pub(crate) fn mpa_frame(reply: bool, crc: bool, reject: bool, ird: u32, ord: u32, pdata: &[u8]) -> MpaFrame {
+/// An MPA frame of `revision` (2 carries the RFC 6581 IRD/ORD words, 1 does not).
+pub(crate) fn mpa_frame(
+    reply: bool,
+    crc: bool,
+    reject: bool,
+    revision: u8,
+    ird: u32,
+    ord: u32,
+    pdata: &[u8],
+) -> MpaFrame {
+    let word = |v: u32| v.min(wire::RFC6581_MASK as u32) as u16;
     MpaFrame {
         reply,
         markers: false,
         crc,
         reject,
-        revision: 2,
-        ird_ord: Some(((ird.min(wire::RFC6581_MASK as u32)) as u16, (ord.min(wire::RFC6581_MASK as u32)) as u16)),
+        revision,
+        ird_ord: (revision == 2).then(|| (word(ird), word(ord))),
         private_data: pdata.to_vec(),
     }
 }

@@ -87,7 +87,13 @@ impl MpaFrame {
             if pd.len() < 4 {
                 return Err(WireError::BadLength);
             }
-            (Some((u16::from_be_bytes([pd[0], pd[1]]), u16::from_be_bytes([pd[2], pd[3]]))), pd[4..].to_vec())
+            (
+                Some((
+                    u16::from_be_bytes([pd[0], pd[1]]),
+                    u16::from_be_bytes([pd[2], pd[3]]),
+                )),
+                pd[4..].to_vec(),
+            )
         } else {
             (None, pd.to_vec())
         };
@@ -167,7 +173,10 @@ impl Opcode {
         matches!(self, Opcode::Write | Opcode::ReadResponse)
     }
     pub fn is_send(self) -> bool {
-        matches!(self, Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate)
+        matches!(
+            self,
+            Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate
+        )
     }
     pub fn solicited(self) -> bool {
         matches!(self, Opcode::SendSe | Opcode::SendSeInvalidate)
@@ -206,8 +215,16 @@ pub struct Header {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Model {
-    Tagged { stag: u32, to: u64 },
-    Untagged { inv_stag: u32, qn: u32, msn: u32, mo: u32 },
+    Tagged {
+        stag: u32,
+        to: u64,
+    },
+    Untagged {
+        inv_stag: u32,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+    },
 }
 
 impl Header {
@@ -233,7 +250,13 @@ impl Header {
             if u.len() < TAGGED_HDR {
                 return Err(WireError::Truncated);
             }
-            (Model::Tagged { stag: be32(2), to: (be32(6) as u64) << 32 | be32(10) as u64 }, TAGGED_HDR)
+            (
+                Model::Tagged {
+                    stag: be32(2),
+                    to: (be32(6) as u64) << 32 | be32(10) as u64,
+                },
+                TAGGED_HDR,
+            )
         } else {
             if u.len() < UNTAGGED_HDR {
                 return Err(WireError::Truncated);
@@ -242,9 +265,24 @@ impl Header {
             if qn != opcode.queue() {
                 return Err(WireError::BadQueue(qn));
             }
-            (Model::Untagged { inv_stag: be32(2), qn, msn: be32(10), mo: be32(14) }, UNTAGGED_HDR)
+            (
+                Model::Untagged {
+                    inv_stag: be32(2),
+                    qn,
+                    msn: be32(10),
+                    mo: be32(14),
+                },
+                UNTAGGED_HDR,
+            )
         };
-        Ok((Header { opcode, last: ddp & DDP_LAST != 0, model }, &u[hl..]))
+        Ok((
+            Header {
+                opcode,
+                last: ddp & DDP_LAST != 0,
+                model,
+            },
+            &u[hl..],
+        ))
     }
 
     /// Append the header (after the caller's 2-byte MPA length placeholder).
@@ -260,7 +298,12 @@ impl Header {
                 out.extend_from_slice(&stag.to_be_bytes());
                 out.extend_from_slice(&to.to_be_bytes());
             }
-            Model::Untagged { inv_stag, qn, msn, mo } => {
+            Model::Untagged {
+                inv_stag,
+                qn,
+                msn,
+                mo,
+            } => {
                 out.push(ddp);
                 out.push(RDMAP_VERSION << 6 | self.opcode as u8);
                 out.extend_from_slice(&inv_stag.to_be_bytes());
@@ -288,7 +331,11 @@ pub fn finish_fpdu(out: &mut Vec<u8>, start: usize, crc: bool) -> Result<()> {
     out[start..start + 2].copy_from_slice(&(ulpdu as u16).to_be_bytes());
     let pad = (4 - (2 + ulpdu) % 4) % 4;
     out.extend_from_slice(&[0u8; 3][..pad]);
-    let c = if crc { crc32c::crc32c(&out[start..]) } else { 0 };
+    let c = if crc {
+        crc32c::crc32c(&out[start..])
+    } else {
+        0
+    };
     out.extend_from_slice(&c.to_le_bytes());
     Ok(())
 }
@@ -341,7 +388,13 @@ impl ReadRequest {
         }
         let be32 = |i: usize| u32::from_be_bytes(p[i..i + 4].try_into().unwrap());
         let be64 = |i: usize| u64::from_be_bytes(p[i..i + 8].try_into().unwrap());
-        Ok(ReadRequest { sink_stag: be32(0), sink_to: be64(4), size: be32(12), src_stag: be32(16), src_to: be64(20) })
+        Ok(ReadRequest {
+            sink_stag: be32(0),
+            sink_to: be64(4),
+            size: be32(12),
+            src_stag: be32(16),
+            src_to: be64(20),
+        })
     }
     pub fn emit(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.sink_stag.to_be_bytes());
@@ -397,10 +450,16 @@ pub struct TermCode {
 
 impl TermCode {
     pub fn to_u32(self) -> u32 {
-        (self.layer as u32 & 0xf) << 28 | (self.etype as u32 & 0xf) << 24 | (self.ecode as u32) << 16
+        (self.layer as u32 & 0xf) << 28
+            | (self.etype as u32 & 0xf) << 24
+            | (self.ecode as u32) << 16
     }
     pub fn from_u32(v: u32) -> Self {
-        TermCode { layer: (v >> 28) as u8, etype: ((v >> 24) & 0xf) as u8, ecode: (v >> 16) as u8 }
+        TermCode {
+            layer: (v >> 28) as u8,
+            etype: ((v >> 24) & 0xf) as u8,
+            ecode: (v >> 16) as u8,
+        }
     }
 }
 
@@ -412,11 +471,22 @@ mod tests {
     #[test]
     fn kernel_siw_request_bytes() {
         // The MPA Request kernel siw sent in rping_siw_crc.pcap (flags 0x50, rev 2, IRD/ORD 1/1).
-        let f = MpaFrame { reply: false, markers: false, crc: true, reject: false, revision: 2, ird_ord: Some((1, 1)), private_data: vec![] };
+        let f = MpaFrame {
+            reply: false,
+            markers: false,
+            crc: true,
+            reject: false,
+            revision: 2,
+            ird_ord: Some((1, 1)),
+            private_data: vec![],
+        };
         let mut out = Vec::new();
         f.emit(&mut out).unwrap();
         assert_eq!(out.len(), 24);
-        assert_eq!(&out[16..], &[0x50, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01]);
+        assert_eq!(
+            &out[16..],
+            &[0x50, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01]
+        );
         assert_eq!(MpaFrame::parse(&out).unwrap(), (f, 24));
         assert_eq!(MpaFrame::parse(&out[..23]), Err(WireError::Truncated));
     }
@@ -427,7 +497,17 @@ mod tests {
         // from the client stream; rebuild an FPDU and check our CRC sits little-endian.
         let mut out = Vec::new();
         let s = begin_fpdu(&mut out);
-        Header { opcode: Opcode::Send, last: true, model: Model::Untagged { inv_stag: 0, qn: 0, msn: 1, mo: 0 } }.emit(&mut out);
+        Header {
+            opcode: Opcode::Send,
+            last: true,
+            model: Model::Untagged {
+                inv_stag: 0,
+                qn: 0,
+                msn: 1,
+                mo: 0,
+            },
+        }
+        .emit(&mut out);
         out.extend_from_slice(b"hello");
         finish_fpdu(&mut out, s, true).unwrap();
         assert_eq!(out.len(), fpdu_len(18 + 5));

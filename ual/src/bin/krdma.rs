@@ -37,6 +37,42 @@ enum Cmd {
         #[arg(long, default_value_t = 5000)]
         iters: u32,
     },
+    /// rdma_cm ping with RDMA Read/Write and data check, interoperable with rdma-core's rping.
+    Rping(RpingArgs),
+}
+
+/// The options of rdma-core's `rping`, same letters.
+#[derive(clap::Args)]
+struct RpingArgs {
+    /// Server side.
+    #[arg(
+        short = 's',
+        conflicts_with = "client",
+        required_unless_present = "client"
+    )]
+    server: bool,
+    /// Client side.
+    #[arg(short = 'c')]
+    client: bool,
+    /// Address to listen on (server; default any) or connect to (client).
+    #[arg(short = 'a')]
+    addr: Option<std::net::IpAddr>,
+    #[arg(short = 'p', default_value_t = ual::rping::DEFAULT_PORT)]
+    port: u16,
+    /// Pings to run (client; 0 = until interrupted).
+    #[arg(short = 'C', default_value_t = 0)]
+    count: u32,
+    /// Ping data size.
+    #[arg(short = 'S', default_value_t = 64)]
+    size: usize,
+    /// Print the ping data.
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Validate the ping data.
+    #[arg(short = 'V')]
+    validate: bool,
+    #[arg(long, default_value = "siw0")]
+    device: String,
 }
 
 fn main() {
@@ -74,7 +110,30 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             bytes,
             iters,
         } => demo(target, &device, bytes, iters),
+        Cmd::Rping(a) => rping(target, a),
     }
+}
+
+fn rping(target: &Target, a: RpingArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let addr = match (a.addr, a.server) {
+        (Some(ip), _) => ip,
+        (None, true) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        (None, false) => return Err("rping: the client needs -a ADDR".into()),
+    };
+    let opts = ual::rping::Options {
+        server: a.server,
+        addr,
+        port: a.port,
+        count: a.count,
+        size: a.size,
+        verbose: a.verbose,
+        validate: a.validate,
+        device: a.device,
+    };
+    let ctx = Context::open_target(target)?;
+    let pings = ual::rping::run(&ctx, &opts, &mut std::io::stdout())?;
+    eprintln!("krdma rping: {pings} pings done");
+    Ok(())
 }
 
 fn gid_str(g: &[u8; 16]) -> String {

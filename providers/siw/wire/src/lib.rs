@@ -1,1 +1,0 @@
-//! iWARP wire formats (being written).

@@ -1,0 +1,558 @@
+//! A hostile iWARP peer: a raw TCP client that speaks MPA itself and then sends malformed
+//! FPDUs to a krdma QP. Each attack must end with the Terminate message RFC 5040/5041/5044
+//! (and Linux kernel siw) prescribe, the QP in Error with its posted receive flushed and an
+//! async event, not one byte outside the registration changed, and a bystander connection
+//! in another context still working. Both kAL front doors.
+
+use krdma_tests::{each_front_door, FrontDoor};
+use siw::wire::{self, term, Header, Model, MpaFrame, Opcode, ReadRequest, TermCode};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ual::perf::connect_pair;
+use ual::{
+    send_flags, Access, ConnParam, Context, EventKind, QpCaps, QpConfig, RegBuf, WcStatus, Wqe,
+};
+
+const GUARD: u8 = 0xAA;
+/// The registration sits inside a larger buffer: [REG_OFF, REG_OFF + REG_LEN).
+const BUF_LEN: usize = 3 * 4096;
+const REG_OFF: usize = 4096 + 100;
+const REG_LEN: usize = 1000;
+/// A second, large registration for the IRD test.
+const BIG_LEN: usize = 1 << 20;
+
+/// The krdma side of one attacked connection.
+struct Victim {
+    ctx: Arc<Context>,
+    qp: Arc<ual::Qp>,
+    cq: Arc<ual::Cq>,
+    buf: Arc<RegBuf>,
+    stag: u32,
+    addr: u64,
+    big_stag: u32,
+    big_addr: u64,
+    _keep: (
+        Arc<ual::Pd>,
+        Arc<ual::Mr>,
+        Arc<ual::Mr>,
+        Arc<RegBuf>,
+        Arc<ual::Listener>,
+    ),
+}
+
+/// The raw peer's end.
+struct Attacker {
+    sock: TcpStream,
+    crc: bool,
+}
+
+fn setup(door: &FrontDoor, crc: bool, ird: u16) -> (Victim, Attacker) {
+    setup_rev(door, crc, ird, 2)
+}
+
+fn setup_rev(door: &FrontDoor, crc: bool, ird: u16, revision: u8) -> (Victim, Attacker) {
+    let ctx = door.open();
+    let dev = ctx.device("siw0").unwrap().index;
+    let pd = ctx.alloc_pd(dev).unwrap();
+    let cq = ctx.create_cq(dev, 64).unwrap();
+    let qp = ctx
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            QpConfig {
+                caps: QpCaps {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline: 0,
+                },
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let buf = RegBuf::new(BUF_LEN).unwrap();
+    buf.fill(GUARD);
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let addr = buf.as_ptr() as u64 + REG_OFF as u64;
+    let mr = ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all).unwrap();
+    let big = RegBuf::new(BIG_LEN).unwrap();
+    let big_mr = ctx.reg_mr(&pd, big.as_ptr(), BIG_LEN, all).unwrap();
+    // A receive the attack must flush.
+    qp.post_recv(&Wqe::recv(77, &[mr.sge(0, 16)])).unwrap();
+
+    let listener = ctx.listen(dev, "127.0.0.1:0".parse().unwrap(), 4).unwrap();
+    let port = listener.port;
+    let t = std::thread::spawn(move || attacker_connect_rev(port, crc, ird, revision));
+    let req = listener.get_request(Duration::from_secs(10)).unwrap();
+    assert_eq!(req.kind, EventKind::ConnectRequest);
+    listener
+        .accept(
+            req.conn_id,
+            &qp,
+            &ConnParam {
+                private_data: vec![],
+                ird: ird as u32,
+                ord: 1,
+            },
+        )
+        .unwrap();
+    let ev = qp.next_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(ev.kind, EventKind::Established);
+    let att = t.join().unwrap();
+    let v = Victim {
+        ctx,
+        qp,
+        cq,
+        buf,
+        stag: mr.rkey,
+        addr,
+        big_stag: big_mr.rkey,
+        big_addr: big.as_ptr() as u64,
+        _keep: (pd, mr, big_mr, big, listener),
+    };
+    (v, att)
+}
+
+fn attacker_connect_rev(port: u16, crc: bool, ird: u16, revision: u8) -> Attacker {
+    let mut sock = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+    sock.set_nodelay(true).unwrap();
+    let mut req = Vec::new();
+    MpaFrame {
+        reply: false,
+        markers: false,
+        crc,
+        reject: false,
+        revision,
+        ird_ord: (revision == 2).then_some((1, ird)),
+        private_data: vec![],
+    }
+    .emit(&mut req)
+    .unwrap();
+    sock.write_all(&req).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 256];
+    let rep = loop {
+        let n = sock.read(&mut b).unwrap();
+        assert!(n > 0, "connection closed during MPA negotiation");
+        got.extend_from_slice(&b[..n]);
+        match MpaFrame::parse(&got) {
+            Ok((f, used)) => {
+                assert_eq!(used, got.len(), "no FPDU before the first message");
+                break f;
+            }
+            Err(wire::WireError::Truncated) => continue,
+            Err(e) => panic!("MPA reply: {e}"),
+        }
+    };
+    assert!(rep.reply && !rep.reject);
+    assert_eq!(rep.crc, crc, "CRC as the initiator asked");
+    assert_eq!(
+        rep.revision, revision,
+        "the reply answers in the initiator's revision"
+    );
+    assert_eq!(rep.ird_ord.is_some(), revision == 2);
+    Attacker { sock, crc }
+}
+
+impl Attacker {
+    /// Frame `ulpdu` as an FPDU (CRC as negotiated, or deliberately wrong).
+    fn fpdu(&self, ulpdu: &[u8], break_crc: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        let start = wire::begin_fpdu(&mut out);
+        out.extend_from_slice(ulpdu);
+        wire::finish_fpdu(&mut out, start, self.crc).unwrap();
+        if break_crc {
+            let n = out.len();
+            out[n - 1] ^= 0x5a;
+        }
+        out
+    }
+
+    fn ulpdu(h: Header, payload: &[u8]) -> Vec<u8> {
+        let mut u = Vec::new();
+        h.emit(&mut u);
+        u.extend_from_slice(payload);
+        u
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.sock.write_all(bytes).unwrap();
+    }
+
+    /// Read FPDUs until a Terminate arrives; returns its control field.
+    fn terminate(&mut self) -> TermCode {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        let mut b = vec![0u8; 1 << 16];
+        loop {
+            while got.len() >= 2 {
+                let total = wire::fpdu_len(u16::from_be_bytes([got[0], got[1]]) as usize);
+                if got.len() < total {
+                    break;
+                }
+                let u = wire::check_fpdu(&got[..total], self.crc)
+                    .expect("krdma sends well-formed FPDUs")
+                    .to_vec();
+                got.drain(..total);
+                let (h, p) = Header::parse(&u).expect("valid header");
+                if h.opcode == Opcode::Terminate {
+                    return TermCode::from_u32(u32::from_be_bytes(p[..4].try_into().unwrap()));
+                }
+            }
+            assert!(Instant::now() < deadline, "no Terminate within 10 s");
+            match self.sock.read(&mut b) {
+                Ok(0) => panic!("connection closed without a Terminate"),
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(e) => panic!("reading the Terminate: {e}"),
+            }
+        }
+    }
+}
+
+fn send_hdr(msn: u32) -> Header {
+    Header {
+        opcode: Opcode::Send,
+        last: true,
+        model: Model::Untagged {
+            inv_stag: 0,
+            qn: wire::QN_SEND,
+            msn,
+            mo: 0,
+        },
+    }
+}
+
+fn write_hdr(stag: u32, to: u64) -> Header {
+    Header {
+        opcode: Opcode::Write,
+        last: true,
+        model: Model::Tagged { stag, to },
+    }
+}
+
+/// After the attack: the QP is in Error, the receive was flushed, an async event arrived,
+/// no byte outside the registration changed, and the device counted the Terminate.
+fn assert_contained(v: &Victim, terminates_before: u64, expect_event: &[EventKind]) {
+    let c =
+        v.cq.wait(1, Duration::from_secs(10))
+            .expect("flushed receive");
+    assert_eq!((c[0].wr_id, c[0].status()), (77, WcStatus::WrFlushErr));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ev =
+            v.qp.next_event(deadline.saturating_duration_since(Instant::now()))
+                .expect("async event for the terminated QP");
+        if expect_event.contains(&ev.kind) {
+            break;
+        }
+    }
+    assert_eq!(v.qp.state().unwrap(), ual::QpState::Error);
+    let data = v.buf.to_vec();
+    let outside = data[..REG_OFF]
+        .iter()
+        .chain(&data[REG_OFF + REG_LEN..])
+        .all(|&b| b == GUARD);
+    assert!(outside, "a byte outside the registration changed");
+    assert_eq!(terminates(v), terminates_before + 1, "Terminate counted");
+}
+
+fn terminates(v: &Victim) -> u64 {
+    let dev = v.ctx.device("siw0").unwrap().index;
+    v.ctx
+        .stat_device(dev)
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == "terminates_sent")
+        .map(|(_, n)| n)
+        .unwrap()
+}
+
+/// A connection in other contexts that must keep working through every attack.
+struct Bystander {
+    _ctx: (Arc<Context>, Arc<Context>),
+    s: ual::perf::Endpoint,
+    c: ual::perf::Endpoint,
+}
+
+impl Bystander {
+    fn new(door: &FrontDoor) -> Bystander {
+        let (a, b) = (door.open(), door.open());
+        let (s, c) = connect_pair(&a, &b, "siw0", 4096, 8).unwrap();
+        Bystander { _ctx: (a, b), s, c }
+    }
+
+    fn still_works(&self) {
+        self.c.buf.write(0, b"still here");
+        self.s.post_recv(1, 0, 4096).unwrap();
+        self.c.send(2, 0, 10, send_flags::SIGNALED).unwrap();
+        let r = self.s.complete(1).unwrap();
+        assert_eq!(r[0].byte_len, 10);
+        self.c.complete(1).unwrap();
+        let mut got = [0u8; 10];
+        self.s.buf.read(0, &mut got);
+        assert_eq!(&got, b"still here");
+    }
+}
+
+fn attack(
+    door: &FrontDoor,
+    by: &Bystander,
+    crc: bool,
+    ird: u16,
+    run: impl FnOnce(&Victim, &mut Attacker),
+    want: TermCode,
+    events: &[EventKind],
+) {
+    let (v, mut a) = setup(door, crc, ird);
+    let before = terminates(&v);
+    run(&v, &mut a);
+    assert_eq!(a.terminate(), want, "Terminate control field");
+    assert_contained(&v, before, events);
+    by.still_works();
+}
+
+const FATAL: &[EventKind] = &[EventKind::QpFatal];
+const ACCESS: &[EventKind] = &[EventKind::QpAccessError];
+
+#[test]
+fn bad_crc_is_terminated_at_the_llp_layer() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        attack(
+            door,
+            &by,
+            true,
+            4,
+            |_, a| {
+                let f = a.fpdu(&Attacker::ulpdu(send_hdr(1), b"hello"), true);
+                a.send(&f);
+            },
+            TermCode {
+                layer: term::LAYER_LLP,
+                etype: 0,
+                ecode: term::LLP_CRC,
+            },
+            FATAL,
+        );
+    });
+}
+
+#[test]
+fn bad_length_is_terminated() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        attack(
+            door,
+            &by,
+            false,
+            4,
+            |_, a| {
+                // An FPDU whose ULPDU is too short to hold any DDP header.
+                let f = a.fpdu(&[0x41, 0x43, 0, 0], false);
+                a.send(&f);
+            },
+            TermCode {
+                layer: term::LAYER_LLP,
+                etype: 0,
+                ecode: term::LLP_BAD_FPDU,
+            },
+            FATAL,
+        );
+    });
+}
+
+#[test]
+fn unknown_opcode_is_terminated() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        attack(
+            door,
+            &by,
+            false,
+            4,
+            |_, a| {
+                let mut u = Attacker::ulpdu(send_hdr(1), b"x");
+                u[1] = (u[1] & 0xf0) | 0x0d; // RDMAP opcode 13 is not assigned
+                let f = a.fpdu(&u, false);
+                a.send(&f);
+            },
+            TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_UNEXPECTED_OP,
+            },
+            FATAL,
+        );
+    });
+}
+
+#[test]
+fn write_to_an_invalid_stag_is_terminated() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        attack(
+            door,
+            &by,
+            false,
+            4,
+            |v, a| {
+                let bogus = v.stag ^ 0x00ff_ff00;
+                let f = a.fpdu(&Attacker::ulpdu(write_hdr(bogus, v.addr), &[1; 64]), false);
+                a.send(&f);
+            },
+            TermCode {
+                layer: term::LAYER_DDP,
+                etype: term::DDP_TAGGED_BUF,
+                ecode: term::DDP_TAGGED_INV_STAG,
+            },
+            ACCESS,
+        );
+    });
+}
+
+#[test]
+fn write_past_the_registration_changes_nothing() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        let (v, mut a) = setup(door, false, 4);
+        let before = terminates(&v);
+        let image = v.buf.to_vec();
+        // Starts inside, runs 200 bytes past the end: nothing may be placed at all.
+        let to = v.addr + REG_LEN as u64 - 100;
+        let f = a.fpdu(&Attacker::ulpdu(write_hdr(v.stag, to), &[0x55; 300]), false);
+        a.send(&f);
+        assert_eq!(
+            a.terminate(),
+            TermCode {
+                layer: term::LAYER_DDP,
+                etype: term::DDP_TAGGED_BUF,
+                ecode: term::DDP_TAGGED_BASE_BOUNDS,
+            }
+        );
+        assert_contained(&v, before, ACCESS);
+        assert_eq!(v.buf.to_vec(), image, "not even the part inside was placed");
+        // And below the start.
+        let (v, mut a) = setup(door, false, 4);
+        let before = terminates(&v);
+        let f = a.fpdu(
+            &Attacker::ulpdu(write_hdr(v.stag, v.addr - 8), &[0x55; 16]),
+            false,
+        );
+        a.send(&f);
+        assert_eq!(a.terminate().ecode, term::DDP_TAGGED_BASE_BOUNDS);
+        assert_contained(&v, before, ACCESS);
+        by.still_works();
+    });
+}
+
+#[test]
+fn reads_beyond_ird_are_terminated() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        attack(
+            door,
+            &by,
+            false,
+            1,
+            |v, a| {
+                // Eight 1 MiB Read Requests in one segment against IRD 1: the second
+                // arrives while the first response is still going out.
+                let mut burst = Vec::new();
+                for msn in 1..=8u32 {
+                    let h = Header {
+                        opcode: Opcode::ReadRequest,
+                        last: true,
+                        model: Model::Untagged {
+                            inv_stag: 0,
+                            qn: wire::QN_READ,
+                            msn,
+                            mo: 0,
+                        },
+                    };
+                    let mut body = Vec::new();
+                    ReadRequest {
+                        sink_stag: 0x1234_5600,
+                        sink_to: 0,
+                        size: BIG_LEN as u32,
+                        src_stag: v.big_stag,
+                        src_to: v.big_addr,
+                    }
+                    .emit(&mut body);
+                    burst.extend(a.fpdu(&Attacker::ulpdu(h, &body), false));
+                }
+                a.send(&burst);
+            },
+            TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+            },
+            FATAL,
+        );
+    });
+}
+
+#[test]
+fn read_request_for_an_invalid_stag_is_terminated() {
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        attack(
+            door,
+            &by,
+            false,
+            4,
+            |v, a| {
+                let h = Header {
+                    opcode: Opcode::ReadRequest,
+                    last: true,
+                    model: Model::Untagged {
+                        inv_stag: 0,
+                        qn: wire::QN_READ,
+                        msn: 1,
+                        mo: 0,
+                    },
+                };
+                let mut body = Vec::new();
+                ReadRequest {
+                    sink_stag: 1,
+                    sink_to: 0,
+                    size: 64,
+                    src_stag: v.stag ^ 0x00ff_ff00,
+                    src_to: v.addr,
+                }
+                .emit(&mut body);
+                let f = a.fpdu(&Attacker::ulpdu(h, &body), false);
+                a.send(&f);
+            },
+            TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_PROT,
+                ecode: term::RDMAP_INV_STAG,
+            },
+            ACCESS,
+        );
+    });
+}
+
+#[test]
+fn revision_1_initiator_is_served() {
+    each_front_door(|door| {
+        let (v, mut a) = setup_rev(door, false, 4, 1);
+        let f = a.fpdu(&Attacker::ulpdu(send_hdr(1), b"rfc 5044 peer"), false);
+        a.send(&f);
+        let c = v.cq.wait(1, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            (c[0].wr_id, c[0].status(), c[0].byte_len),
+            (77, WcStatus::Success, 13)
+        );
+        let mut got = [0u8; 13];
+        v.buf.read(REG_OFF, &mut got);
+        assert_eq!(&got, b"rfc 5044 peer");
+    });
+}
