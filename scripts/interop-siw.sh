@@ -57,7 +57,6 @@ check_pcap() {
 run_case() {
     local name=$1 gflags=$2 gcmd=$3 hargs=$4 order=$5 front=${6:-embedded}
     local pcap=$OUT/$name.pcap hlog=$OUT/$name.host.log glog=$OUT/$name.guest.log
-    [[ "$name" =~ ${ONLY:-.} ]] || return 0
     local kal=embedded hcrc=""
     # CRC cases: both sides require MPA CRC (the guest with --siwcrc, krdma by its option).
     [ -n "$gflags" ] && hcrc=required
@@ -90,16 +89,32 @@ run_case() {
     if [ -n "$hcrc" ] && ! grep -q "CRC negotiated" "$OUT/$name.pcap-check"; then
         echo "  $name: CRC was not negotiated"; ok=0
     fi
-    if [ $ok = 1 ]; then pass=$((pass + 1)); results+=("PASS $name"); else fail=$((fail + 1)); results+=("FAIL $name"); fi
+    [ $ok = 1 ]
+}
+
+# Kernel siw 6.1 as the responder under TCG sometimes never transmits its first Read
+# Request when the initiator's first FPDU follows the MPA Reply within about a millisecond
+# (docs/interop.md). Cases with the guest as server get up to three attempts; the report
+# says how many were needed.
+record() {
+    local name=$1 tries=$2; shift 2
+    [[ "$name" =~ ${ONLY:-.} ]] || return 0
+    local n
+    for n in $(seq "$tries"); do
+        if run_case "$name" "$@"; then
+            pass=$((pass + 1)); results+=("PASS $name (attempt $n of $tries)"); return
+        fi
+    done
+    fail=$((fail + 1)); results+=("FAIL $name ($tries attempts)")
 }
 
 for crc in "" "--siwcrc"; do
     tag=${crc:+-crc}
-    run_case "rping-guest-server$tag" "$crc" "rping -s -a $GUEST -v -C 10" \
+    record "rping-guest-server$tag" 3 "$crc" "rping -s -a $GUEST -v -C 10" \
         "rping -c -a $GUEST -C 10 -v -V" guest-first
     front=embedded
     [ -n "$crc" ] && front=daemon  # one direction through krdmad as well
-    run_case "rping-host-server$tag" "$crc" "rping -c -a $HOST -v -V -C 10" \
+    record "rping-host-server$tag" 1 "$crc" "rping -c -a $HOST -v -V -C 10" \
         "rping -s -a $HOST -v" host-first $front
 done
 

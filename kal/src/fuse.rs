@@ -20,10 +20,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+/// Where the last `poll` of an open file left its notifier.
+type PollSlot = Arc<Mutex<Option<PollNotifier>>>;
+
 struct Device {
     kal: Arc<Kal>,
     /// fh → (context, last poll handle).
-    open: Mutex<HashMap<u64, (ContextId, Arc<Mutex<Option<PollNotifier>>>)>>,
+    open: Mutex<HashMap<u64, (ContextId, PollSlot)>>,
     uid: u32,
     gid: u32,
 }

@@ -33,14 +33,17 @@ struct Victim {
     addr: u64,
     big_stag: u32,
     big_addr: u64,
-    _keep: (
-        Arc<ual::Pd>,
-        Arc<ual::Mr>,
-        Arc<ual::Mr>,
-        Arc<RegBuf>,
-        Arc<ual::Listener>,
-    ),
+    _keep: Keep,
 }
+
+/// Objects the victim holds only to keep them alive.
+type Keep = (
+    Arc<ual::Pd>,
+    Arc<ual::Mr>,
+    Arc<ual::Mr>,
+    Arc<RegBuf>,
+    Arc<ual::Listener>,
+);
 
 /// The raw peer's end.
 struct Attacker {
@@ -228,6 +231,19 @@ fn send_hdr(msn: u32) -> Header {
     }
 }
 
+fn read_hdr(msn: u32) -> Header {
+    Header {
+        opcode: Opcode::ReadRequest,
+        last: true,
+        model: Model::Untagged {
+            inv_stag: 0,
+            qn: wire::QN_READ,
+            msn,
+            mo: 0,
+        },
+    }
+}
+
 fn write_hdr(stag: u32, to: u64) -> Header {
     Header {
         opcode: Opcode::Write,
@@ -300,21 +316,31 @@ impl Bystander {
     }
 }
 
+/// Run one attack through each front door, with a bystander connection checked after it.
 fn attack(
-    door: &FrontDoor,
-    by: &Bystander,
     crc: bool,
     ird: u16,
-    run: impl FnOnce(&Victim, &mut Attacker),
     want: TermCode,
     events: &[EventKind],
+    run: impl Fn(&Victim, &mut Attacker),
 ) {
-    let (v, mut a) = setup(door, crc, ird);
-    let before = terminates(&v);
-    run(&v, &mut a);
-    assert_eq!(a.terminate(), want, "Terminate control field");
-    assert_contained(&v, before, events);
-    by.still_works();
+    each_front_door(|door| {
+        let by = Bystander::new(door);
+        let (v, mut a) = setup(door, crc, ird);
+        let before = terminates(&v);
+        run(&v, &mut a);
+        assert_eq!(a.terminate(), want, "Terminate control field");
+        assert_contained(&v, before, events);
+        by.still_works();
+    });
+}
+
+const fn tc(layer: u8, etype: u8, ecode: u8) -> TermCode {
+    TermCode {
+        layer,
+        etype,
+        ecode,
+    }
 }
 
 const FATAL: &[EventKind] = &[EventKind::QpFatal];
@@ -322,98 +348,70 @@ const ACCESS: &[EventKind] = &[EventKind::QpAccessError];
 
 #[test]
 fn bad_crc_is_terminated_at_the_llp_layer() {
-    each_front_door(|door| {
-        let by = Bystander::new(door);
-        attack(
-            door,
-            &by,
-            true,
-            4,
-            |_, a| {
-                let f = a.fpdu(&Attacker::ulpdu(send_hdr(1), b"hello"), true);
-                a.send(&f);
-            },
-            TermCode {
-                layer: term::LAYER_LLP,
-                etype: 0,
-                ecode: term::LLP_CRC,
-            },
-            FATAL,
-        );
-    });
+    attack(
+        true,
+        4,
+        tc(term::LAYER_LLP, 0, term::LLP_CRC),
+        FATAL,
+        |_, a| {
+            let f = a.fpdu(&Attacker::ulpdu(send_hdr(1), b"hello"), true);
+            a.send(&f);
+        },
+    );
 }
 
 #[test]
 fn bad_length_is_terminated() {
-    each_front_door(|door| {
-        let by = Bystander::new(door);
-        attack(
-            door,
-            &by,
-            false,
-            4,
-            |_, a| {
-                // An FPDU whose ULPDU is too short to hold any DDP header.
-                let f = a.fpdu(&[0x41, 0x43, 0, 0], false);
-                a.send(&f);
-            },
-            TermCode {
-                layer: term::LAYER_LLP,
-                etype: 0,
-                ecode: term::LLP_BAD_FPDU,
-            },
-            FATAL,
-        );
-    });
+    attack(
+        false,
+        4,
+        tc(term::LAYER_LLP, 0, term::LLP_BAD_FPDU),
+        FATAL,
+        |_, a| {
+            // An FPDU whose ULPDU is too short to hold any DDP header.
+            let f = a.fpdu(&[0x41, 0x43, 0, 0], false);
+            a.send(&f);
+        },
+    );
 }
 
 #[test]
 fn unknown_opcode_is_terminated() {
-    each_front_door(|door| {
-        let by = Bystander::new(door);
-        attack(
-            door,
-            &by,
-            false,
-            4,
-            |_, a| {
-                let mut u = Attacker::ulpdu(send_hdr(1), b"x");
-                u[1] = (u[1] & 0xf0) | 0x0d; // RDMAP opcode 13 is not assigned
-                let f = a.fpdu(&u, false);
-                a.send(&f);
-            },
-            TermCode {
-                layer: term::LAYER_RDMAP,
-                etype: term::RDMAP_REMOTE_OP,
-                ecode: term::RDMAP_UNEXPECTED_OP,
-            },
-            FATAL,
-        );
-    });
+    attack(
+        false,
+        4,
+        tc(
+            term::LAYER_RDMAP,
+            term::RDMAP_REMOTE_OP,
+            term::RDMAP_UNEXPECTED_OP,
+        ),
+        FATAL,
+        |_, a| {
+            let mut u = Attacker::ulpdu(send_hdr(1), b"x");
+            u[1] = (u[1] & 0xf0) | 0x0d; // RDMAP opcode 13 is not assigned
+            let f = a.fpdu(&u, false);
+            a.send(&f);
+        },
+    );
 }
 
 #[test]
 fn write_to_an_invalid_stag_is_terminated() {
-    each_front_door(|door| {
-        let by = Bystander::new(door);
-        attack(
-            door,
-            &by,
-            false,
-            4,
-            |v, a| {
-                let bogus = v.stag ^ 0x00ff_ff00;
-                let f = a.fpdu(&Attacker::ulpdu(write_hdr(bogus, v.addr), &[1; 64]), false);
-                a.send(&f);
-            },
-            TermCode {
-                layer: term::LAYER_DDP,
-                etype: term::DDP_TAGGED_BUF,
-                ecode: term::DDP_TAGGED_INV_STAG,
-            },
-            ACCESS,
-        );
-    });
+    attack(
+        false,
+        4,
+        tc(
+            term::LAYER_DDP,
+            term::DDP_TAGGED_BUF,
+            term::DDP_TAGGED_INV_STAG,
+        ),
+        ACCESS,
+        |v, a| {
+            let bogus = v.stag ^ 0x00ff_ff00;
+            let f = a.fpdu(&Attacker::ulpdu(write_hdr(bogus, v.addr), &[1; 64]), false);
+            a.send(&f);
+        },
+    );
 }
 
 #[test]
@@ -453,91 +451,63 @@ fn write_past_the_registration_changes_nothing() {
 
 #[test]
 fn reads_beyond_ird_are_terminated() {
-    each_front_door(|door| {
-        let by = Bystander::new(door);
-        attack(
-            door,
-            &by,
-            false,
-            1,
-            |v, a| {
-                // Eight 1 MiB Read Requests in one segment against IRD 1: the second
-                // arrives while the first response is still going out.
-                let mut burst = Vec::new();
-                for msn in 1..=8u32 {
-                    let h = Header {
-                        opcode: Opcode::ReadRequest,
-                        last: true,
-                        model: Model::Untagged {
-                            inv_stag: 0,
-                            qn: wire::QN_READ,
-                            msn,
-                            mo: 0,
-                        },
-                    };
-                    let mut body = Vec::new();
-                    ReadRequest {
-                        sink_stag: 0x1234_5600,
-                        sink_to: 0,
-                        size: BIG_LEN as u32,
-                        src_stag: v.big_stag,
-                        src_to: v.big_addr,
-                    }
-                    .emit(&mut body);
-                    burst.extend(a.fpdu(&Attacker::ulpdu(h, &body), false));
+    attack(
+        false,
+        1,
+        tc(
+            term::LAYER_RDMAP,
+            term::RDMAP_REMOTE_OP,
+            term::RDMAP_CATASTROPHIC_LOCAL,
+        ),
+        FATAL,
+        |v, a| {
+            // Eight 1 MiB Read Requests in one segment against IRD 1: the second
+            // arrives while the first response is still going out.
+            let mut burst = Vec::new();
+            for msn in 1..=8u32 {
+                let h = read_hdr(msn);
+                let mut body = Vec::new();
+                ReadRequest {
+                    sink_stag: 0x1234_5600,
+                    sink_to: 0,
+                    size: BIG_LEN as u32,
+                    src_stag: v.big_stag,
+                    src_to: v.big_addr,
                 }
-                a.send(&burst);
-            },
-            TermCode {
-                layer: term::LAYER_RDMAP,
-                etype: term::RDMAP_REMOTE_OP,
-                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
-            },
-            FATAL,
-        );
-    });
+                .emit(&mut body);
+                burst.extend(a.fpdu(&Attacker::ulpdu(h, &body), false));
+            }
+            a.send(&burst);
+        },
+    );
 }
 
 #[test]
 fn read_request_for_an_invalid_stag_is_terminated() {
-    each_front_door(|door| {
-        let by = Bystander::new(door);
-        attack(
-            door,
-            &by,
-            false,
-            4,
-            |v, a| {
-                let h = Header {
-                    opcode: Opcode::ReadRequest,
-                    last: true,
-                    model: Model::Untagged {
-                        inv_stag: 0,
-                        qn: wire::QN_READ,
-                        msn: 1,
-                        mo: 0,
-                    },
-                };
-                let mut body = Vec::new();
-                ReadRequest {
-                    sink_stag: 1,
-                    sink_to: 0,
-                    size: 64,
-                    src_stag: v.stag ^ 0x00ff_ff00,
-                    src_to: v.addr,
-                }
-                .emit(&mut body);
-                let f = a.fpdu(&Attacker::ulpdu(h, &body), false);
-                a.send(&f);
-            },
-            TermCode {
-                layer: term::LAYER_RDMAP,
-                etype: term::RDMAP_REMOTE_PROT,
-                ecode: term::RDMAP_INV_STAG,
-            },
-            ACCESS,
-        );
-    });
+    attack(
+        false,
+        4,
+        tc(
+            term::LAYER_RDMAP,
+            term::RDMAP_REMOTE_PROT,
+            term::RDMAP_INV_STAG,
+        ),
+        ACCESS,
+        |v, a| {
+            let h = read_hdr(1);
+            let mut body = Vec::new();
+            ReadRequest {
+                sink_stag: 1,
+                sink_to: 0,
+                size: 64,
+                src_stag: v.stag ^ 0x00ff_ff00,
+                src_to: v.addr,
+            }
+            .emit(&mut body);
+            let f = a.fpdu(&Attacker::ulpdu(h, &body), false);
+            a.send(&f);
+        },
+    );
 }
 
 #[test]

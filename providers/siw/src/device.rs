@@ -115,7 +115,7 @@ impl SiwDevice {
         let guid_src = host_addrs()
             .into_iter()
             .find(|a| Some(&a.ifname) == config.netdev.as_ref() || config.netdev.is_none());
-        let mut guid = 0x02_00_5e_00_0000_0000u64;
+        let mut guid = 0x0200_5e00_0000_0000u64;
         if let Some(a) = guid_src {
             guid |= crc32c::crc32c(a.ip.to_string().as_bytes()) as u64;
         }

@@ -77,6 +77,9 @@ pub struct SiwQp {
     st: Mutex<State>,
     cv: Condvar,
     tx: Mutex<Option<TcpStream>>,
+    /// A handle on the same socket for shutting it down: never held across I/O, so an
+    /// abortive close works while the tx thread is blocked writing to a stalled peer.
+    ctl: Mutex<Option<TcpStream>>,
     me: Weak<SiwQp>,
 }
 
@@ -121,6 +124,7 @@ impl SiwQp {
             }),
             cv: Condvar::new(),
             tx: Mutex::new(None),
+            ctl: Mutex::new(None),
             me: me.clone(),
         })
     }
@@ -143,6 +147,7 @@ impl SiwQp {
         let _ = stream.set_nodelay(true);
         let mss = tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
+        let ctl = stream.try_clone()?;
         {
             let mut st = self.st.lock();
             if st.connected || matches!(st.qp, QpState::Error) {
@@ -155,6 +160,7 @@ impl SiwQp {
             st.max_ulpdu = wire::max_ulpdu_for_mss(mss);
             self.set_state(&mut st, QpState::Rts);
         }
+        *self.ctl.lock() = Some(ctl);
         *self.tx.lock() = Some(stream);
         let (a, b) = (self.clone(), self.clone());
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -772,7 +778,7 @@ impl SiwQp {
         let first = !st.events_sent;
         st.events_sent = true;
         drop(st);
-        if let Some(s) = self.tx.lock().as_ref() {
+        if let Some(s) = self.ctl.lock().as_ref() {
             let _ = s.shutdown(Shutdown::Both);
         }
         if first {
@@ -1092,18 +1098,25 @@ impl SiwQp {
         let mut st = self.st.lock();
         st.local_close = true;
         if abortive {
-            if let Some(s) = self.tx.lock().as_ref() {
-                set_linger_zero(s);
-                let _ = s.shutdown(Shutdown::Both);
-            }
             self.to_error(&mut st);
         } else {
             st.closing = true;
         }
         self.cv.notify_all();
+        drop(st);
+        // Lock order: the tx thread holds `tx` and then takes `st`; the socket is shut
+        // down here through `ctl`, taken without `st` held.
+        if abortive {
+            if let Some(s) = self.ctl.lock().as_ref() {
+                set_linger_zero(s);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
     }
 }
 
+// A WQE is moved once per request; boxing it would add an allocation to the data path.
+#[allow(clippy::large_enum_variant)]
 enum Work {
     Idle,
     Close {
@@ -1332,6 +1345,7 @@ impl ProviderQp for SiwQp {
         self.to_error(&mut st);
         drop(st);
         *self.tx.lock() = None;
+        *self.ctl.lock() = None;
     }
 
     fn counters(&self) -> Vec<Counter> {
