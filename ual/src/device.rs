@@ -22,6 +22,17 @@ fn map_err(e: nix::errno::Errno) -> VerbsError {
     }
 }
 
+/// A non-blocking, close-on-exec eventfd (doorbells and the event thread's stop signal).
+pub(crate) fn eventfd() -> Result<OwnedFd> {
+    // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
 impl DeviceFile {
     pub fn open(path: &Path) -> Result<DeviceFile> {
         let fd = nix::fcntl::open(
@@ -32,13 +43,7 @@ impl DeviceFile {
             nix::sys::stat::Mode::empty(),
         )
         .map_err(map_err)?;
-        // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
-        let e = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if e < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let stop = unsafe { std::os::fd::FromRawFd::from_raw_fd(e) };
+        let stop = eventfd()?;
         Ok(DeviceFile {
             fd,
             stop,

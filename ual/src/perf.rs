@@ -29,9 +29,8 @@ pub struct Endpoint {
     pub depth: u32,
 }
 
-type Parts = (Arc<Pd>, Arc<Cq>, Arc<Qp>, Arc<Mr>, Arc<RegBuf>);
-
-fn endpoint_parts(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Parts> {
+/// An endpoint's verbs objects; `remote` is filled in once the peer's offer arrives.
+fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Endpoint> {
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
     let caps = QpCaps {
@@ -53,7 +52,15 @@ fn endpoint_parts(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> R
     let buf = RegBuf::new(buf_len.max(64))?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), access)?;
-    Ok((pd, cq, qp, mr, buf))
+    Ok(Endpoint {
+        qp,
+        cq,
+        mr,
+        buf,
+        pd,
+        remote: (0, 0, 0),
+        depth,
+    })
 }
 
 fn advertise(mr: &Mr) -> Vec<u8> {
@@ -86,29 +93,14 @@ pub fn accept_endpoint(
 ) -> Result<Endpoint> {
     let req = listener.get_request(TIMEOUT)?;
     let remote = parse_advert(&req.private_data)?;
-    let (pd, cq, qp, mr, buf) = endpoint_parts(ctx, dev, buf_len, depth)?;
-    listener.accept(
-        req.conn_id,
-        &qp,
-        &ConnParam {
-            private_data: advertise(&mr),
-            ird: 16,
-            ord: 16,
-        },
-    )?;
-    let ev = qp.next_event(TIMEOUT)?;
+    let mut ep = new_endpoint(ctx, dev, buf_len, depth)?;
+    listener.accept(req.conn_id, &ep.qp, &ep.offer())?;
+    let ev = ep.qp.next_event(TIMEOUT)?;
     if ev.kind != rnicpi::EventKind::Established {
         return Err(VerbsError::ConnectionReset);
     }
-    Ok(Endpoint {
-        qp,
-        cq,
-        mr,
-        buf,
-        pd,
-        remote,
-        depth,
-    })
+    ep.remote = remote;
+    Ok(ep)
 }
 
 /// Connect to `peer` (client side).
@@ -119,26 +111,10 @@ pub fn connect_endpoint(
     buf_len: usize,
     depth: u32,
 ) -> Result<Endpoint> {
-    let (pd, cq, qp, mr, buf) = endpoint_parts(ctx, dev, buf_len, depth)?;
-    let ev = qp.connect_wait(
-        peer,
-        &ConnParam {
-            private_data: advertise(&mr),
-            ird: 16,
-            ord: 16,
-        },
-        TIMEOUT,
-    )?;
-    let remote = parse_advert(&ev.private_data)?;
-    Ok(Endpoint {
-        qp,
-        cq,
-        mr,
-        buf,
-        pd,
-        remote,
-        depth,
-    })
+    let mut ep = new_endpoint(ctx, dev, buf_len, depth)?;
+    let ev = ep.qp.connect_wait(peer, &ep.offer(), TIMEOUT)?;
+    ep.remote = parse_advert(&ev.private_data)?;
+    Ok(ep)
 }
 
 /// A connected pair over device `dev` on loopback, each side on its own context.
@@ -178,6 +154,15 @@ fn expect_ok(c: &Cqe) -> Result<()> {
 }
 
 impl Endpoint {
+    /// Connection parameters offering this endpoint's buffer to the peer.
+    fn offer(&self) -> ConnParam {
+        ConnParam {
+            private_data: advertise(&self.mr),
+            ird: 16,
+            ord: 16,
+        }
+    }
+
     /// Post a receive covering `len` bytes of the buffer at `offset`.
     pub fn post_recv(&self, wr_id: u64, offset: u64, len: u32) -> Result<()> {
         self.qp

@@ -207,9 +207,8 @@ impl Session {
                             tracing::warn!("rping: message out of turn");
                             return Err(VerbsError::Invalid);
                         }
-                        let got = Next::Got;
                         self.post_recv()?;
-                        return Ok(got);
+                        return Ok(Next::Got);
                     }
                     if op == Some(want) {
                         return Ok(Next::Got);

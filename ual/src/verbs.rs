@@ -1,6 +1,7 @@
 //! Verbs objects over a kAL context: devices, PDs, CQs, QPs, MRs and listeners.
 
 use crate::channel::{Channel, Target};
+use crate::device::eventfd;
 use crate::events::{channel_handler, Dispatcher, Handler};
 use crate::pin;
 use bytemuck::Zeroable;
@@ -13,7 +14,7 @@ use rnicpi::{
     QpState, QpType, Result, Ring, SharedMem, Transport, UserCq, UserQp, VerbsError, Wqe,
 };
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -384,16 +385,6 @@ fn start_event_thread(
             }
         })
         .expect("spawn event thread")
-}
-
-fn eventfd() -> Result<OwnedFd> {
-    // SAFETY: eventfd takes an initial value and flags and returns a new fd or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Daemon mode: the doorbell is one write to an eventfd the kAL watches.
