@@ -9,7 +9,7 @@
 use bytemuck::{Pod, Zeroable};
 
 /// Version of this ABI; bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 /// The ioctl type letter (a private one: the VFS claims some generic numbers).
 pub const IOC_TYPE: u8 = b'k';
 /// Most devices `LIST_DEVICES` reports.
@@ -181,6 +181,49 @@ pub struct CreateQp {
     pub handle: u32,
     /// out: QP number on the wire.
     pub qp_num: u32,
+    /// in: SRQ handle the QP takes its receives from, or 0 for its own receive queue
+    /// (then `max_recv_wr` must be 0 and the receive ring is not used).
+    pub srq: u32,
+    pub _pad2: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct CreateSrq {
+    /// in: PD handle.
+    pub pd: u32,
+    /// in: requested receive requests; out: ring capacity (a power of two).
+    pub max_wr: u32,
+    /// in: scatter entries per receive.
+    pub max_sge: u32,
+    /// in: initial limit (0 = not armed).
+    pub limit: u32,
+    /// in: the caller's memfd holding the receive ring, `ring_bytes::<Wqe>(capacity)` long.
+    pub memfd: i32,
+    /// out: SRQ handle.
+    pub handle: u32,
+}
+
+/// Modify SRQ (in: `limit` arms the limit event, 0 disarms) and Query SRQ (out).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct SrqAttrs {
+    pub handle: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub limit: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct AllocMw {
+    /// in: PD handle.
+    pub pd: u32,
+    /// out: MW handle.
+    pub handle: u32,
+    /// out: the window's initial key (index and key byte); bind with a new key byte.
+    pub rkey: u32,
+    pub _pad: u32,
 }
 
 /// Modify QP (in) and Query QP (out).
@@ -302,6 +345,8 @@ pub struct ContextRow {
     pub qps: u32,
     pub mrs: u32,
     pub listeners: u32,
+    pub srqs: u32,
+    pub mws: u32,
     pub pinned_bytes: u64,
     pub events_queued: u32,
     pub events_dropped: u32,
@@ -433,6 +478,12 @@ pub mod cmd {
     pub const DISCONNECT: u32 = iowr(19, size_of::<Disconnect>());
     pub const STAT_CONTEXTS: u32 = iowr(20, size_of::<StatContexts>());
     pub const STAT_DEVICE: u32 = iowr(21, size_of::<StatDevice>());
+    pub const CREATE_SRQ: u32 = iowr(22, size_of::<CreateSrq>());
+    pub const MODIFY_SRQ: u32 = iowr(23, size_of::<SrqAttrs>());
+    pub const QUERY_SRQ: u32 = iowr(24, size_of::<SrqAttrs>());
+    pub const DESTROY_SRQ: u32 = iowr(25, size_of::<Destroy>());
+    pub const ALLOC_MW: u32 = iowr(26, size_of::<AllocMw>());
+    pub const DEALLOC_MW: u32 = iowr(27, size_of::<Destroy>());
 
     /// Every command with its name, for docs, tracing and fuzzing.
     pub const ALL: &[(u32, &str)] = &[
@@ -458,6 +509,12 @@ pub mod cmd {
         (DISCONNECT, "DISCONNECT"),
         (STAT_CONTEXTS, "STAT_CONTEXTS"),
         (STAT_DEVICE, "STAT_DEVICE"),
+        (CREATE_SRQ, "CREATE_SRQ"),
+        (MODIFY_SRQ, "MODIFY_SRQ"),
+        (QUERY_SRQ, "QUERY_SRQ"),
+        (DESTROY_SRQ, "DESTROY_SRQ"),
+        (ALLOC_MW, "ALLOC_MW"),
+        (DEALLOC_MW, "DEALLOC_MW"),
     ];
 
     pub fn name(cmd: u32) -> &'static str {

@@ -8,7 +8,8 @@
 use crate::events::EventQueue;
 use crate::peer::{Caller, Peer};
 use rnicpi::{
-    MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp, Region, Result, VerbsError,
+    MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp, ProviderSrq, Region, Result,
+    VerbsError,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +22,8 @@ pub struct Limits {
     pub qps: u32,
     pub mrs: u32,
     pub listeners: u32,
+    pub srqs: u32,
+    pub mws: u32,
 }
 
 impl Default for Limits {
@@ -31,6 +34,8 @@ impl Default for Limits {
             qps: 8192,
             mrs: 65536,
             listeners: 1024,
+            srqs: 1024,
+            mws: 65536,
         }
     }
 }
@@ -51,8 +56,21 @@ pub enum Object {
         pd: u32,
         send_cq: u32,
         recv_cq: u32,
+        /// SRQ handle, 0 for none.
+        srq: u32,
         qp: Arc<dyn ProviderQp>,
         doorbell: Option<u64>,
+    },
+    Srq {
+        dev: u32,
+        pd: u32,
+        srq: Arc<dyn ProviderSrq>,
+        users: u32,
+    },
+    Mw {
+        dev: u32,
+        pd: u32,
+        key: u32,
     },
     Mr {
         dev: u32,
@@ -70,9 +88,11 @@ pub enum Object {
 pub enum Kind {
     Listener = 0,
     Qp = 1,
-    Mr = 2,
-    Cq = 3,
-    Pd = 4,
+    Srq = 2,
+    Mw = 3,
+    Mr = 4,
+    Cq = 5,
+    Pd = 6,
 }
 
 impl Object {
@@ -83,6 +103,8 @@ impl Object {
             Object::Qp { .. } => Kind::Qp,
             Object::Mr { .. } => Kind::Mr,
             Object::Listener { .. } => Kind::Listener,
+            Object::Srq { .. } => Kind::Srq,
+            Object::Mw { .. } => Kind::Mw,
         }
     }
 }
@@ -95,6 +117,8 @@ pub struct Counts {
     pub qps: u32,
     pub mrs: u32,
     pub listeners: u32,
+    pub srqs: u32,
+    pub mws: u32,
 }
 
 #[derive(Default)]
@@ -113,6 +137,8 @@ impl Objects {
             Kind::Qp => &mut self.counts.qps,
             Kind::Mr => &mut self.counts.mrs,
             Kind::Listener => &mut self.counts.listeners,
+            Kind::Srq => &mut self.counts.srqs,
+            Kind::Mw => &mut self.counts.mws,
         }
     }
 
@@ -124,6 +150,8 @@ impl Objects {
             Kind::Qp => limits.qps,
             Kind::Mr => limits.mrs,
             Kind::Listener => limits.listeners,
+            Kind::Srq => limits.srqs,
+            Kind::Mw => limits.mws,
         };
         if *self.slot(kind) >= max {
             tracing::info!(?kind, max, "per-context limit reached");
@@ -188,6 +216,13 @@ impl Objects {
         }
     }
 
+    pub fn srq(&self, handle: u32) -> Result<(u32, u32, Arc<dyn ProviderSrq>)> {
+        match self.get(handle)? {
+            Object::Srq { dev, pd, srq, .. } => Ok((*dev, *pd, srq.clone())),
+            _ => Err(VerbsError::NoSuchResource),
+        }
+    }
+
     pub fn listener(&self, handle: u32) -> Result<(u32, Arc<dyn ProviderListener>)> {
         match self.get(handle)? {
             Object::Listener { dev, listener } => Ok((*dev, listener.clone())),
@@ -195,14 +230,37 @@ impl Objects {
         }
     }
 
-    /// Adjust the use count of a PD or CQ.
+    /// Adjust the use count of a PD, CQ or SRQ.
     pub fn use_parent(&mut self, handle: u32, delta: i32) {
-        if let Ok(Object::Pd { users, .. } | Object::Cq { users, .. }) = self.get_mut(handle) {
+        if let Ok(Object::Pd { users, .. } | Object::Cq { users, .. } | Object::Srq { users, .. }) =
+            self.get_mut(handle)
+        {
             *users = users.saturating_add_signed(delta);
         }
     }
 
-    /// Handles in teardown order: listeners, QPs, MRs, CQs, PDs.
+    /// The parents whose use counts an object holds.
+    pub fn parents(obj: &Object) -> Vec<u32> {
+        match obj {
+            Object::Qp {
+                pd,
+                send_cq,
+                recv_cq,
+                srq,
+                ..
+            } => {
+                let mut v = vec![*pd, *send_cq, *recv_cq];
+                if *srq != 0 {
+                    v.push(*srq);
+                }
+                v
+            }
+            Object::Mr { pd, .. } | Object::Srq { pd, .. } | Object::Mw { pd, .. } => vec![*pd],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Handles in teardown order: listeners, QPs, SRQs, MWs, MRs, CQs, PDs.
     pub fn teardown_order(&self) -> Vec<u32> {
         let mut v: Vec<(Kind, u32)> = self.map.iter().map(|(h, o)| (o.kind(), *h)).collect();
         v.sort();
@@ -244,6 +302,10 @@ pub fn destroy_object(dev: &dyn Provider, obj: &Object) {
         }
         Object::Cq { cq, .. } => cq.destroy(),
         Object::Pd { pd, .. } => dev.dealloc_pd(*pd),
+        Object::Srq { srq, .. } => srq.destroy(),
+        Object::Mw { key, .. } => {
+            let _ = dev.dealloc_mw(*key);
+        }
     }
 }
 
@@ -253,6 +315,8 @@ pub fn object_dev(obj: &Object) -> u32 {
         | Object::Cq { dev, .. }
         | Object::Qp { dev, .. }
         | Object::Mr { dev, .. }
+        | Object::Srq { dev, .. }
+        | Object::Mw { dev, .. }
         | Object::Listener { dev, .. } => *dev,
     }
 }

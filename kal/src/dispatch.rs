@@ -8,7 +8,7 @@ use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
     Access, ConnParam, CqInit, Cqe, QpAttr, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpState,
-    QpType, Result, Ring, SharedMem, VerbsError,
+    QpType, Result, Ring, SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
 };
 use std::sync::Arc;
 
@@ -77,16 +77,50 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             Ok(())
         }),
         cmd::REG_MR => with(arg, |a: &mut abi::RegMr| reg_mr(kal, c, a)),
+        cmd::CREATE_SRQ => with(arg, |a: &mut abi::CreateSrq| create_srq(kal, c, a)),
+        cmd::MODIFY_SRQ => with(arg, |a: &mut abi::SrqAttrs| {
+            let (_, _, srq) = c.objects.lock().srq(a.handle)?;
+            srq.engine().arm(a.limit)
+        }),
+        cmd::QUERY_SRQ => with(arg, |a: &mut abi::SrqAttrs| {
+            let (_, _, srq) = c.objects.lock().srq(a.handle)?;
+            let at = srq.engine().attr();
+            (a.max_wr, a.max_sge, a.limit) = (at.max_wr, at.max_sge, at.limit);
+            Ok(())
+        }),
+        cmd::ALLOC_MW => with(arg, |a: &mut abi::AllocMw| {
+            let mut objs = c.objects.lock();
+            let (dev_no, pd) = objs.pd(a.pd)?;
+            let dev = kal.device(dev_no)?;
+            objs.check_limit(Kind::Mw, &kal.config.limits)?;
+            let key = dev.alloc_mw(pd)?;
+            let h = objs.next_handle();
+            objs.use_parent(a.pd, 1);
+            objs.insert(
+                h,
+                Object::Mw {
+                    dev: dev_no,
+                    pd: a.pd,
+                    key,
+                },
+            );
+            (a.handle, a.rkey) = (h, key);
+            Ok(())
+        }),
         cmd::DEALLOC_PD
         | cmd::DESTROY_CQ
         | cmd::DESTROY_QP
         | cmd::DEREG_MR
-        | cmd::DESTROY_LISTEN => {
+        | cmd::DESTROY_LISTEN
+        | cmd::DESTROY_SRQ
+        | cmd::DEALLOC_MW => {
             let want = match command {
                 cmd::DEALLOC_PD => Kind::Pd,
                 cmd::DESTROY_CQ => Kind::Cq,
                 cmd::DESTROY_QP => Kind::Qp,
                 cmd::DEREG_MR => Kind::Mr,
+                cmd::DESTROY_SRQ => Kind::Srq,
+                cmd::DEALLOC_MW => Kind::Mw,
                 _ => Kind::Listener,
             };
             with(arg, |a: &mut abi::Destroy| destroy(kal, c, a.handle, want))
@@ -243,6 +277,16 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
     if scq_dev != dev_no || rcq_dev != dev_no {
         return Err(VerbsError::Invalid);
     }
+    let srq = match a.srq {
+        0 => None,
+        h => {
+            let (srq_dev, srq_pd, srq) = objs.srq(h)?;
+            if srq_dev != dev_no || srq_pd != a.pd {
+                return Err(VerbsError::Invalid);
+            }
+            Some(srq)
+        }
+    };
     let dev = kal.device(dev_no)?;
     let attr = dev.attr();
     let qp_type = QpType::from_u8(a.qp_type).ok_or(VerbsError::Invalid)?;
@@ -253,8 +297,13 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         max_recv_sge: a.max_recv_sge,
         max_inline: a.max_inline,
     };
+    // With an SRQ the QP has no receive queue of its own.
+    let recv_ok = match srq {
+        Some(_) => caps.max_recv_wr == 0 && caps.max_recv_sge == 0,
+        None => (1..=attr.max_qp_wr).contains(&caps.max_recv_wr),
+    };
     let ok = (1..=attr.max_qp_wr).contains(&caps.max_send_wr)
-        && (1..=attr.max_qp_wr).contains(&caps.max_recv_wr)
+        && recv_ok
         && caps.max_send_sge <= attr.max_sge
         && caps.max_recv_sge <= attr.max_sge
         && caps.max_inline <= attr.max_inline;
@@ -281,6 +330,7 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         caps,
         sq,
         rq,
+        srq,
         sink: ObjectSink::bound(&c.events, h),
     };
     let qp = dev.create_qp(init)?;
@@ -298,23 +348,66 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         }
         None => None,
     };
-    objs.use_parent(a.pd, 1);
-    objs.use_parent(a.send_cq, 1);
-    objs.use_parent(a.recv_cq, 1);
     a.qp_num = qp.qp_num();
-    objs.insert(
-        h,
-        Object::Qp {
-            dev: dev_no,
-            pd: a.pd,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            qp,
-            doorbell,
-        },
-    );
+    let obj = Object::Qp {
+        dev: dev_no,
+        pd: a.pd,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        qp,
+        doorbell,
+    };
+    for p in crate::context::Objects::parents(&obj) {
+        objs.use_parent(p, 1);
+    }
+    objs.insert(h, obj);
     a.handle = h;
     tracing::debug!(ctx = c.id, handle = h, qp_num = a.qp_num, "QP created");
+    Ok(())
+}
+
+fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()> {
+    let mut objs = c.objects.lock();
+    let (dev_no, pd) = objs.pd(a.pd)?;
+    let dev = kal.device(dev_no)?;
+    let d = dev.attr();
+    if a.max_wr == 0 || a.max_wr > d.max_srq_wr || a.max_sge > d.max_sge || a.limit > a.max_wr {
+        return Err(if d.max_srq == 0 {
+            VerbsError::Unsupported
+        } else {
+            VerbsError::Invalid
+        });
+    }
+    let cap = ring_capacity(a.max_wr).ok_or(VerbsError::Invalid)?;
+    objs.check_limit(Kind::Srq, &kal.config.limits)?;
+    let mem = Arc::new(SharedMem::from_fd(
+        c.peer.take_fd(a.memfd)?,
+        ring_bytes::<Wqe>(cap),
+    )?);
+    let rq = Ring::attach(mem, 0, cap)?;
+    let h = objs.next_handle();
+    let srq = dev.create_srq(SrqInit {
+        pd,
+        attr: SrqAttr {
+            max_wr: cap,
+            max_sge: a.max_sge,
+            limit: a.limit,
+        },
+        rq,
+        sink: ObjectSink::bound(&c.events, h),
+    })?;
+    let obj = Object::Srq {
+        dev: dev_no,
+        pd: a.pd,
+        srq,
+        users: 0,
+    };
+    for p in crate::context::Objects::parents(&obj) {
+        objs.use_parent(p, 1);
+    }
+    objs.insert(h, obj);
+    (a.max_wr, a.handle) = (cap, h);
     Ok(())
 }
 
@@ -350,16 +443,16 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     let h = objs.next_handle();
     a.lkey = region.stag;
     a.rkey = region.stag;
-    objs.use_parent(a.pd, 1);
-    objs.insert(
-        h,
-        Object::Mr {
-            dev: dev_no,
-            pd: a.pd,
-            region,
-            pinned: span,
-        },
-    );
+    let obj = Object::Mr {
+        dev: dev_no,
+        pd: a.pd,
+        region,
+        pinned: span,
+    };
+    for p in crate::context::Objects::parents(&obj) {
+        objs.use_parent(p, 1);
+    }
+    objs.insert(h, obj);
     a.handle = h;
     Ok(())
 }
@@ -371,25 +464,14 @@ fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
         if o.kind() != want {
             return Err(VerbsError::NoSuchResource);
         }
-        if let Object::Pd { users, .. } | Object::Cq { users, .. } = o {
+        if let Object::Pd { users, .. } | Object::Cq { users, .. } | Object::Srq { users, .. } = o {
             if *users > 0 {
                 return Err(VerbsError::Busy);
             }
         }
         let obj = objs.remove(handle).ok_or(VerbsError::NoSuchResource)?;
-        match &obj {
-            Object::Qp {
-                pd,
-                send_cq,
-                recv_cq,
-                ..
-            } => {
-                objs.use_parent(*pd, -1);
-                objs.use_parent(*send_cq, -1);
-                objs.use_parent(*recv_cq, -1);
-            }
-            Object::Mr { pd, .. } => objs.use_parent(*pd, -1),
-            _ => {}
+        for p in crate::context::Objects::parents(&obj) {
+            objs.use_parent(p, -1);
         }
         obj
     };
@@ -467,6 +549,8 @@ fn stat_contexts(kal: &Kal, a: &mut abi::StatContexts) {
             qps: objs.counts.qps,
             mrs: objs.counts.mrs,
             listeners: objs.counts.listeners,
+            srqs: objs.counts.srqs,
+            mws: objs.counts.mws,
             pinned_bytes: objs.pinned,
             events_queued: c.events.len() as u32,
             events_dropped: c.events.dropped() as u32,

@@ -13,7 +13,7 @@
 use crate::error::{Result, VerbsError};
 use crate::event::{Event, EventKind, EventSink};
 use crate::queue::Ring;
-use crate::types::QpCaps;
+use crate::types::{QpCaps, SrqAttr};
 use crate::wr::{wc_flags, Cqe, WcStatus, Wqe, WrOpcode, MAX_SGE};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,6 +117,139 @@ impl UserQp {
         }
         self.doorbell.ring();
         Ok(())
+    }
+}
+
+/// The consumer's view of a shared receive queue's ring. Receives posted here are taken
+/// by whichever QP attached to the SRQ gets a message first; no doorbell is needed (the
+/// engine looks at the ring when a message arrives).
+pub struct UserSrq {
+    pub attr: SrqAttr,
+    rq: Mutex<Ring<Wqe>>,
+}
+
+impl std::fmt::Debug for UserSrq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserSrq").field("attr", &self.attr).finish()
+    }
+}
+
+impl UserSrq {
+    pub fn new(attr: SrqAttr, rq: Ring<Wqe>) -> Self {
+        UserSrq {
+            attr,
+            rq: Mutex::new(rq),
+        }
+    }
+
+    /// Post one receive work request.
+    pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
+        let mut w = *wqe;
+        w.opcode = WrOpcode::Recv as u8;
+        w.flags = 0;
+        if u32::from(w.num_sge) > self.attr.max_sge.min(MAX_SGE as u32) {
+            return Err(VerbsError::Invalid);
+        }
+        let rq = self.rq.lock();
+        let used = rq.len().map_err(|_| VerbsError::BadState)?;
+        if used >= self.attr.max_wr || !rq.push(&w).map_err(|_| VerbsError::BadState)? {
+            return Err(VerbsError::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// Receive requests queued and not yet taken by a QP.
+    pub fn len(&self) -> u32 {
+        self.rq.lock().len().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The engine's end of a shared receive queue: QPs take receives from it (serialised
+/// between their receive threads), and the armed limit fires `SrqLimitReached` once.
+pub struct EngineSrq {
+    pub pd: u32,
+    max_wr: u32,
+    max_sge: u32,
+    rq: Mutex<Ring<Wqe>>,
+    limit: std::sync::atomic::AtomicU32,
+    sink: Arc<dyn EventSink>,
+}
+
+impl std::fmt::Debug for EngineSrq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineSrq").field("pd", &self.pd).finish()
+    }
+}
+
+impl EngineSrq {
+    pub fn new(pd: u32, attr: SrqAttr, rq: Ring<Wqe>, sink: Arc<dyn EventSink>) -> Self {
+        EngineSrq {
+            pd,
+            max_wr: attr.max_wr,
+            max_sge: attr.max_sge,
+            rq: Mutex::new(rq),
+            limit: attr.limit.into(),
+            sink,
+        }
+    }
+
+    /// Take the oldest receive. A slot whose scatter list exceeds the SRQ's shape is
+    /// dropped (the consumer wrote it past the uVP's checks) and the next one is tried;
+    /// `Err(RingCorrupt)` when the consumer scribbled on the indices.
+    pub fn take(&self) -> Result<Option<Wqe>, crate::queue::RingCorrupt> {
+        let rq = self.rq.lock();
+        let w = loop {
+            match rq.pop()? {
+                Some(w) if u32::from(w.num_sge) > self.max_sge => {
+                    tracing::warn!(wr_id = w.wr_id, "SRQ entry beyond max_sge dropped");
+                }
+                other => break other,
+            }
+        };
+        let left = rq.len()?;
+        drop(rq);
+        let limit = self.limit.load(Ordering::Acquire);
+        if w.is_some()
+            && limit > 0
+            && left < limit
+            && self
+                .limit
+                .compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.sink.deliver(Event::new(EventKind::SrqLimitReached));
+        }
+        Ok(w)
+    }
+
+    /// Arm the limit event (0 disarms); `Invalid` when it exceeds the SRQ's size.
+    pub fn arm(&self, limit: u32) -> Result<()> {
+        if limit > self.max_wr {
+            return Err(VerbsError::Invalid);
+        }
+        self.limit.store(limit, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn attr(&self) -> SrqAttr {
+        SrqAttr {
+            max_wr: self.max_wr,
+            max_sge: self.max_sge,
+            limit: self.limit.load(Ordering::Acquire),
+        }
+    }
+
+    /// Receive requests queued now.
+    pub fn len(&self) -> u32 {
+        self.rq.lock().len().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -280,6 +413,43 @@ mod tests {
             .unwrap();
         assert_eq!(qp.post_send(&big), Err(VerbsError::Invalid));
         assert_eq!(bell.0.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn srq_shares_receives_and_fires_its_limit_once() {
+        let mem = Arc::new(SharedMem::create("s", ring_bytes::<Wqe>(8)).unwrap());
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ev2 = events.clone();
+        let sink: Arc<dyn EventSink> = Arc::new(move |e: Event| ev2.lock().push(e.kind));
+        let attr = SrqAttr {
+            max_wr: 8,
+            max_sge: 1,
+            limit: 0,
+        };
+        let eng = EngineSrq::new(1, attr, Ring::attach(mem.clone(), 0, 8).unwrap(), sink);
+        let user = UserSrq::new(attr, Ring::attach(mem, 0, 8).unwrap());
+        let sge = crate::Sge {
+            addr: 1,
+            length: 1,
+            lkey: 1,
+        };
+        for i in 0..4 {
+            user.post_recv(&Wqe::recv(i, &[sge])).unwrap();
+        }
+        assert_eq!(
+            user.post_recv(&Wqe::recv(9, &[sge, sge])),
+            Err(VerbsError::Invalid)
+        );
+        assert_eq!(eng.arm(9), Err(VerbsError::Invalid));
+        eng.arm(3).unwrap();
+        assert_eq!(eng.take().unwrap().unwrap().wr_id, 0); // 3 left: not below 3
+        assert!(events.lock().is_empty());
+        assert_eq!(eng.take().unwrap().unwrap().wr_id, 1); // 2 left: fires
+        assert_eq!(eng.take().unwrap().unwrap().wr_id, 2);
+        assert_eq!(*events.lock(), vec![EventKind::SrqLimitReached]);
+        assert_eq!(eng.attr().limit, 0, "disarmed");
+        assert_eq!(eng.take().unwrap().unwrap().wr_id, 3);
+        assert!(eng.take().unwrap().is_none());
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! domains, completion queues, queue pairs, memory registrations and windows, work
 //! requests and completions, asynchronous and connection events.
 //!
-//! * [`Provider`], [`ProviderCq`], [`ProviderQp`], [`ProviderListener`]: the privileged
-//!   side a kernel verbs provider (kVP) implements for the kAL.
+//! * [`Provider`], [`ProviderCq`], [`ProviderQp`], [`ProviderSrq`], [`ProviderListener`]:
+//!   the privileged side a kernel verbs provider (kVP) implements for the kAL (shared
+//!   receive queues and memory windows are optional: the defaults answer `Unsupported`).
 //! * [`fastpath`]: the non-privileged side of the software providers — the consumer posts
 //!   [`Wqe`]s into shared rings and polls [`Cqe`]s without a system call.
 //! * [`KalServices`], [`EventSink`], [`MemoryAccess`]: what the kAL gives providers
@@ -76,10 +77,11 @@ pub mod wr;
 
 pub use error::{Result, VerbsError};
 pub use event::{Event, EventKind, EventSink, NullSink};
-pub use fastpath::{Doorbell, EngineCq, UserCq, UserQp};
-pub use memory::{AccessError, LocalMemory, MemoryAccess, MrTable, Region};
+pub use fastpath::{Doorbell, EngineCq, EngineSrq, UserCq, UserQp, UserSrq};
+pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region};
 pub use provider::{
-    Counter, CqInit, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp, QpInit, Route,
+    Counter, CqInit, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp, ProviderSrq,
+    QpInit, Route, SrqInit,
 };
 pub use queue::{QpRingLayout, Ring, RingCorrupt, SharedMem};
 pub use types::*;

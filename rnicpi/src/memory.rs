@@ -91,7 +91,8 @@ pub enum AccessError {
     Fault,
 }
 
-/// One memory registration (MR) as the engine sees it.
+/// One memory registration (MR), or a memory window bound onto one, as the engine
+/// sees it.
 #[derive(Debug)]
 pub struct Region {
     /// STag (iWARP) = lkey = rkey (IB): 24-bit index and 8-bit key.
@@ -102,11 +103,18 @@ pub struct Region {
     pub access: Access,
     mem: Arc<dyn MemoryAccess>,
     valid: AtomicBool,
+    /// For a window: the registration it is bound onto (the window dies with it).
+    parent: Option<Arc<Region>>,
 }
 
 impl Region {
     pub fn is_valid(&self) -> bool {
-        self.valid.load(Ordering::Acquire)
+        self.valid.load(Ordering::Acquire) && self.parent.as_ref().is_none_or(|p| p.is_valid())
+    }
+
+    /// Whether this is a memory window rather than a registration.
+    pub fn is_window(&self) -> bool {
+        self.parent.is_some()
     }
 
     /// Mark invalid (local or remote invalidation); later accesses fail.
@@ -175,34 +183,88 @@ impl Region {
 const INDEX_BITS: u32 = 24;
 const MAX_INDEX: u32 = (1 << INDEX_BITS) - 1;
 
+/// What one index of the key table holds.
+#[derive(Debug)]
+enum Slot {
+    Free,
+    Mr(Arc<Region>),
+    /// A memory window of `pd`: `bound` while bound (its key is the window's current key).
+    Mw {
+        pd: u32,
+        key: u32,
+        bound: Option<Arc<Region>>,
+    },
+}
+
+/// Why a memory-window bind failed (reported as `MwBindErr` / `LocProtErr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    #[error("the key does not name a memory window of this protection domain")]
+    NotAWindow,
+    #[error("the registration is unknown, invalid or in another protection domain")]
+    BadRegion,
+    #[error("the requested rights cannot be granted on this registration")]
+    Rights,
+    #[error("the range lies outside the registration")]
+    OutOfBounds,
+}
+
 /// The STag / key table of one device: allocates keys and looks registrations up.
 ///
-/// A key is `index << 8 | generation`; each reuse of an index bumps the generation, so a
-/// key from an earlier registration of the same slot does not match. Index 0 is never
-/// used, so STag 0 (and the iWARP reserved STag range below 256) is always invalid.
+/// A key is `index << 8 | key byte`. Registrations: each reuse of an index bumps the key
+/// byte, so a key from an earlier registration of the same slot does not match. Windows:
+/// the consumer picks the key byte at each bind (verbs type 2 windows), so the keys
+/// handed out for earlier binds stop matching. Index 0 is never used, so STag 0 (and the
+/// iWARP reserved STag range below 256) is always invalid.
 #[derive(Debug)]
 pub struct MrTable {
-    slots: RwLock<Vec<Option<Arc<Region>>>>,
+    slots: RwLock<Vec<Slot>>,
     free: Mutex<Vec<u32>>,
     generation: Mutex<Vec<u8>>,
     limit: u32,
     live: AtomicU32,
+    windows: AtomicU32,
 }
 
 impl MrTable {
     pub fn new(limit: u32) -> Self {
         MrTable {
-            slots: RwLock::new(vec![None]),
+            slots: RwLock::new(vec![Slot::Free]),
             free: Mutex::new(Vec::new()),
             generation: Mutex::new(vec![0]),
             limit: limit.min(MAX_INDEX),
             live: AtomicU32::new(0),
+            windows: AtomicU32::new(0),
         }
     }
 
     /// Registrations alive now.
     pub fn live(&self) -> u32 {
         self.live.load(Ordering::Relaxed)
+    }
+
+    /// Memory windows allocated now.
+    pub fn windows(&self) -> u32 {
+        self.windows.load(Ordering::Relaxed)
+    }
+
+    /// Take a free index and give it a fresh key byte; returns the key.
+    fn allocate(&self, slots: &mut Vec<Slot>) -> Result<u32> {
+        let mut gens = self.generation.lock();
+        let index = match self.free.lock().pop() {
+            Some(i) => i,
+            None => {
+                if slots.len() as u32 > self.limit {
+                    return Err(VerbsError::Exhausted);
+                }
+                slots.push(Slot::Free);
+                gens.push(0);
+                slots.len() as u32 - 1
+            }
+        };
+        let g = &mut gens[index as usize];
+        *g = g.wrapping_add(1);
+        Ok((index << 8) | *g as u32)
     }
 
     /// Register `[base, base+len)` of the memory behind `mem` in `pd` with `access`.
@@ -218,21 +280,7 @@ impl MrTable {
             return Err(VerbsError::Invalid);
         }
         let mut slots = self.slots.write();
-        let mut gens = self.generation.lock();
-        let index = match self.free.lock().pop() {
-            Some(i) => i,
-            None => {
-                if slots.len() as u32 > self.limit {
-                    return Err(VerbsError::Exhausted);
-                }
-                slots.push(None);
-                gens.push(0);
-                slots.len() as u32 - 1
-            }
-        };
-        let g = &mut gens[index as usize];
-        *g = g.wrapping_add(1);
-        let stag = (index << 8) | *g as u32;
+        let stag = self.allocate(&mut slots)?;
         let region = Arc::new(Region {
             stag,
             pd,
@@ -241,8 +289,9 @@ impl MrTable {
             access,
             mem,
             valid: AtomicBool::new(true),
+            parent: None,
         });
-        slots[index as usize] = Some(region.clone());
+        slots[(stag >> 8) as usize] = Slot::Mr(region.clone());
         self.live.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             stag = format_args!("{stag:#x}"),
@@ -254,35 +303,136 @@ impl MrTable {
         Ok(region)
     }
 
-    /// Find the registration a key names; stale or unknown keys give `InvalidStag`.
+    /// Find the registration or bound window a key names; stale, unbound or unknown keys
+    /// give `InvalidStag`.
     pub fn lookup(&self, stag: u32) -> Result<Arc<Region>, AccessError> {
         let index = (stag >> 8) as usize;
         let slots = self.slots.read();
-        match slots.get(index).and_then(|s| s.as_ref()) {
-            Some(r) if r.stag == stag => Ok(r.clone()),
+        match slots.get(index) {
+            Some(Slot::Mr(r)) if r.stag == stag => Ok(r.clone()),
+            Some(Slot::Mw { bound: Some(r), .. }) if r.stag == stag => Ok(r.clone()),
             _ => Err(AccessError::InvalidStag),
         }
     }
 
-    /// Remove a registration (it is invalidated first, so an engine holding a reference stops).
+    /// Remove a registration (it is invalidated first, so an engine holding a reference
+    /// stops, and so do the windows bound onto it).
     pub fn deregister(&self, stag: u32) -> Result<()> {
         let index = (stag >> 8) as usize;
         let mut slots = self.slots.write();
+        if !matches!(slots.get(index), Some(Slot::Mr(r)) if r.stag == stag) {
+            return Err(VerbsError::NoSuchResource);
+        }
+        if let Slot::Mr(r) = std::mem::replace(&mut slots[index], Slot::Free) {
+            r.invalidate();
+        }
+        self.free.lock().push(index as u32);
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Allocate an unbound memory window in `pd`; returns its initial key.
+    pub fn alloc_window(&self, pd: u32) -> Result<u32> {
+        let mut slots = self.slots.write();
+        let key = self.allocate(&mut slots)?;
+        slots[(key >> 8) as usize] = Slot::Mw {
+            pd,
+            key,
+            bound: None,
+        };
+        self.windows.fetch_add(1, Ordering::Relaxed);
+        Ok(key)
+    }
+
+    /// Free a window (any of its keys names it); a bound window stops working at once.
+    pub fn dealloc_window(&self, key: u32) -> Result<()> {
+        let index = (key >> 8) as usize;
+        let mut slots = self.slots.write();
         match slots.get_mut(index) {
-            Some(slot @ Some(_)) if slot.as_ref().map(|r| r.stag) == Some(stag) => {
-                if let Some(r) = slot.take() {
+            Some(slot @ Slot::Mw { .. }) => {
+                if let Slot::Mw { bound: Some(r), .. } = std::mem::replace(slot, Slot::Free) {
                     r.invalidate();
                 }
                 self.free.lock().push(index as u32);
-                self.live.fetch_sub(1, Ordering::Relaxed);
+                self.windows.fetch_sub(1, Ordering::Relaxed);
                 Ok(())
             }
             _ => Err(VerbsError::NoSuchResource),
         }
     }
 
+    /// Bind (or with `len` 0 unbind) the window whose index `new_key` names, for a QP of
+    /// `pd`, onto `[addr, addr+len)` of registration `mr_lkey`. The window's key becomes
+    /// `new_key`: every key handed out for an earlier bind stops matching.
+    pub fn bind_window(
+        &self,
+        pd: u32,
+        new_key: u32,
+        mr_lkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Arc<Region>, BindError> {
+        let parent = if len > 0 {
+            let mr = match self.lookup(mr_lkey) {
+                Ok(r) if !r.is_window() && r.pd == pd && r.is_valid() => r,
+                _ => return Err(BindError::BadRegion),
+            };
+            if !access.can_bind_onto(mr.access) {
+                return Err(BindError::Rights);
+            }
+            let end = addr.checked_add(len).ok_or(BindError::OutOfBounds)?;
+            if addr < mr.base || end > mr.base + mr.len {
+                return Err(BindError::OutOfBounds);
+            }
+            Some(mr)
+        } else {
+            None
+        };
+        let mut slots = self.slots.write();
+        let Some(Slot::Mw {
+            pd: mw_pd,
+            key,
+            bound,
+        }) = slots.get_mut((new_key >> 8) as usize)
+        else {
+            return Err(BindError::NotAWindow);
+        };
+        if *mw_pd != pd {
+            return Err(BindError::NotAWindow);
+        }
+        if let Some(old) = bound.take() {
+            old.invalidate();
+        }
+        *key = new_key;
+        let region = Arc::new(Region {
+            stag: new_key,
+            pd,
+            base: addr,
+            len,
+            access,
+            mem: parent.as_ref().map_or_else(
+                || Arc::new(LocalMemory) as Arc<dyn MemoryAccess>,
+                |p| p.mem.clone(),
+            ),
+            valid: AtomicBool::new(len > 0),
+            parent: parent.clone(),
+        });
+        if parent.is_some() {
+            *bound = Some(region.clone());
+        }
+        tracing::debug!(
+            key = format_args!("{new_key:#x}"),
+            mr = format_args!("{mr_lkey:#x}"),
+            addr,
+            len,
+            "memory window bound"
+        );
+        Ok(region)
+    }
+
     /// Invalidate (local or remote invalidate): the key stays allocated but stops working.
-    /// Only a registration of `pd` may be invalidated.
+    /// Only a registration or window of `pd` may be invalidated.
     pub fn invalidate(&self, stag: u32, pd: u32) -> Result<(), AccessError> {
         let r = self.lookup(stag)?;
         if r.pd != pd {
@@ -370,6 +520,81 @@ mod tests {
             a.check(1, a.base, 1, Access::empty()),
             Err(AccessError::Invalidated)
         );
+    }
+
+    #[test]
+    fn windows_bind_narrow_and_die_with_their_registration() {
+        let t = MrTable::new(16);
+        let mut b = vec![0u8; 64];
+        let mr = buf_region(&t, &mut b, Access::LOCAL_WRITE | Access::MW_BIND);
+        let mw = t.alloc_window(1).unwrap();
+        assert_eq!(
+            t.lookup(mw).unwrap_err(),
+            AccessError::InvalidStag,
+            "unbound"
+        );
+        let key1 = (mw & !0xff) | 0x10;
+        let w = t
+            .bind_window(1, key1, mr.stag, mr.base + 8, 16, Access::REMOTE_WRITE)
+            .unwrap();
+        assert!(w.is_window());
+        let w = t.lookup(key1).unwrap();
+        w.write(1, mr.base + 8, &[7; 16], Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            w.write(1, mr.base + 20, &[7; 8], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            w.read(1, mr.base + 8, &mut [0; 4], Access::REMOTE_READ),
+            Err(AccessError::NoRight)
+        );
+        // Rebind with a new key: the old key stops matching.
+        let key2 = (mw & !0xff) | 0x11;
+        t.bind_window(1, key2, mr.stag, mr.base, 64, Access::REMOTE_READ)
+            .unwrap();
+        assert!(t.lookup(key1).is_err());
+        assert!(!w.is_valid(), "the old binding is dead");
+        let w2 = t.lookup(key2).unwrap();
+        // Wrong PD, rights the registration cannot back, out of bounds: refused.
+        assert_eq!(
+            t.bind_window(2, key2, mr.stag, mr.base, 8, Access::REMOTE_READ)
+                .unwrap_err(),
+            BindError::BadRegion
+        );
+        assert_eq!(
+            t.bind_window(1, key2, mr.stag, mr.base, 65, Access::REMOTE_READ)
+                .unwrap_err(),
+            BindError::OutOfBounds
+        );
+        assert_eq!(
+            t.bind_window(1, mr.stag, mr.stag, mr.base, 8, Access::REMOTE_READ)
+                .unwrap_err(),
+            BindError::NotAWindow
+        );
+        // Deregistering the registration kills the window bound onto it.
+        t.deregister(mr.stag).unwrap();
+        assert!(!w2.is_valid());
+        t.dealloc_window(key2).unwrap();
+        assert_eq!(t.windows(), 0);
+        drop((w, w2, mr));
+        assert_eq!(&b[8..24], &[7; 16]);
+    }
+
+    #[test]
+    fn windows_need_bind_rights() {
+        let t = MrTable::new(16);
+        let mut b = vec![0u8; 64];
+        let mr = buf_region(&t, &mut b, Access::LOCAL_WRITE);
+        let mw = t.alloc_window(1).unwrap();
+        assert_eq!(
+            t.bind_window(1, mw, mr.stag, mr.base, 8, Access::REMOTE_READ)
+                .unwrap_err(),
+            BindError::Rights
+        );
+        // Unbind of an unbound window is fine.
+        t.bind_window(1, mw, 0, 0, 0, Access::empty()).unwrap();
+        assert!(t.lookup(mw).is_err());
     }
 
     #[test]

@@ -7,10 +7,12 @@
 
 use crate::error::Result;
 use crate::event::EventSink;
-use crate::fastpath::EngineCq;
+use crate::fastpath::{EngineCq, EngineSrq};
 use crate::memory::{MemoryAccess, Region};
 use crate::queue::Ring;
-use crate::types::{Access, ConnParam, DeviceAttr, PortAttr, QpAttr, QpAttrMask, QpCaps, QpType};
+use crate::types::{
+    Access, ConnParam, DeviceAttr, PortAttr, QpAttr, QpAttrMask, QpCaps, QpType, SrqAttr,
+};
 use crate::wr::{Cqe, Wqe};
 use std::any::Any;
 use std::net::{IpAddr, SocketAddr};
@@ -40,9 +42,23 @@ pub struct QpInit {
     pub caps: QpCaps,
     /// The engine's end of the shared send ring.
     pub sq: Ring<Wqe>,
+    /// The engine's end of the shared receive ring (unused when `srq` is set).
+    pub rq: Ring<Wqe>,
+    /// The shared receive queue the QP takes its receives from, if any.
+    pub srq: Option<Arc<dyn ProviderSrq>>,
+    /// Receives affiliated asynchronous and connection events of this QP.
+    pub sink: Arc<dyn EventSink>,
+}
+
+/// What a provider needs to build a shared receive queue.
+pub struct SrqInit {
+    /// The provider's protection-domain number.
+    pub pd: u32,
+    /// Granted shape (`max_wr` is the ring's capacity, a power of two).
+    pub attr: SrqAttr,
     /// The engine's end of the shared receive ring.
     pub rq: Ring<Wqe>,
-    /// Receives affiliated asynchronous and connection events of this QP.
+    /// Receives `SrqLimitReached` and `SrqError` for this SRQ.
     pub sink: Arc<dyn EventSink>,
 }
 
@@ -63,6 +79,20 @@ pub trait Provider: Send + Sync + 'static {
 
     fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>>;
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>>;
+
+    /// Create a shared receive queue (devices with `max_srq > 0`).
+    fn create_srq(&self, _init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
+        Err(crate::VerbsError::Unsupported)
+    }
+
+    /// Allocate a memory window (type 2: bound through a `BindMw` send-queue request) in
+    /// protection domain `pd`; returns its initial key. Devices with `memory_windows`.
+    fn alloc_mw(&self, _pd: u32) -> Result<u32> {
+        Err(crate::VerbsError::Unsupported)
+    }
+    fn dealloc_mw(&self, _key: u32) -> Result<()> {
+        Err(crate::VerbsError::Unsupported)
+    }
 
     /// Register `[base, base+len)` of a consumer's memory, already pinned by the kAL and
     /// reachable through `mem`. Returns the registration with its STag/lkey/rkey.
@@ -91,6 +121,15 @@ pub trait ProviderCq: Send + Sync + 'static {
     fn engine(&self) -> &EngineCq;
     fn as_any(&self) -> &dyn Any;
     /// Tear down (idempotent).
+    fn destroy(&self) {}
+}
+
+/// A shared receive queue created by a provider.
+pub trait ProviderSrq: Send + Sync + 'static {
+    /// The engine's end of the ring, for QPs of the same provider.
+    fn engine(&self) -> &EngineSrq;
+    fn as_any(&self) -> &dyn Any;
+    /// Tear down (idempotent). QPs still attached have been destroyed by the kAL first.
     fn destroy(&self) {}
 }
 

@@ -159,6 +159,18 @@ impl QpState {
     }
 }
 
+/// Shape of a shared receive queue (Create/Query SRQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SrqAttr {
+    /// Receive requests the SRQ holds.
+    pub max_wr: u32,
+    /// Scatter entries per receive request.
+    pub max_sge: u32,
+    /// Limit: when armed (non-zero), `SrqLimitReached` fires once the SRQ holds fewer
+    /// receive requests than this, and the limit disarms.
+    pub limit: u32,
+}
+
 /// Requested and granted sizes of a QP's queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpCaps {
@@ -186,6 +198,21 @@ impl Access {
     pub fn is_consistent(self) -> bool {
         !self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             || self.contains(Access::LOCAL_WRITE)
+    }
+
+    /// The rights a memory window may grant: remote ones only.
+    pub const WINDOW: Access = Access::REMOTE_READ
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_ATOMIC);
+
+    /// Verbs rule for binding a window with `self` onto a registration with `mr`: the
+    /// registration allows binding, the window grants only remote rights, and remote
+    /// write or atomic rights need local write on the registration.
+    pub fn can_bind_onto(self, mr: Access) -> bool {
+        mr.contains(Access::MW_BIND)
+            && Access::WINDOW.contains(self)
+            && (!self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+                || mr.contains(Access::LOCAL_WRITE))
     }
 }
 
@@ -321,6 +348,16 @@ mod tests {
         let sa6: SocketAddr = "[fe80::1]:1".parse().unwrap();
         let (g, p) = sockaddr_to_parts(sa6);
         assert_eq!(sockaddr_from_parts(g, p), sa6);
+    }
+
+    #[test]
+    fn window_rights() {
+        let mr = Access::LOCAL_WRITE | Access::MW_BIND;
+        assert!(Access::REMOTE_WRITE.can_bind_onto(mr));
+        assert!(!Access::REMOTE_WRITE.can_bind_onto(Access::MW_BIND));
+        assert!(Access::REMOTE_READ.can_bind_onto(Access::MW_BIND));
+        assert!(!Access::REMOTE_READ.can_bind_onto(Access::LOCAL_WRITE));
+        assert!(!(Access::LOCAL_WRITE | Access::REMOTE_READ).can_bind_onto(mr));
     }
 
     #[test]

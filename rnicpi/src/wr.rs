@@ -36,6 +36,9 @@ pub enum WrOpcode {
     LocalInv = 9,
     /// Receive-queue entry (only in receive rings).
     Recv = 10,
+    /// Bind a memory window (type 2) onto a registration, in send-queue order
+    /// (see [`Wqe::bind_mw`] for where the arguments travel).
+    BindMw = 11,
 }
 
 impl WrOpcode {
@@ -52,6 +55,7 @@ impl WrOpcode {
             8 => AtomicFetchAdd,
             9 => LocalInv,
             10 => Recv,
+            11 => BindMw,
             _ => return None,
         })
     }
@@ -67,6 +71,7 @@ impl WrOpcode {
             AtomicFetchAdd => WcOpcode::FetchAdd,
             LocalInv => WcOpcode::LocalInv,
             Recv => WcOpcode::Recv,
+            BindMw => WcOpcode::BindMw,
         }
     }
 }
@@ -175,6 +180,56 @@ impl Wqe {
         self.imm_or_inv = imm_or_inv;
         self
     }
+
+    /// Bind memory window `mw_rkey` (its new key: the window's index with a fresh key
+    /// byte) onto `[addr, addr+len)` of the registration `mr_lkey` with the remote
+    /// rights `access`; `len` 0 unbinds. The arguments travel in `imm_or_inv` (new
+    /// window key), `rkey` (registration), `remote_addr`, `compare_add` (length) and
+    /// `swap` (access bits).
+    pub fn bind_mw(
+        wr_id: u64,
+        mw_rkey: u32,
+        mr_lkey: u32,
+        addr: u64,
+        len: u64,
+        access: crate::Access,
+    ) -> Self {
+        Wqe {
+            wr_id,
+            opcode: WrOpcode::BindMw as u8,
+            flags: send_flags::SIGNALED,
+            imm_or_inv: mw_rkey,
+            rkey: mr_lkey,
+            remote_addr: addr,
+            compare_add: len,
+            swap: access.bits() as u64,
+            ..Default::default()
+        }
+    }
+
+    /// The arguments of a [`WrOpcode::BindMw`] request, as [`Wqe::bind_mw`] stored them.
+    pub fn bind_args(&self) -> BindArgs {
+        BindArgs {
+            mw_rkey: self.imm_or_inv,
+            mr_lkey: self.rkey,
+            addr: self.remote_addr,
+            len: self.compare_add,
+            access: u32::try_from(self.swap)
+                .ok()
+                .and_then(crate::Access::from_bits),
+        }
+    }
+}
+
+/// What a memory-window bind asks for (decoded from a [`Wqe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindArgs {
+    pub mw_rkey: u32,
+    pub mr_lkey: u32,
+    pub addr: u64,
+    pub len: u64,
+    /// `None` when the slot carries unknown access bits.
+    pub access: Option<crate::Access>,
 }
 
 /// Completion status (verbs `IBV_WC_*` values).
@@ -316,6 +371,25 @@ mod tests {
         let w = Wqe::new(1, WrOpcode::Send, &[]);
         assert!(w.with_inline(&[0u8; MAX_INLINE]).is_some());
         assert!(w.with_inline(&[0u8; MAX_INLINE + 1]).is_none());
+    }
+
+    #[test]
+    fn bind_args_round_trip() {
+        let a = crate::Access::REMOTE_READ | crate::Access::REMOTE_WRITE;
+        let w = Wqe::bind_mw(9, 0x1234_5602, 0x0007_7701, 0x1000, 64, a);
+        assert_eq!(w.opcode(), Some(WrOpcode::BindMw));
+        assert_eq!(
+            w.bind_args(),
+            BindArgs {
+                mw_rkey: 0x1234_5602,
+                mr_lkey: 0x0007_7701,
+                addr: 0x1000,
+                len: 64,
+                access: Some(a)
+            }
+        );
+        let bad = Wqe { swap: 1 << 40, ..w };
+        assert_eq!(bad.bind_args().access, None);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub use buffer::RegBuf;
 pub use channel::{embedded_kal, Channel, Target};
 pub use device::DeviceFile;
 pub use events::Handler;
-pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Pd, PortInfo, Qp, QpConfig};
+pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq};
 
 pub use kal::abi;
 pub use rnicpi::{

@@ -1,4 +1,5 @@
-//! Verbs objects over a kAL context: devices, PDs, CQs, QPs, MRs and listeners.
+//! Verbs objects over a kAL context: devices, PDs, CQs, QPs, SRQs, MRs, memory windows
+//! and listeners.
 
 use crate::channel::{Channel, Target};
 use crate::device::eventfd;
@@ -11,7 +12,8 @@ use parking_lot::Mutex;
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
     Access, ConnParam, Cqe, Doorbell, Event, PortState, QpAttr, QpAttrMask, QpCaps, QpRingLayout,
-    QpState, QpType, Result, Ring, SharedMem, Transport, UserCq, UserQp, VerbsError, Wqe,
+    QpState, QpType, Result, Ring, SharedMem, SrqAttr, Transport, UserCq, UserQp, UserSrq,
+    VerbsError, Wqe,
 };
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -199,7 +201,11 @@ impl Context {
         recv_cq: &Arc<Cq>,
         cfg: QpConfig,
     ) -> Result<Arc<Qp>> {
-        let caps = cfg.caps;
+        let mut caps = cfg.caps;
+        if cfg.srq.is_some() {
+            // Receives come from the SRQ; the QP has no receive queue of its own.
+            (caps.max_recv_wr, caps.max_recv_sge) = (0, 0);
+        }
         let layout =
             QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-qp", layout.total)?);
@@ -223,6 +229,8 @@ impl Context {
             doorbell_fd: doorbell_fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
             handle: 0,
             qp_num: 0,
+            srq: cfg.srq.as_ref().map_or(0, |s| s.handle),
+            _pad2: 0,
         };
         self.call(cmd::CREATE_QP, &mut a)?;
         let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?;
@@ -238,7 +246,58 @@ impl Context {
             qp_num: a.qp_num,
             user: UserQp::new(a.qp_num, caps, sq, rq, doorbell),
             events,
+            srq: cfg.srq.clone(),
             _parents: (pd.clone(), send_cq.clone(), recv_cq.clone()),
+        }))
+    }
+
+    /// Create a shared receive queue of `max_wr` receives with `max_sge` scatter entries.
+    /// QPs created with [`QpConfig::srq`] take their receives from it.
+    pub fn create_srq(
+        self: &Arc<Self>,
+        pd: &Arc<Pd>,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<Arc<Srq>> {
+        let cap = ring_capacity(max_wr).ok_or(VerbsError::Invalid)?;
+        let mem = Arc::new(SharedMem::create("krdma-srq", ring_bytes::<Wqe>(cap))?);
+        let mut a = abi::CreateSrq {
+            pd: pd.handle,
+            max_wr,
+            max_sge,
+            limit: 0,
+            memfd: mem.fd().as_raw_fd(),
+            handle: 0,
+        };
+        self.call(cmd::CREATE_SRQ, &mut a)?;
+        let attr = SrqAttr {
+            max_wr: a.max_wr,
+            max_sge,
+            limit: 0,
+        };
+        let ring = Ring::attach(mem, 0, a.max_wr)?;
+        let events = self.subscribe(a.handle);
+        Ok(Arc::new(Srq {
+            ctx: self.clone(),
+            handle: a.handle,
+            user: UserSrq::new(attr, ring),
+            events,
+            _pd: pd.clone(),
+        }))
+    }
+
+    /// Allocate a memory window in `pd` (bind it with [`Mw::bind_wqe`] on a QP of `pd`).
+    pub fn alloc_mw(self: &Arc<Self>, pd: &Arc<Pd>) -> Result<Arc<Mw>> {
+        let mut a = abi::AllocMw {
+            pd: pd.handle,
+            ..Zeroable::zeroed()
+        };
+        self.call(cmd::ALLOC_MW, &mut a)?;
+        Ok(Arc::new(Mw {
+            ctx: self.clone(),
+            handle: a.handle,
+            rkey: a.rkey.into(),
+            _pd: pd.clone(),
         }))
     }
 
@@ -485,10 +544,12 @@ impl Drop for Cq {
 }
 
 /// Requested shape of a QP.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct QpConfig {
     pub qp_type: QpType,
     pub caps: QpCaps,
+    /// Take receives from this shared receive queue (the receive caps are then ignored).
+    pub srq: Option<Arc<Srq>>,
 }
 
 impl Default for QpConfig {
@@ -502,6 +563,7 @@ impl Default for QpConfig {
                 max_recv_sge: 4,
                 max_inline: 64,
             },
+            srq: None,
         }
     }
 }
@@ -513,6 +575,7 @@ pub struct Qp {
     pub qp_num: u32,
     user: UserQp,
     events: Receiver<Event>,
+    srq: Option<Arc<Srq>>,
     _parents: (Arc<Pd>, Arc<Cq>, Arc<Cq>),
 }
 
@@ -523,7 +586,11 @@ impl Qp {
     pub fn post_send_batch(&self, wqes: &[Wqe]) -> Result<()> {
         self.user.post_send_batch(wqes)
     }
+    /// Post a receive; `Invalid` for a QP on an SRQ (post to the SRQ instead).
     pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(VerbsError::Invalid);
+        }
         self.user.post_recv(wqe)
     }
 
@@ -730,5 +797,99 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DESTROY_LISTEN, self.handle);
+    }
+}
+
+/// A shared receive queue: receives posted here serve every QP attached to it.
+pub struct Srq {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    user: UserSrq,
+    events: Receiver<Event>,
+    _pd: Arc<Pd>,
+}
+
+impl Srq {
+    /// Post one receive (no system call).
+    pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
+        self.user.post_recv(wqe)
+    }
+
+    /// Receives posted and not yet taken by a QP.
+    pub fn len(&self) -> u32 {
+        self.user.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.user.is_empty()
+    }
+
+    /// Arm the limit: one `SrqLimitReached` event once fewer than `limit` receives are
+    /// left (0 disarms).
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let mut a = abi::SrqAttrs {
+            handle: self.handle,
+            limit,
+            ..Zeroable::zeroed()
+        };
+        self.ctx.call(cmd::MODIFY_SRQ, &mut a)
+    }
+
+    /// The SRQ's shape and current limit (0 once the limit event has fired).
+    pub fn query(&self) -> Result<SrqAttr> {
+        let mut a = abi::SrqAttrs {
+            handle: self.handle,
+            ..Zeroable::zeroed()
+        };
+        self.ctx.call(cmd::QUERY_SRQ, &mut a)?;
+        Ok(SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            limit: a.limit,
+        })
+    }
+
+    /// Events of this SRQ (`SrqLimitReached`, `SrqError`, `AccessLayerDead`).
+    pub fn events(&self) -> &Receiver<Event> {
+        &self.events
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DESTROY_SRQ, self.handle);
+    }
+}
+
+/// A memory window (type 2): bound onto part of a registration by a send-queue request,
+/// it gives a peer remote access to just that part, under a key that changes at each
+/// bind and can be invalidated by the peer (Send with Invalidate) or locally.
+pub struct Mw {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    rkey: std::sync::atomic::AtomicU32,
+    _pd: Arc<Pd>,
+}
+
+impl Mw {
+    /// The key of the latest bind (what to hand to the peer).
+    pub fn rkey(&self) -> u32 {
+        self.rkey.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A `BindMw` request for `[offset, offset+len)` of `mr` with remote rights `access`
+    /// (`len` 0 unbinds), under a fresh key that [`Mw::rkey`] reports from now on. Post
+    /// it on a QP of the window's PD; the bind takes effect in send-queue order.
+    pub fn bind_wqe(&self, wr_id: u64, mr: &Mr, offset: u64, len: u64, access: Access) -> Wqe {
+        let old = self.rkey();
+        let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+        self.rkey.store(new, std::sync::atomic::Ordering::Release);
+        Wqe::bind_mw(wr_id, new, mr.lkey, mr.addr + offset, len, access)
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DEALLOC_MW, self.handle);
     }
 }

@@ -1,7 +1,7 @@
 //! The siw device: attributes, ports, and the resources it hands the kAL.
 
 use crate::cm::SiwListener;
-use crate::qp::{SiwCq, SiwQp};
+use crate::qp::{SiwCq, SiwQp, SiwSrq};
 use rnicpi::*;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -133,12 +133,12 @@ impl SiwDevice {
             max_mr: 128 * 1024,
             max_mr_size: 1 << 40,
             max_pd: 32 * 1024,
-            max_srq: 0,
-            max_srq_wr: 0,
+            max_srq: 8 * 1024,
+            max_srq_wr: 16 * 1024,
             max_ird: 32,
             max_ord: 32,
             atomics: false,
-            memory_windows: false,
+            memory_windows: true,
             phys_port_cnt: 1,
         };
         let shared = Arc::new(Shared {
@@ -213,6 +213,7 @@ impl Provider for SiwDevice {
             ("cq_overflows", g(&c.cq_overflows)),
             ("qps_created", g(&c.qps_created)),
             ("mrs_live", self.shared.mrs.live() as u64),
+            ("mws_live", self.shared.mrs.windows() as u64),
         ]
     }
 
@@ -235,12 +236,31 @@ impl Provider for SiwDevice {
                 return Err(VerbsError::Invalid);
             }
         }
+        if let Some(srq) = &init.srq {
+            if srq.as_any().downcast_ref::<SiwSrq>().is_none() || srq.engine().pd != init.pd {
+                return Err(VerbsError::Invalid);
+            }
+        }
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         self.shared
             .counters
             .qps_created
             .fetch_add(1, Ordering::Relaxed);
         Ok(SiwQp::new(self.shared.clone(), qpn, init))
+    }
+
+    fn create_srq(&self, init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
+        Ok(Arc::new(SiwSrq(EngineSrq::new(
+            init.pd, init.attr, init.rq, init.sink,
+        ))))
+    }
+
+    fn alloc_mw(&self, pd: u32) -> Result<u32> {
+        self.shared.mrs.alloc_window(pd)
+    }
+
+    fn dealloc_mw(&self, key: u32) -> Result<()> {
+        self.shared.mrs.dealloc_window(key)
     }
 
     fn reg_mr(

@@ -28,6 +28,19 @@ impl ProviderCq for SiwCq {
     }
 }
 
+/// A shared receive queue of the siw device: QPs attached to it take their receives
+/// from its ring when a Send arrives.
+pub struct SiwSrq(pub EngineSrq);
+
+impl ProviderSrq for SiwSrq {
+    fn engine(&self) -> &EngineSrq {
+        &self.0
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 struct Inflight {
     wqe: Wqe,
     done: bool,
@@ -55,8 +68,14 @@ struct State {
     rx_msn_send: u32,
     rx_msn_read: u32,
     responses: VecDeque<ReadRequest>,
+    /// Read Responses being transmitted: they hold their IRD slot until fully sent.
+    responding: u32,
     cur_recv: Option<RecvInProgress>,
     terminate: Option<Vec<u8>>,
+    /// A Terminate was queued and has not been written to the socket yet.
+    term_pending: bool,
+    /// `LastWqeReached` was reported (QPs on an SRQ, once they enter Error).
+    last_wqe_sent: bool,
     kick: bool,
     closing: bool,
     /// Local side asked for the close (Disconnected rather than ConnectionBroken).
@@ -71,6 +90,8 @@ pub struct SiwQp {
     caps: QpCaps,
     sq: Mutex<Ring<Wqe>>,
     rq: Mutex<Ring<Wqe>>,
+    /// When set, receives come from this SRQ and `rq` is unused.
+    srq: Option<Arc<dyn ProviderSrq>>,
     scq: Arc<dyn ProviderCq>,
     rcq: Arc<dyn ProviderCq>,
     pub(crate) sink: Arc<dyn EventSink>,
@@ -97,6 +118,7 @@ impl SiwQp {
             caps: init.caps,
             sq: Mutex::new(init.sq),
             rq: Mutex::new(init.rq),
+            srq: init.srq,
             scq: init.send_cq,
             rcq: init.recv_cq,
             sink: init.sink,
@@ -115,8 +137,11 @@ impl SiwQp {
                 rx_msn_send: 1,
                 rx_msn_read: 1,
                 responses: VecDeque::new(),
+                responding: 0,
                 cur_recv: None,
                 terminate: None,
+                term_pending: false,
+                last_wqe_sent: false,
                 kick: false,
                 closing: false,
                 local_close: false,
@@ -263,11 +288,20 @@ impl SiwQp {
                 }
                 Work::Raw(bytes) => {
                     out.extend_from_slice(&bytes);
-                    flush(&mut out)
+                    let r = flush(&mut out);
+                    self.st.lock().term_pending = false;
+                    r
                 }
                 Work::Response { rr, crc, mtu } => {
-                    match self.emit_read_response(&mut out, &rr, crc, mtu, &mut flush) {
-                        Ok(r) => r.and_then(|_| flush(&mut out)),
+                    let sent = self
+                        .emit_read_response(&mut out, &rr, crc, mtu, &mut flush)
+                        .map(|r| r.and_then(|_| flush(&mut out)));
+                    {
+                        let mut st = self.st.lock();
+                        st.responding = st.responding.saturating_sub(1);
+                    }
+                    match sent {
+                        Ok(r) => r,
                         Err(code) => {
                             out.clear();
                             self.fail(code, None);
@@ -340,6 +374,7 @@ impl SiwQp {
         }
         let (crc, mtu) = (st.crc, st.max_ulpdu);
         if let Some(rr) = st.responses.pop_front() {
+            st.responding += 1;
             return Work::Response { rr, crc, mtu };
         }
         let sq = self.sq.lock();
@@ -500,6 +535,18 @@ impl SiwQp {
                     .map_err(|_| WcStatus::LocProtErr)?;
                 Ok(true)
             }
+            WrOpcode::BindMw => {
+                let b = w.bind_args();
+                let access = b.access.ok_or(WcStatus::MwBindErr)?;
+                self.dev
+                    .mrs
+                    .bind_window(self.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, access)
+                    .map_err(|e| {
+                        tracing::debug!(qpn = self.qpn, error = %e, "memory window bind refused");
+                        WcStatus::MwBindErr
+                    })?;
+                Ok(true)
+            }
             _ => Err(WcStatus::LocQpOpErr),
         }
     }
@@ -640,6 +687,12 @@ impl SiwQp {
                 return Ok(Ok(()));
             }
             if out.len() >= TX_BATCH {
+                if self.st.lock().qp != QpState::Rts {
+                    // The QP failed meanwhile: abandon the response so the Terminate
+                    // queued behind it goes out without waiting for the rest.
+                    out.clear();
+                    return Ok(Ok(()));
+                }
                 if let Err(e) = flush(out) {
                     return Ok(Err(e));
                 }
@@ -704,9 +757,25 @@ impl SiwQp {
                 cqe_for(&r.wqe, self.qpn, WcStatus::WrFlushErr, 0),
             );
         }
+        if self.srq.is_some() {
+            // The SRQ's receives belong to the other QPs; this one just stops taking them.
+            if !st.last_wqe_sent {
+                st.last_wqe_sent = true;
+                self.sink.deliver(Event::new(EventKind::LastWqeReached));
+            }
+            return;
+        }
         let rq = self.rq.lock();
         while let Ok(Some(w)) = rq.pop() {
             self.post_cqe(&self.rcq, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        }
+    }
+
+    /// The next posted receive: from the SRQ when the QP has one, else its own queue.
+    fn take_recv(&self) -> Option<Wqe> {
+        match &self.srq {
+            Some(srq) => srq.engine().take().ok().flatten(),
+            None => self.rq.lock().pop().ok().flatten(),
         }
     }
 
@@ -750,6 +819,7 @@ impl SiwQp {
         }
         let _ = wire::finish_fpdu(&mut t, start, st.crc);
         st.terminate = Some(t);
+        st.term_pending = true;
         self.to_error(&mut st);
         drop(st);
         let kind = match code.etype {
@@ -769,6 +839,7 @@ impl SiwQp {
         let mut st = self.st.lock();
         let was_error = st.qp == QpState::Error;
         st.connected = false;
+        st.term_pending = false;
         self.to_error(&mut st);
         let kind = if eof || st.local_close {
             EventKind::Disconnected
@@ -849,12 +920,37 @@ impl SiwQp {
         }
     }
 
-    /// After a local Terminate: keep reading briefly so the peer can take it, then stop.
+    /// After a local Terminate: keep reading (so the peer never stalls on a full window)
+    /// until the tx side has written the Terminate, then half a second more so the peer
+    /// can take it, then close. Bounded: a peer that reads nothing cannot hold us.
     fn finish_rx(&self, sock: TcpStream) {
-        let _ = sock.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+        use std::time::{Duration, Instant};
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
         let mut sink = [0u8; 4096];
         let mut s = &sock;
-        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        let mut linger_until = None;
+        loop {
+            let now = Instant::now();
+            if linger_until.is_none() && !self.st.lock().term_pending {
+                linger_until = Some(now + Duration::from_millis(500));
+            }
+            if now >= deadline || linger_until.is_some_and(|t| now >= t) {
+                break;
+            }
+            match s.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => break,
+            }
+        }
         self.connection_lost(false);
     }
 
@@ -986,9 +1082,8 @@ impl SiwQp {
             if mo != 0 {
                 return Err(untagged(term::DDP_UNTAGGED_INV_MO));
             }
-            let w = match self.rq.lock().pop() {
-                Ok(Some(w)) => w,
-                _ => return Err(untagged(term::DDP_UNTAGGED_NO_BUF)),
+            let Some(w) = self.take_recv() else {
+                return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
             };
             st.cur_recv = Some(RecvInProgress {
                 total: w.total_len(),
@@ -1071,7 +1166,7 @@ impl SiwQp {
         if mo != 0 || !last {
             return Err(untagged(term::DDP_UNTAGGED_INV_MO));
         }
-        if st.responses.len() as u32 >= st.ird {
+        if st.responses.len() as u32 + st.responding >= st.ird {
             return Err(TermCode {
                 layer: term::LAYER_RDMAP,
                 etype: term::RDMAP_REMOTE_OP,

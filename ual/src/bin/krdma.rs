@@ -179,6 +179,12 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             q.max_ord,
             if q.atomics != 0 { "yes" } else { "no" }
         );
+        println!(
+            "\tmax_srq:\t\t{}\n\tmax_srq_wr:\t\t{}\n\tmemory_windows:\t\t{}",
+            q.max_srq,
+            q.max_srq_wr,
+            if q.memory_windows != 0 { "yes" } else { "no" }
+        );
         println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
         for port in 1..=q.phys_port_cnt {
             let p = ctx.query_port(d.index, port)?;
@@ -213,7 +219,9 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
         "PDs",
         "CQs",
         "QPs",
+        "SRQs",
         "MRs",
+        "MWs",
         "listeners",
         "pinned",
         "events queued",
@@ -227,7 +235,9 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             r.pds.to_string(),
             r.cqs.to_string(),
             r.qps.to_string(),
+            r.srqs.to_string(),
             r.mrs.to_string(),
+            r.mws.to_string(),
             r.listeners.to_string(),
             r.pinned_bytes.to_string(),
             r.events_queued.to_string(),
