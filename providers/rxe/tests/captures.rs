@@ -54,6 +54,11 @@ impl Frame {
         }
     }
 
+    fn udp_sport(&self) -> u16 {
+        let udp = self.split().1;
+        u16::from_be_bytes([udp[0], udp[1]])
+    }
+
     /// The UDP payload: the RoCEv2 packet.
     fn roce(&self) -> &[u8] {
         &self.split().1[8..]
@@ -177,17 +182,63 @@ fn check_capture(name: &str) -> (Tally, Vec<Frame>) {
                 r.payload,
                 "{name}: frame {n}: MAD re-emission"
             );
+            assert_eq!(
+                cm::gsi_packet(r.payload, r.bth.pkey, r.bth.psn),
+                r,
+                "{name}: frame {n}: the GSI packet rxe builds around a MAD"
+            );
+            assert_eq!(
+                f.udp_sport(),
+                icrc::rxe_qp_udp_sport(GSI_QPN),
+                "{name}: frame {n}: QP1's UDP source port"
+            );
             t.mads.push((f.src(), m));
         }
         t.packets += 1;
         *t.by_opcode.entry(r.bth.opcode.as_u8()).or_default() += 1;
     }
+    check_source_ports(name, &t, &frames);
     eprintln!(
         "{name}: {} RoCEv2 packets, opcodes {:?}",
         t.packets, t.by_opcode
     );
     assert!(t.packets > 0, "{name}: no RoCEv2 traffic found");
     (t, frames)
+}
+
+/// RC packets leave from the UDP port Linux derives from the path's flow label: the one in
+/// the CM REQ when rdma_cm set up the connection, else the one computed from the two QPNs.
+fn check_source_ports(name: &str, t: &Tally, frames: &[Frame]) {
+    let req_flow_label = t.mads.iter().find_map(|(_, m)| match m.message {
+        CmMessage::Req(r) => Some(r.primary_path.flow_label),
+        _ => None,
+    });
+    let parsed: Vec<(IpAddr, u16, RoceRepr)> = frames
+        .iter()
+        .map(|f| {
+            (
+                f.src(),
+                f.udp_sport(),
+                RoceRepr::parse_bytes(f.roce()).unwrap(),
+            )
+        })
+        .filter(|(_, _, r)| r.bth.opcode.transport() == Transport::Rc)
+        .collect();
+    for (src, sport, r) in &parsed {
+        let expect = match req_flow_label {
+            Some(fl) => icrc::udp_sport_for_flow_label(fl),
+            None => {
+                // The peer's DestQP is our QPN.
+                let lqpn = parsed
+                    .iter()
+                    .find(|(s, _, _)| s != src)
+                    .map(|(_, _, p)| p.bth.dest_qp)
+                    .expect("traffic both ways");
+                icrc::udp_sport_for(0, lqpn, r.bth.dest_qp)
+            }
+        };
+        assert_eq!(*sport, expect, "{name}: UDP source port from {src}");
+    }
 }
 
 fn counts(pairs: &[(Opcode, usize)]) -> BTreeMap<u8, usize> {

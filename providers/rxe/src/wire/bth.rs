@@ -193,6 +193,22 @@ pub struct Repr {
 }
 
 impl Repr {
+    /// A BTH with the default P_Key (0xffff) and every flag clear.
+    pub fn new(opcode: Opcode, dest_qp: u32, psn: u32) -> Repr {
+        Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp: dest_qp & PSN_MASK,
+            ack_req: false,
+            psn: psn & PSN_MASK,
+        }
+    }
+
     /// Parse; refuses unknown opcodes and a transport version other than 0.
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr> {
         let opcode = p.opcode()?;

@@ -597,6 +597,33 @@ impl CmMad {
     }
 }
 
+/// The RoCEv2 packet that carries a MAD between GSIs, as rxe sends it: UD SEND Only from
+/// QP1 to QP1, AckReq set, Q_Key [`GSI_QKEY`](super::deth::GSI_QKEY). `psn` is the sending
+/// QP1's next PSN (rxe starts at 0 and counts every MAD it sends).
+pub fn gsi_packet(mad: &[u8], pkey: u16, psn: u32) -> super::roce::Repr<'_> {
+    use super::{bth, deth, opcode::Opcode};
+    let mut r = super::roce::Repr::new(
+        bth::Repr {
+            opcode: Opcode::UdSendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey,
+            fecn: false,
+            becn: false,
+            dest_qp: deth::GSI_QPN,
+            ack_req: true,
+            psn: psn & bth::PSN_MASK,
+        },
+        mad,
+    );
+    r.deth = Some(deth::Repr {
+        qkey: deth::GSI_QKEY,
+        src_qp: deth::GSI_QPN,
+    });
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -932,5 +959,11 @@ mod tests {
         assert_eq!(h.src, std::net::IpAddr::from([10, 77, 0, 12]));
         assert_eq!(h.dst, std::net::IpAddr::from([10, 77, 0, 11]));
         assert_eq!(&m.to_bytes()[..], mad_bytes, "byte-exact re-emission");
+        // The whole UDP payload, rebuilt around the MAD, ICRC filled over the real headers.
+        let bytes = m.to_bytes();
+        let mut udp = d[20..28].to_vec();
+        udp.extend_from_slice(&gsi_packet(&bytes, 0xffff, 0).to_vec().unwrap());
+        crate::wire::icrc::fill_ipv4(&d[..20], &mut udp).unwrap();
+        assert_eq!(&udp[..], &d[20..]);
     }
 }

@@ -59,48 +59,81 @@ fn check_ipv6(ip: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// CRC over the pseudo packet. `masked_ip` already has its variant fields set to ones;
-/// `udp` is the UDP header and payload up to (not including) the ICRC.
-fn compute(masked_ip: &[u8], udp: &[u8]) -> Result<u32> {
-    need(UDP_HEADER_LEN + bth::HEADER_LEN, udp.len())?;
-    let mut h = crc32fast::Hasher::new();
-    h.update(&MASKED_LRH);
-    h.update(masked_ip);
-    let mut hdr = [0u8; UDP_HEADER_LEN + bth::HEADER_LEN];
-    hdr.copy_from_slice(&udp[..UDP_HEADER_LEN + bth::HEADER_LEN]);
-    hdr[6] = 0xff;
-    hdr[7] = 0xff;
-    hdr[UDP_HEADER_LEN + 4] = 0xff;
-    h.update(&hdr);
-    h.update(&udp[UDP_HEADER_LEN + bth::HEADER_LEN..]);
-    Ok(h.finalize())
+/// An ICRC computed piece by piece, for packets whose payload lives elsewhere (a
+/// scatter/gather list): start with the IP header and the UDP header plus BTH, feed the
+/// extension headers, payload and pad with [`update`](Self::update), then
+/// [`finish`](Self::finish). `icrc_ipv4(ip, udp)` equals
+/// `Icrc::ipv4(ip, &udp[..20])?.update(&udp[20..]).finish()`.
+#[derive(Clone)]
+pub struct Icrc {
+    h: crc32fast::Hasher,
+}
+
+impl Icrc {
+    fn start(masked_ip: &[u8], udp_and_bth: &[u8]) -> Result<Icrc> {
+        need(UDP_HEADER_LEN + bth::HEADER_LEN, udp_and_bth.len())?;
+        let mut h = crc32fast::Hasher::new();
+        h.update(&MASKED_LRH);
+        h.update(masked_ip);
+        let mut hdr = [0u8; UDP_HEADER_LEN + bth::HEADER_LEN];
+        hdr.copy_from_slice(&udp_and_bth[..UDP_HEADER_LEN + bth::HEADER_LEN]);
+        hdr[6] = 0xff; // UDP checksum
+        hdr[7] = 0xff;
+        hdr[UDP_HEADER_LEN + 4] = 0xff; // BTH FECN, BECN, reserved
+        h.update(&hdr);
+        let mut me = Icrc { h };
+        me.update(&udp_and_bth[UDP_HEADER_LEN + bth::HEADER_LEN..]);
+        Ok(me)
+    }
+
+    /// Start over IPv4: the 20-byte IP header and (at least) the UDP header and BTH; bytes
+    /// after those count as the next part of the packet.
+    pub fn ipv4(ip_header: &[u8], udp_and_bth: &[u8]) -> Result<Icrc> {
+        check_ipv4(ip_header)?;
+        let mut ip = [0u8; IPV4_HEADER_LEN];
+        ip.copy_from_slice(&ip_header[..IPV4_HEADER_LEN]);
+        ip[1] = 0xff; // TOS: DSCP + ECN
+        ip[8] = 0xff; // TTL
+        ip[10] = 0xff; // header checksum
+        ip[11] = 0xff;
+        Icrc::start(&ip, udp_and_bth)
+    }
+
+    /// Start over IPv6 (40-byte header, no extension headers).
+    pub fn ipv6(ip_header: &[u8], udp_and_bth: &[u8]) -> Result<Icrc> {
+        check_ipv6(ip_header)?;
+        let mut ip = [0u8; IPV6_HEADER_LEN];
+        ip.copy_from_slice(&ip_header[..IPV6_HEADER_LEN]);
+        ip[0] |= 0x0f; // traffic class, high nibble
+        ip[1] = 0xff; // traffic class low nibble, flow label
+        ip[2] = 0xff;
+        ip[3] = 0xff;
+        ip[7] = 0xff; // hop limit
+        Icrc::start(&ip, udp_and_bth)
+    }
+
+    /// Feed the next bytes of the packet (never the ICRC itself).
+    pub fn update(&mut self, bytes: &[u8]) -> &mut Icrc {
+        self.h.update(bytes);
+        self
+    }
+
+    /// The ICRC (store it with `to_le_bytes`).
+    pub fn finish(&self) -> u32 {
+        self.h.clone().finalize()
+    }
 }
 
 /// ICRC of a packet sent over IPv4. `ip_header` is the 20-byte header as it goes on the
 /// wire (longer slices are allowed; only the first 20 bytes are used; options are
 /// refused); `udp_without_icrc` is the UDP header and payload without the trailing ICRC.
 pub fn icrc_ipv4(ip_header: &[u8], udp_without_icrc: &[u8]) -> Result<u32> {
-    check_ipv4(ip_header)?;
-    let mut ip = [0u8; IPV4_HEADER_LEN];
-    ip.copy_from_slice(&ip_header[..IPV4_HEADER_LEN]);
-    ip[1] = 0xff; // TOS: DSCP + ECN
-    ip[8] = 0xff; // TTL
-    ip[10] = 0xff; // header checksum
-    ip[11] = 0xff;
-    compute(&ip, udp_without_icrc)
+    Ok(Icrc::ipv4(ip_header, udp_without_icrc)?.finish())
 }
 
 /// ICRC of a packet sent over IPv6 (40-byte header, no extension headers).
 pub fn icrc_ipv6(ip_header: &[u8], udp_without_icrc: &[u8]) -> Result<u32> {
-    check_ipv6(ip_header)?;
-    let mut ip = [0u8; IPV6_HEADER_LEN];
-    ip.copy_from_slice(&ip_header[..IPV6_HEADER_LEN]);
-    ip[0] |= 0x0f; // traffic class, high nibble
-    ip[1] = 0xff; // traffic class low nibble, flow label
-    ip[2] = 0xff;
-    ip[3] = 0xff;
-    ip[7] = 0xff; // hop limit
-    compute(&ip, udp_without_icrc)
+    Ok(Icrc::ipv6(ip_header, udp_without_icrc)?.finish())
 }
 
 fn split_icrc(udp: &[u8]) -> Result<(&[u8], u32)> {
@@ -282,6 +315,46 @@ pub fn udp_header_for(src_port: u16, udp_len: u16) -> [u8; UDP_HEADER_LEN] {
     h
 }
 
+/// Lowest UDP source port RoCEv2 uses (`IB_ROCE_UDP_ENCAP_VALID_PORT_MIN`): source ports
+/// are 0xc000..=0xffff, 14 bits of entropy for ECMP.
+pub const UDP_SPORT_MIN: u16 = 0xc000;
+
+/// The UDP source port Linux derives from a flow label (`rdma_flow_label_to_udp_sport`):
+/// the low 14 bits XOR the high 6, in the 0xc000 range.
+pub const fn udp_sport_for_flow_label(flow_label: u32) -> u16 {
+    let low = flow_label & 0x3fff;
+    let high = (flow_label & 0xf_c000) >> 14;
+    ((low ^ high) as u16) | UDP_SPORT_MIN
+}
+
+/// The symmetric flow label Linux computes for a connection whose path has none
+/// (`rdma_calc_flow_label`): both ends get the same value.
+pub const fn flow_label_for_qpns(lqpn: u32, rqpn: u32) -> u32 {
+    let mut v = lqpn as u64 * rqpn as u64;
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v & 0xf_ffff) as u32
+}
+
+/// UDP source port of a connected QP's packets (`rdma_get_udp_sport`): from the path's
+/// flow label (rdma_cm puts one in the REQ), or from the QP numbers when it is zero (as
+/// with `ibv_rc_pingpong` and perftest without rdma_cm).
+pub const fn udp_sport_for(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
+    let fl = if flow_label == 0 {
+        flow_label_for_qpns(lqpn, rqpn)
+    } else {
+        flow_label
+    };
+    udp_sport_for_flow_label(fl)
+}
+
+/// UDP source port rxe gives a QP that has no path flow label of its own, such as QP1
+/// (the GSI, which carries the CM MADs): 0xc000 plus a 14-bit multiplicative hash of the
+/// QP number (`hash_32(qpn, 14)`).
+pub const fn rxe_qp_udp_sport(qpn: u32) -> u16 {
+    UDP_SPORT_MIN + (qpn.wrapping_mul(0x61c8_8647) >> 18) as u16
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -317,6 +390,12 @@ pub(crate) mod tests {
         assert!(!v6);
         let c = icrc_ipv4(ip, &udp[..udp.len() - 4]).unwrap();
         assert_eq!(c, 0x1739_8590, "stored little-endian: 90 85 39 17");
+        // Piece by piece, split anywhere after the BTH.
+        for cut in [20, 21, 100, udp.len() - 4] {
+            let mut i = Icrc::ipv4(ip, &udp[..cut]).unwrap();
+            i.update(&udp[cut..udp.len() - 4]);
+            assert_eq!(i.finish(), c);
+        }
         let mut e = d.clone();
         let n = e.len();
         e[n - 4..].fill(0);
@@ -349,6 +428,23 @@ pub(crate) mod tests {
         );
         assert_eq!(&h[..], &d[..20]);
         assert_eq!(&udp_header_for(55410, 288)[..], &d[20..28]);
+        assert_eq!(rxe_qp_udp_sport(1), 55410, "QP1's source port");
+    }
+
+    #[test]
+    fn source_ports_seen_in_the_captures() {
+        // rping: the REQ's flow label 0xfd227 gives port 53784 both ways.
+        assert_eq!(udp_sport_for(0xfd227, 0x11, 0x11), 53784);
+        // ibv_rc_pingpong / perftest: no flow label, QPN 0x11 on both sides.
+        assert_eq!(flow_label_for_qpns(0x11, 0x11), 0x121);
+        assert_eq!(udp_sport_for(0, 0x11, 0x11), 49441);
+        assert_eq!(
+            flow_label_for_qpns(0x1234, 0x5678),
+            flow_label_for_qpns(0x5678, 0x1234)
+        );
+        for fl in [0, 0x3fff, 0xf_ffff] {
+            assert!(udp_sport_for_flow_label(fl) >= UDP_SPORT_MIN);
+        }
     }
 
     #[test]

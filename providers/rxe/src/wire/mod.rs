@@ -19,6 +19,37 @@
 //!
 //! Multi-byte fields are big-endian on the wire, except the ICRC, which rxe stores
 //! little-endian (see [`icrc`]).
+//!
+//! Sending and receiving one packet:
+//!
+//! ```
+//! use krdma_rxe::wire::{icrc, BthRepr, Opcode, RethRepr, RocePacket, RoceRepr};
+//! use std::net::Ipv4Addr;
+//!
+//! // An RDMA WRITE Only of five bytes to QP 0x11 (from QP 0x12).
+//! let mut tx = RoceRepr::new(BthRepr::new(Opcode::RcRdmaWriteOnly, 0x11, 100), b"hello");
+//! tx.bth.ack_req = true;
+//! tx.reth = Some(RethRepr { va: 0x1000, rkey: 0x1234, dma_len: 5 });
+//! let roce = tx.to_vec()?; // BTH 12 + RETH 16 + payload 5 + pad 3 + ICRC 4
+//! assert_eq!(roce.len(), 40);
+//!
+//! // Wrap it in UDP and IPv4 as rxe would, then fill the ICRC over the real headers.
+//! let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
+//! let (src, dst) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+//! let ip = icrc::ipv4_header_for(src, dst, 7, 64, 0, udp_len);
+//! let mut udp = icrc::udp_header_for(icrc::udp_sport_for(0, 0x12, 0x11), udp_len).to_vec();
+//! udp.extend_from_slice(&roce);
+//! icrc::fill_ipv4(&ip, &mut udp)?;
+//!
+//! // The receiver checks the ICRC, then parses.
+//! icrc::verify_ipv4(&ip, &udp)?;
+//! let p = RocePacket::new_checked(&udp[icrc::UDP_HEADER_LEN..])?;
+//! let rx = RoceRepr::parse(&p)?;
+//! assert_eq!(rx.payload, b"hello");
+//! assert_eq!(rx.reth.map(|r| r.rkey), Some(0x1234));
+//! assert_eq!(p.pad_count(), 3);
+//! # Ok::<(), krdma_rxe::wire::Error>(())
+//! ```
 
 use thiserror::Error;
 
@@ -111,7 +142,7 @@ pub enum Error {
     FieldRange(&'static str),
 }
 
-/// Result with this module's [`Error`].
+/// Result with this module's [`Error`](enum@Error).
 pub type Result<T> = core::result::Result<T, Error>;
 
 /// `Err(Truncated)` unless `have >= need`.

@@ -5,7 +5,7 @@
 //! The opcode's top three bits are the transport (RC `0x00`, UC `0x20`, UD `0x60`); the low
 //! five the operation. RD (`0x40`), CNP (`0x81`), XRC (`0xa0`) and the newer FLUSH (`0x1c`)
 //! and ATOMIC WRITE (`0x1d`) opcodes are not implemented and parse as
-//! [`Error::UnknownOpcode`](super::Error::UnknownOpcode).
+//! [`Error::UnknownOpcode`].
 
 use super::{Error, Result};
 
