@@ -404,6 +404,24 @@ fn rdma_server_example() {
         t.by_opcode,
         counts(&[(RcSendOnly, 2), (RcAcknowledge, 2), (UdSendOnly, 7)])
     );
+    let kinds: Vec<(IpAddr, u16)> = t
+        .mads
+        .iter()
+        .map(|(ip, m)| (*ip, m.message.attribute_id()))
+        .collect();
+    // Both sides disconnect at once: two DREQs crossing, each answered by a DREP.
+    assert_eq!(
+        kinds,
+        [
+            (VM2, cm::ATTR_REQ),
+            (VM1, cm::ATTR_REP),
+            (VM2, cm::ATTR_RTU),
+            (VM2, cm::ATTR_DREQ),
+            (VM1, cm::ATTR_DREQ),
+            (VM2, cm::ATTR_DREP),
+            (VM1, cm::ATTR_DREP)
+        ]
+    );
     let req = t
         .mads
         .iter()
@@ -510,6 +528,45 @@ fn guest_rping_to_a_host_without_rdma() {
     assert_eq!(rej.message_rejected, cm::msg_ref::OTHER);
     assert_eq!(rej.rejected_info_length, 8);
     assert_eq!(&rej.ari[..8], &req.local_ca_guid.to_be_bytes());
+}
+
+/// Every prefix of every rping packet (and of each MAD) is refused, or — since a RoCEv2
+/// packet's extent is the UDP payload — read as a shorter packet of the same kind; the
+/// ICRC then fails it.
+#[test]
+fn every_prefix_of_every_rping_packet() {
+    for f in roce_frames("rping_rxe.pcap") {
+        let b = f.roce();
+        let full = RoceRepr::parse_bytes(b).unwrap();
+        for n in 0..b.len() {
+            match RocePacket::new_checked(&b[..n]) {
+                Err(_) => {}
+                Ok(p) => {
+                    assert_eq!(p.opcode(), full.bth.opcode);
+                    assert!(
+                        p.payload_len() < full.payload.len(),
+                        "frame {} cut at {n}",
+                        f.number
+                    );
+                    let (ip, udp) = f.split();
+                    let cut = &udp[..8 + n];
+                    assert!(
+                        icrc::verify_ipv4(ip, cut).is_err(),
+                        "frame {} cut at {n}",
+                        f.number
+                    );
+                }
+            }
+        }
+        if full.bth.opcode == Opcode::UdSendOnly {
+            for n in 0..full.payload.len() {
+                assert_eq!(
+                    CmMad::parse(&full.payload[..n]),
+                    Err(Error::Truncated { need: 256, have: n })
+                );
+            }
+        }
+    }
 }
 
 /// Every captured RoCEv2 datagram, for the fuzz test.
