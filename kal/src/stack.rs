@@ -6,13 +6,23 @@ use rnicpi::Result;
 use std::sync::Arc;
 
 /// Provider options shared by `krdmad` and embedded mode (environment: `KRDMA_SIW_NETDEV`,
-/// `KRDMA_SIW_CRC=required`).
+/// `KRDMA_SIW_CRC=required`, `KRDMA_RXE_ADDR`, `KRDMA_RXE_PORT`, `KRDMA_RXE_RAW=0`,
+/// `KRDMA_RXE=off`).
 #[derive(Debug, Clone, Default)]
 pub struct StackOptions {
     /// Interface siw0 binds to (`None` = every host address).
     pub siw_netdev: Option<String>,
     /// Require MPA CRC on siw connections.
     pub siw_crc_required: bool,
+    /// Leave rxe0 out.
+    pub rxe_off: bool,
+    /// IPv4 address rxe0 serves (`None` = every address; one such instance per network
+    /// namespace — others must bind distinct addresses).
+    pub rxe_addr: Option<std::net::Ipv4Addr>,
+    /// UDP port of rxe0 (`None` = 4791).
+    pub rxe_port: Option<u16>,
+    /// Never use raw sockets for rxe0 (see `rxe::net`).
+    pub rxe_no_raw: bool,
 }
 
 impl StackOptions {
@@ -24,11 +34,20 @@ impl StackOptions {
             siw_crc_required: std::env::var("KRDMA_SIW_CRC")
                 .map(|v| v == "required")
                 .unwrap_or(false),
+            rxe_off: std::env::var("KRDMA_RXE").is_ok_and(|v| v == "off"),
+            rxe_addr: std::env::var("KRDMA_RXE_ADDR")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            rxe_port: std::env::var("KRDMA_RXE_PORT")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            rxe_no_raw: std::env::var("KRDMA_RXE_RAW").is_ok_and(|v| v == "0"),
         }
     }
 }
 
-/// Register the default devices (siw0) with `kal`.
+/// Register the default devices with `kal`: siw0 (iWARP) and rxe0 (RoCEv2), side by
+/// side. rxe0 is left out, with a warning, when its UDP port cannot be bound.
 pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
     let services = Arc::new(HostServices);
     let siw = siw::SiwDevice::new(
@@ -37,8 +56,23 @@ pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
             netdev: opts.siw_netdev.clone(),
             crc_required: opts.siw_crc_required,
         },
-        services,
+        services.clone(),
     );
     kal.register(siw)?;
+    if !opts.rxe_off {
+        let defaults = rxe::RxeConfig::default();
+        let config = rxe::RxeConfig {
+            addr: opts.rxe_addr,
+            port: opts.rxe_port.unwrap_or(defaults.port),
+            raw: !opts.rxe_no_raw,
+            ..defaults
+        };
+        match rxe::RxeDevice::new(config, services) {
+            Ok(dev) => {
+                kal.register(dev)?;
+            }
+            Err(e) => tracing::warn!(error = %e, "rxe0 not started"),
+        }
+    }
     Ok(())
 }

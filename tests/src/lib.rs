@@ -8,6 +8,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::{Context, Target};
 
+/// A loopback address no other test process uses (from the pid), for an rxe0 instance:
+/// every kAL in a test gets its own, as one wildcard rxe0 per network namespace would
+/// receive every process's RoCEv2 traffic.
+pub fn private_loopback(n: u8) -> std::net::Ipv4Addr {
+    let pid = std::process::id();
+    std::net::Ipv4Addr::new(127, 10 + n, (pid >> 8) as u8, pid as u8)
+}
+
+/// Give this process's embedded kAL its own rxe0 address (idempotent).
+pub fn setup_embedded() {
+    ual::channel::configure_embedded(kal::stack::StackOptions {
+        rxe_addr: Some(private_loopback(0)),
+        ..kal::stack::StackOptions::from_env()
+    });
+}
+
 /// A private krdmad serving a device file in a temporary directory; stopped on drop.
 pub struct Daemon {
     child: Child,
@@ -59,6 +75,8 @@ impl Daemon {
         let mut child = Command::new(krdmad_bin())
             .arg("--device")
             .arg(&path)
+            .arg("--rxe-addr")
+            .arg(private_loopback(1 + (n % 100) as u8).to_string())
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -126,6 +144,7 @@ impl FrontDoor {
     }
 
     pub fn open(&self) -> Arc<Context> {
+        setup_embedded();
         Context::open_target(&self.target()).expect("open kAL context")
     }
 

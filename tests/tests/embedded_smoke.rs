@@ -4,6 +4,7 @@ use ual::{Context, Target, VerbsError};
 
 #[test]
 fn embedded_context_lifecycle() {
+    krdma_tests::setup_embedded();
     let ctx = Context::open_target(&Target::Embedded).unwrap();
     let (head, rows) = ctx.stat_contexts().unwrap();
     assert!(head.total >= 1);

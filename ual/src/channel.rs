@@ -23,14 +23,29 @@ pub enum Channel {
     },
 }
 
+static EMBEDDED_OPTIONS: OnceLock<kal::stack::StackOptions> = OnceLock::new();
+
+/// Provider options for this process's embedded kAL, instead of the environment's
+/// (tests give each process its own rxe0 address). Must come before the first use;
+/// returns false when the options were already fixed.
+pub fn configure_embedded(opts: kal::stack::StackOptions) -> bool {
+    EMBEDDED_OPTIONS.set(opts).is_ok()
+}
+
 /// The process-wide embedded kAL, started with the default providers on first use.
 pub fn embedded_kal() -> Result<Arc<Kal>> {
     static KAL: OnceLock<Arc<Kal>> = OnceLock::new();
+    static START: Mutex<()> = Mutex::new(());
     if let Some(k) = KAL.get() {
         return Ok(k.clone());
     }
+    let _one_at_a_time = START.lock();
+    if let Some(k) = KAL.get() {
+        return Ok(k.clone());
+    }
+    let opts = EMBEDDED_OPTIONS.get_or_init(kal::stack::StackOptions::from_env);
     let kal = Kal::new(kal::Config::default());
-    kal::stack::start_default(&kal, &kal::stack::StackOptions::from_env())?;
+    kal::stack::start_default(&kal, opts)?;
     Ok(KAL.get_or_init(|| kal).clone())
 }
 

@@ -16,7 +16,7 @@
 //! Every object frees itself on drop, children before parents (a QP holds its PD and CQs).
 
 mod buffer;
-mod channel;
+pub mod channel;
 mod device;
 mod events;
 pub mod perf;

@@ -127,21 +127,25 @@ pub fn connect_pair(
 ) -> Result<(Endpoint, Endpoint)> {
     let sdev = server.device(dev_name)?.index;
     let cdev = client.device(dev_name)?.index;
-    let listener = server.listen(sdev, "127.0.0.1:0".parse().unwrap(), 16)?;
-    let port = listener.port;
+    let ip = loopback_of(server, sdev)?;
+    let listener = server.listen(sdev, SocketAddr::new(ip, 0), 16)?;
+    let addr = SocketAddr::new(ip, listener.port);
     let c2 = client.clone();
-    let t = std::thread::spawn(move || {
-        connect_endpoint(
-            &c2,
-            cdev,
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            buf_len,
-            depth,
-        )
-    });
+    let t = std::thread::spawn(move || connect_endpoint(&c2, cdev, addr, buf_len, depth));
     let s = accept_endpoint(server, sdev, &listener, buf_len, depth);
     let c = t.join().map_err(|_| VerbsError::Io)?;
     Ok((s?, c?))
+}
+
+/// The loopback address device `dev` serves (its first IPv4 loopback GID; 127.0.0.1
+/// when it serves every address).
+pub fn loopback_of(ctx: &Context, dev: u32) -> Result<std::net::IpAddr> {
+    let gids = ctx.query_port(dev, 1)?.gids;
+    Ok(gids
+        .into_iter()
+        .map(rnicpi::gid_to_ip)
+        .find(|ip| ip.is_loopback() && ip.is_ipv4())
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])))
 }
 
 fn expect_ok(c: &Cqe) -> Result<()> {

@@ -19,6 +19,9 @@ struct Args {
     /// Require MPA CRC32c on siw connections.
     #[arg(long)]
     siw_crc_required: bool,
+    /// Serve rxe0 on this IPv4 address only (default: every address).
+    #[arg(long, env = "KRDMA_RXE_ADDR")]
+    rxe_addr: Option<std::net::Ipv4Addr>,
     /// Event records one context may have queued.
     #[arg(long, default_value_t = 4096)]
     event_queue: usize,
@@ -66,7 +69,10 @@ fn run(args: Args) -> Result<(), String> {
     let kal = kal::Kal::new(config);
     let opts = kal::stack::StackOptions {
         siw_netdev: args.siw_netdev,
-        siw_crc_required: args.siw_crc_required,
+        siw_crc_required: args.siw_crc_required
+            || kal::stack::StackOptions::from_env().siw_crc_required,
+        rxe_addr: args.rxe_addr,
+        ..kal::stack::StackOptions::from_env()
     };
     kal::stack::start_default(&kal, &opts).map_err(|e| format!("starting providers: {e}"))?;
     let handle = kal::fuse::serve(kal.clone(), &args.device)

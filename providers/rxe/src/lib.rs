@@ -1,10 +1,25 @@
-//! The software RoCEv2 provider.
+//! The software RoCEv2 provider, `rxe0`: the InfiniBand RC transport over UDP port 4791,
+//! wire-compatible with Linux `rdma_rxe`.
 //!
-//! What exists so far is [`wire`]: parsers and emitters for everything Linux `rdma_rxe`
-//! puts on the wire (InfiniBand transport headers over UDP/4791, the RoCEv2 ICRC, and the
-//! IB CM MADs that rdma_cm exchanges on QP1), checked against captures of the kernel
-//! driver. The queue-pair engine that will use them (and the device the rest of krdma
-//! talks to) is still to come; the work is tracked in issue 4.
-#![forbid(unsafe_code)]
+//! * [`wire`]: parsers and emitters for everything rxe puts on the wire (the IB transport
+//!   headers, the RoCEv2 ICRC, the CM MADs rdma_cm exchanges on QP1), checked against
+//!   captures of the kernel driver.
+//! * `net`: the datagram I/O layer (raw sockets where allowed, so every ICRC is computed
+//!   and verified over the real IP header; a plain UDP socket otherwise).
+//! * `qp`: the RC queue pair — requester, completer and responder — with PSNs, ACK
+//!   coalescing, go-back-N retransmission, RNR handling, read and atomic responder
+//!   resources.
+//! * `cm`: the IB communication manager over QP1 with the rdma_cm conventions.
+//! * [`RxeDevice`]: the RNIC-PI provider and its receive, transmit and timer threads.
+//!
+//! `unsafe` appears only in `net`, at the socket system calls.
 
+mod cm;
+mod device;
+mod net;
+mod qp;
+mod timer;
 pub mod wire;
+
+pub use device::{RxeConfig, RxeDevice};
+pub use qp::{RxeCq, RxeQp, RxeSrq};

@@ -11,14 +11,14 @@
 //! (QPNs, starting PSNs) and the rdma_cm header. The packets found also seed a mutation
 //! fuzz test.
 
-use krdma_rxe::wire::cm::{self, CmMad, CmMessage};
-use krdma_rxe::wire::cma;
-use krdma_rxe::wire::deth::{GSI_QKEY, GSI_QPN};
-use krdma_rxe::wire::icrc;
-use krdma_rxe::wire::{
+use proptest::prelude::*;
+use rxe::wire::cm::{self, CmMad, CmMessage};
+use rxe::wire::cma;
+use rxe::wire::deth::{GSI_QKEY, GSI_QPN};
+use rxe::wire::icrc;
+use rxe::wire::{
     Direction, Error, Opcode, Operation, RocePacket, RoceRepr, Syndrome, Transport, ROCEV2_UDP_PORT,
 };
-use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;

@@ -23,7 +23,7 @@
 //! Sending and receiving one packet:
 //!
 //! ```
-//! use krdma_rxe::wire::{icrc, BthRepr, Opcode, RethRepr, RocePacket, RoceRepr};
+//! use rxe::wire::{icrc, BthRepr, Opcode, RethRepr, RocePacket, RoceRepr};
 //! use std::net::Ipv4Addr;
 //!
 //! // An RDMA WRITE Only of five bytes to QP 0x11 (from QP 0x12).
@@ -48,7 +48,7 @@
 //! assert_eq!(rx.payload, b"hello");
 //! assert_eq!(rx.reth.map(|r| r.rkey), Some(0x1234));
 //! assert_eq!(p.pad_count(), 3);
-//! # Ok::<(), krdma_rxe::wire::Error>(())
+//! # Ok::<(), rxe::wire::Error>(())
 //! ```
 
 use thiserror::Error;

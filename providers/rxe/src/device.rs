@@ -1,0 +1,476 @@
+//! The rxe device: attributes, GID table, counters, the QP table, and the three device
+//! threads — receive (demultiplex by destination QP), transmit (paced work of QPs that
+//! have packets to send), and timers (retransmission, RNR back-off, CM retries).
+
+use crate::cm::Cm;
+use crate::net::{Datagram, Net, RxDrop};
+use crate::qp::{RxeCq, RxeQp, RxeSrq};
+use crate::timer::Timers;
+use crate::wire::{self, RocePacket, RoceRepr};
+use parking_lot::RwLock;
+use rnicpi::*;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// How an rxe device is set up.
+#[derive(Debug, Clone)]
+pub struct RxeConfig {
+    pub name: String,
+    /// Address the device serves (its GID); `None` = every IPv4 address of the host.
+    pub addr: Option<Ipv4Addr>,
+    /// UDP port (4791, the RoCEv2 port; tests may pick another).
+    pub port: u16,
+    /// Use raw sockets when the process may (full ICRC over real headers, per-QP source
+    /// ports); `false` forces the plain UDP mode (see `net`).
+    pub raw: bool,
+}
+
+impl Default for RxeConfig {
+    fn default() -> Self {
+        RxeConfig {
+            name: "rxe0".into(),
+            addr: None,
+            port: wire::ROCEV2_UDP_PORT,
+            raw: true,
+        }
+    }
+}
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?) => {
+        /// Device-wide counters (`krdma stat`).
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters { $(pub $name: AtomicU64,)* }
+        impl Counters {
+            fn rows(&self) -> Vec<Counter> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters!(
+    tx_packets,
+    rx_packets,
+    tx_bytes,
+    rx_bytes,
+    rx_bad_icrc,
+    rx_malformed,
+    rx_unknown_qp,
+    rx_bad_pkey,
+    rx_wrong_source,
+    rx_dropped_state,
+    retransmits,
+    retry_timeouts,
+    nak_seq_sent,
+    nak_seq_rcvd,
+    rnr_nak_sent,
+    rnr_nak_rcvd,
+    nak_other_sent,
+    nak_other_rcvd,
+    duplicate_requests,
+    acks_sent,
+    cq_overflows,
+    cm_sent,
+    cm_rcvd,
+    cm_retries,
+    qps_created,
+);
+
+pub(crate) struct Shared {
+    pub attr: DeviceAttr,
+    pub mrs: MrTable,
+    pub counters: Counters,
+    pub net: Net,
+    pub services: Arc<dyn KalServices>,
+    pub config: RxeConfig,
+    pub qps: RwLock<HashMap<u32, Weak<RxeQp>>>,
+    pub timers: Timers,
+    pub cm: Cm,
+    tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    /// Queue `qp` for the transmit thread (it has packets to send).
+    pub fn schedule(&self, qp: &Arc<RxeQp>) {
+        if qp.mark_scheduled() {
+            let _ = self.tx_queue.send(Arc::downgrade(qp));
+        }
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<Arc<RxeQp>> {
+        self.qps.read().get(&qpn).and_then(Weak::upgrade)
+    }
+
+    pub fn count(&self, c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Send one packet (`roce` has room for the ICRC, which is filled in).
+    pub fn send(&self, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, roce: &mut [u8]) {
+        match self.net.send(src, dst, sport, self.config.port, roce) {
+            Ok(()) => {
+                self.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .tx_bytes
+                    .fetch_add(roce.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(%dst, error = %e, "rxe send failed"),
+        }
+    }
+
+    /// Emit `repr` into a fresh buffer and send it.
+    pub fn send_repr(&self, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, repr: &RoceRepr<'_>) {
+        match repr.to_vec() {
+            Ok(mut v) => self.send(src, dst, sport, &mut v),
+            Err(e) => tracing::warn!(error = %e, "rxe: cannot emit packet"),
+        }
+    }
+
+    /// The IPv4 addresses this device serves.
+    pub fn addrs(&self) -> Vec<Ipv4Addr> {
+        match self.config.addr {
+            Some(a) => vec![a],
+            None => host_ipv4(),
+        }
+    }
+
+    /// Path MTU the port offers (an IB MTU that fits the link with every header).
+    pub fn active_mtu(&self) -> u32 {
+        let link = self
+            .config
+            .addr
+            .and_then(|a| ifname_of(IpAddr::V4(a)))
+            .and_then(|n| link_mtu(&n))
+            .unwrap_or(1500);
+        [4096, 2048, 1024, 512, 256]
+            .into_iter()
+            .find(|m| m + 100 <= link)
+            .unwrap_or(256)
+    }
+
+    /// Source address for traffic to `peer` (the host's route), if this device serves it.
+    pub fn source_for(&self, peer: Ipv4Addr) -> Result<Ipv4Addr> {
+        if let Some(a) = self.config.addr {
+            return Ok(a);
+        }
+        match self.services.route(IpAddr::V4(peer))?.source {
+            IpAddr::V4(v4) => Ok(v4),
+            IpAddr::V6(_) => Err(VerbsError::Unreachable),
+        }
+    }
+}
+
+pub(crate) fn host_ipv4() -> Vec<Ipv4Addr> {
+    let mut v: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
+        .map(|it| {
+            it.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|s| s.ip())))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.dedup();
+    v
+}
+
+fn ifname_of(ip: IpAddr) -> Option<String> {
+    if ip.is_loopback() {
+        return Some("lo".into()); // all of 127/8 is on lo, listed or not
+    }
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|a| {
+        let sa = a.address?;
+        let this = sa
+            .as_sockaddr_in()
+            .map(|s| IpAddr::V4(s.ip()))
+            .or_else(|| sa.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))?;
+        (this == ip).then_some(a.interface_name)
+    })
+}
+
+fn link_mtu(ifname: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A software RoCEv2 device.
+pub struct RxeDevice {
+    shared: Arc<Shared>,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+}
+
+impl RxeDevice {
+    /// Bind the device's UDP port and start its threads.
+    pub fn new(config: RxeConfig, services: Arc<dyn KalServices>) -> Result<Arc<RxeDevice>> {
+        let net = Net::open(config.addr, config.port, config.raw).map_err(|e| {
+            tracing::warn!(port = config.port, error = %e, "rxe: cannot bind the RoCEv2 port");
+            VerbsError::from(e)
+        })?;
+        let guid_src = config
+            .addr
+            .or_else(|| host_ipv4().into_iter().find(|a| !a.is_loopback()))
+            .unwrap_or(Ipv4Addr::LOCALHOST);
+        let node_guid = 0x0200_5eff_fe00_0000u64 | u32::from(guid_src) as u64 & 0xff_ffff;
+        let attr = DeviceAttr {
+            name: config.name.clone(),
+            transport: Transport::Ib,
+            node_guid,
+            vendor_id: 0xffffff, // as kernel rxe reports
+            max_qp: 64 * 1024,
+            max_qp_wr: 16 * 1024,
+            max_sge: MAX_SGE as u32,
+            max_inline: MAX_INLINE as u32,
+            max_cq: 64 * 1024,
+            max_cqe: 64 * 1024,
+            max_mr: 256 * 1024,
+            max_mr_size: 1 << 40,
+            max_pd: 64 * 1024,
+            max_srq: 16 * 1024,
+            max_srq_wr: 16 * 1024,
+            max_ird: 16,
+            max_ord: 16,
+            atomics: true,
+            memory_windows: true,
+            phys_port_cnt: 1,
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            mrs: MrTable::new(attr.max_mr),
+            attr,
+            counters: Counters::default(),
+            net,
+            services,
+            config,
+            qps: RwLock::new(HashMap::new()),
+            timers: Timers::new(),
+            cm: Cm::new(),
+            tx_queue: tx,
+            stop: AtomicBool::new(false),
+        });
+        spawn("rxe-rx", {
+            let s = Arc::downgrade(&shared);
+            move || rx_loop(s)
+        })?;
+        spawn("rxe-tx", {
+            let s = Arc::downgrade(&shared);
+            move || tx_loop(s, rx)
+        })?;
+        spawn("rxe-timer", {
+            let s = Arc::downgrade(&shared);
+            move || crate::timer::run(s)
+        })?;
+        tracing::info!(name = %shared.attr.name, port = shared.net.port(), raw = shared.net.is_raw(), "rxe device created");
+        Ok(Arc::new(RxeDevice {
+            shared,
+            next_qpn: AtomicU32::new(0x11),
+            next_pd: AtomicU32::new(1),
+        }))
+    }
+}
+
+impl Drop for RxeDevice {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.timers.stop();
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(|_| ())
+        .map_err(|_| VerbsError::Exhausted)
+}
+
+fn rx_loop(shared: Weak<Shared>) {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        match s.net.recv(&mut buf) {
+            Ok(None) => {}
+            Ok(Some(Ok(d))) => deliver(&s, &d),
+            Ok(Some(Err(drop))) => {
+                let c = &s.counters;
+                match drop {
+                    RxDrop::BadIcrc => s.count(&c.rx_bad_icrc),
+                    RxDrop::Malformed => s.count(&c.rx_malformed),
+                    RxDrop::NotOurs => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "rxe receive failed");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Hand one verified datagram to its QP (or the CM for QP1).
+fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
+    let c = &s.counters;
+    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+    c.rx_bytes.fetch_add(d.roce.len() as u64, Ordering::Relaxed);
+    let repr = match RocePacket::new_checked(d.roce).and_then(|p| RoceRepr::parse(&p)) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(src = %d.src, error = %e, "rxe: malformed packet dropped");
+            return s.count(&c.rx_malformed);
+        }
+    };
+    if repr.bth.pkey & 0x7fff != 0x7fff {
+        return s.count(&c.rx_bad_pkey);
+    }
+    if repr.bth.dest_qp == wire::deth::GSI_QPN {
+        return s.cm.on_packet(s, d, &repr);
+    }
+    match s.qp(repr.bth.dest_qp) {
+        Some(qp) => qp.on_packet(d, &repr),
+        None => s.count(&c.rx_unknown_qp),
+    }
+}
+
+fn tx_loop(shared: Weak<Shared>, rx: crossbeam_channel::Receiver<Weak<RxeQp>>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        drop(s);
+        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            Ok(w) => {
+                if let Some(qp) = w.upgrade() {
+                    qp.tx_step();
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Provider for RxeDevice {
+    fn attr(&self) -> &DeviceAttr {
+        &self.shared.attr
+    }
+
+    fn port(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(VerbsError::Invalid);
+        }
+        let addrs = self.shared.addrs();
+        let netdev = self
+            .shared
+            .config
+            .addr
+            .and_then(|a| ifname_of(IpAddr::V4(a)))
+            .unwrap_or_else(|| "*".into());
+        Ok(PortAttr {
+            state: if addrs.is_empty() {
+                PortState::Down
+            } else {
+                PortState::Active
+            },
+            active_mtu: self.shared.active_mtu(),
+            gids: addrs
+                .into_iter()
+                .map(|a| ip_to_gid(IpAddr::V4(a)))
+                .collect(),
+            netdev,
+        })
+    }
+
+    fn counters(&self) -> Vec<Counter> {
+        let mut v = self.shared.counters.rows();
+        v.push(("mrs_live", self.shared.mrs.live() as u64));
+        v.push(("mws_live", self.shared.mrs.windows() as u64));
+        v.push(("qps_live", self.shared.qps.read().len() as u64));
+        v.push(("icrc_over_real_headers", self.shared.net.is_raw() as u64));
+        v
+    }
+
+    fn alloc_pd(&self) -> Result<u32> {
+        Ok(self.next_pd.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn dealloc_pd(&self, _pd: u32) {}
+
+    fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
+        Ok(Arc::new(RxeCq(EngineCq::new(init.ring, init.sink))))
+    }
+
+    fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
+        if init.qp_type != QpType::Rc {
+            return Err(VerbsError::Unsupported);
+        }
+        for cq in [&init.send_cq, &init.recv_cq] {
+            if cq.as_any().downcast_ref::<RxeCq>().is_none() {
+                return Err(VerbsError::Invalid);
+            }
+        }
+        if let Some(srq) = &init.srq {
+            if srq.as_any().downcast_ref::<RxeSrq>().is_none() || srq.engine().pd != init.pd {
+                return Err(VerbsError::Invalid);
+            }
+        }
+        let qpn = {
+            let qps = self.shared.qps.read();
+            loop {
+                let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+                if n > 1 && !qps.contains_key(&n) {
+                    break n;
+                }
+            }
+        };
+        let qp = RxeQp::new(self.shared.clone(), qpn, init);
+        self.shared.qps.write().insert(qpn, Arc::downgrade(&qp));
+        self.shared.count(&self.shared.counters.qps_created);
+        Ok(qp)
+    }
+
+    fn create_srq(&self, init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
+        Ok(Arc::new(RxeSrq(EngineSrq::new(
+            init.pd, init.attr, init.rq, init.sink,
+        ))))
+    }
+
+    fn alloc_mw(&self, pd: u32) -> Result<u32> {
+        self.shared.mrs.alloc_window(pd)
+    }
+
+    fn dealloc_mw(&self, key: u32) -> Result<()> {
+        self.shared.mrs.dealloc_window(key)
+    }
+
+    fn reg_mr(
+        &self,
+        pd: u32,
+        base: u64,
+        len: u64,
+        access: Access,
+        mem: Arc<dyn MemoryAccess>,
+    ) -> Result<Arc<Region>> {
+        self.shared.mrs.register(pd, base, len, access, mem)
+    }
+
+    fn dereg_mr(&self, stag: u32) -> Result<()> {
+        self.shared.mrs.deregister(stag)
+    }
+
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        _backlog: u32,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<Arc<dyn ProviderListener>> {
+        crate::cm::listen(&self.shared, addr, sink)
+    }
+}

@@ -1,0 +1,520 @@
+//! The I/O layer under the rxe engine: RoCEv2 datagrams in and out of UDP port 4791.
+//!
+//! The ICRC covers most of the IPv4 header, including the identification field, so both
+//! directions need to know the exact header:
+//!
+//! * **With `CAP_NET_RAW`** (the daemon, or a root process): packets are sent through an
+//!   `IPPROTO_RAW` socket with a header we build (our own non-zero identification, the
+//!   QP's UDP source port for entropy) and received through an `IPPROTO_UDP` raw socket
+//!   that hands over the real IP header (a BPF filter keeps only our port). Every ICRC is
+//!   computed and verified over the real headers. The UDP socket bound to the port only
+//!   reserves it (a BPF filter drops everything queued on it).
+//! * **Without it**: an ordinary UDP socket. Sent datagrams leave from the bound port with
+//!   DF set, for which Linux uses identification 0 on unconnected sockets, so the ICRC
+//!   is computed over that header. Received datagrams have their header reconstructed
+//!   the same way (identification 0, DF): the ICRC of a peer that sends like this (krdma
+//!   without raw sockets) verifies; a peer that uses other identifications (Linux
+//!   rdma_rxe, krdma with raw sockets) fails it and is dropped and counted. Interop with
+//!   kernel rxe therefore needs the raw mode.
+//!
+//! IPv4 only for now.
+
+use crate::wire::icrc;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+/// One received RoCEv2 datagram (ICRC already verified).
+#[derive(Debug)]
+pub struct Datagram<'a> {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub sport: u16,
+    /// The UDP payload: BTH .. ICRC.
+    pub roce: &'a [u8],
+}
+
+/// Why a datagram was dropped before the engine saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxDrop {
+    /// Not for us (other port or address) or not IPv4/UDP.
+    NotOurs,
+    /// Too short or malformed IP/UDP framing.
+    Malformed,
+    BadIcrc,
+}
+
+const RAW_TX_TTL: u8 = 64;
+
+pub struct Net {
+    udp: UdpSocket,
+    raw_rx: Option<OwnedFd>,
+    raw_tx: Option<OwnedFd>,
+    port: u16,
+    bound: Option<Ipv4Addr>,
+    ip_id: AtomicU16,
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net")
+            .field("port", &self.port)
+            .field("raw", &self.raw_rx.is_some())
+            .finish()
+    }
+}
+
+fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: `v` points to a live value of the size passed.
+    check(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            v as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn raw_socket(proto: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the result is checked before it is owned.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) })?;
+    // SAFETY: `fd` is a new descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Attach a classic BPF program to a socket.
+fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+}
+
+const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// For an `IPPROTO_UDP` raw socket (data starts at the IP header): keep datagrams to
+/// UDP destination `port`, drop the rest.
+fn udp_port_filter(port: u16) -> [libc::sock_filter; 5] {
+    const LDX_MSH: u16 = (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16;
+    const LDH_IND: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    [
+        bpf(LDX_MSH, 0, 0, 0), // X = IP header length
+        bpf(LDH_IND, 0, 0, 2), // A = UDP destination port
+        bpf(JEQ, 0, 1, port as u32),
+        bpf(RET, 0, 0, 0xffff),
+        bpf(RET, 0, 0, 0),
+    ]
+}
+
+impl Net {
+    /// Bind UDP `port` on `bind` (None = every address) and, where allowed, open the
+    /// raw sockets.
+    pub fn open(bind: Option<Ipv4Addr>, port: u16, use_raw: bool) -> io::Result<Net> {
+        let sa = SocketAddrV4::new(bind.unwrap_or(Ipv4Addr::UNSPECIFIED), port);
+        let udp = bind_udp(sa)?;
+        let fd = udp.as_raw_fd();
+        let pmtu: libc::c_int = libc::IP_PMTUDISC_DO;
+        setsockopt(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
+        let on: libc::c_int = 1;
+        setsockopt(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, &on)?;
+        grow_buffers(fd);
+        let raw = if use_raw { open_raw(port) } else { None };
+        let (raw_rx, raw_tx) = match raw {
+            Some((rx, tx)) => {
+                // The UDP socket only holds the port: drop whatever is queued on it.
+                attach_filter(fd, &[bpf((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 0)])?;
+                (Some(rx), Some(tx))
+            }
+            None => (None, None),
+        };
+        udp.set_read_timeout(Some(Duration::from_millis(200)))?;
+        if let Some(rx) = &raw_rx {
+            let tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 200_000,
+            };
+            setsockopt(rx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        }
+        let port = udp.local_addr()?.port();
+        tracing::info!(%sa, port, raw = raw_rx.is_some(), "rxe network up");
+        Ok(Net {
+            udp,
+            raw_rx,
+            raw_tx,
+            port,
+            bound: bind,
+            ip_id: AtomicU16::new(1),
+        })
+    }
+
+    /// Whether ICRCs are computed and verified over real IP headers.
+    pub fn is_raw(&self) -> bool {
+        self.raw_rx.is_some()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Send one RoCEv2 packet (`roce`: BTH .. ICRC slot; the ICRC is filled here).
+    pub fn send(
+        &self,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        sport: u16,
+        dport: u16,
+        roce: &mut [u8],
+    ) -> io::Result<()> {
+        let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
+        match &self.raw_tx {
+            Some(tx) => {
+                let id = loop {
+                    let id = self.ip_id.fetch_add(1, Ordering::Relaxed);
+                    if id != 0 {
+                        break id; // the kernel would replace a zero identification
+                    }
+                };
+                let ip = icrc::ipv4_header_for(src, dst, id, RAW_TX_TTL, 0, udp_len);
+                let udp = icrc::udp_header_for(sport, udp_len);
+                let udp = set_dport(udp, dport);
+                fill(&ip, &udp, roce)?;
+                let dst_sa = sockaddr_in(SocketAddrV4::new(dst, 0));
+                let iov = [io_slice(&ip), io_slice(&udp), io_slice(roce)];
+                sendmsg(tx.as_raw_fd(), &dst_sa, &iov, None)
+            }
+            None => {
+                let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
+                let udp = set_dport(icrc::udp_header_for(self.port, udp_len), dport);
+                fill(&ip, &udp, roce)?;
+                let dst_sa = sockaddr_in(SocketAddrV4::new(dst, dport));
+                let pktinfo = libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr {
+                        s_addr: u32::from(src).to_be(),
+                    },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
+                let iov = [io_slice(roce)];
+                sendmsg(self.udp.as_raw_fd(), &dst_sa, &iov, Some(&pktinfo))
+            }
+        }
+    }
+
+    /// Wait up to 200 ms for the next datagram; `Ok(None)` on timeout.
+    pub fn recv<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
+        match &self.raw_rx {
+            Some(rx) => {
+                // SAFETY: recv writes at most buf.len() bytes into buf.
+                let n = unsafe {
+                    libc::recv(
+                        rx.as_raw_fd(),
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        buf.len(),
+                        0,
+                    )
+                };
+                if n < 0 {
+                    return timeout_or(io::Error::last_os_error());
+                }
+                Ok(Some(self.parse_raw(&buf[..n as usize])))
+            }
+            None => self.recv_udp(buf),
+        }
+    }
+
+    fn parse_raw<'b>(&self, d: &'b [u8]) -> Result<Datagram<'b>, RxDrop> {
+        let (ip, udp, v6) = icrc::split_datagram(d).map_err(|_| RxDrop::Malformed)?;
+        if v6 || ip.len() != 20 || udp.len() < icrc::UDP_HEADER_LEN {
+            return Err(RxDrop::NotOurs);
+        }
+        let dport = u16::from_be_bytes([udp[2], udp[3]]);
+        let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+        if dport != self.port || self.bound.is_some_and(|b| b != dst) {
+            return Err(RxDrop::NotOurs);
+        }
+        icrc::verify_ipv4(ip, udp).map_err(|_| RxDrop::BadIcrc)?;
+        Ok(Datagram {
+            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+            dst,
+            sport: u16::from_be_bytes([udp[0], udp[1]]),
+            roce: &udp[icrc::UDP_HEADER_LEN..],
+        })
+    }
+
+    fn recv_udp<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
+        let mut from: libc::sockaddr_in = unsafe_zeroed();
+        let mut cmsg = [0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = &mut from as *mut _ as *mut libc::c_void;
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = std::mem::size_of_val(&cmsg);
+        // SAFETY: msg describes valid buffers for the kernel to fill.
+        let n = unsafe { libc::recvmsg(self.udp.as_raw_fd(), &mut msg, 0) };
+        if n < 0 {
+            return timeout_or(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        let Some(dst) = pktinfo_dst(&msg) else {
+            return Ok(Some(Err(RxDrop::Malformed)));
+        };
+        let src = Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr));
+        let sport = u16::from_be(from.sin_port);
+        let roce = &buf[..n];
+        let udp_len = (icrc::UDP_HEADER_LEN + n) as u16;
+        let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
+        let udp = set_dport(icrc::udp_header_for(sport, udp_len), self.port);
+        match icrc_of(&ip, &udp, roce) {
+            Some(c) if roce.len() >= 4 && roce[n - 4..] == c.to_le_bytes() => {}
+            Some(_) => return Ok(Some(Err(RxDrop::BadIcrc))),
+            None => return Ok(Some(Err(RxDrop::Malformed))),
+        }
+        Ok(Some(Ok(Datagram {
+            src,
+            dst,
+            sport,
+            roce,
+        })))
+    }
+}
+
+fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
+    // SO_REUSEADDR lets instances bound to distinct addresses (127.0.0.x in tests) share
+    // the port with one bound to the wildcard.
+    // SAFETY: plain socket(2) call; the result is checked before it is owned.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a new descriptor nobody else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let on: libc::c_int = 1;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
+    let addr = sockaddr_in(sa);
+    // SAFETY: addr is a valid sockaddr_in of the size passed.
+    check(unsafe {
+        libc::bind(
+            fd,
+            &addr as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as u32,
+        )
+    })?;
+    Ok(UdpSocket::from(owned))
+}
+
+fn grow_buffers(fd: RawFd) {
+    let size: libc::c_int = 16 << 20;
+    // Root may exceed rmem_max/wmem_max with the FORCE variants; others get the cap.
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if setsockopt(fd, libc::SOL_SOCKET, force, &size).is_err() {
+            let _ = setsockopt(fd, libc::SOL_SOCKET, plain, &size);
+        }
+    }
+}
+
+fn open_raw(port: u16) -> Option<(OwnedFd, OwnedFd)> {
+    let rx = raw_socket(libc::IPPROTO_UDP).ok()?;
+    let tx = raw_socket(libc::IPPROTO_RAW).ok()?;
+    attach_filter(rx.as_raw_fd(), &udp_port_filter(port)).ok()?;
+    grow_buffers(rx.as_raw_fd());
+    grow_buffers(tx.as_raw_fd());
+    Some((rx, tx))
+}
+
+fn set_dport(mut udp: [u8; icrc::UDP_HEADER_LEN], dport: u16) -> [u8; icrc::UDP_HEADER_LEN] {
+    udp[2..4].copy_from_slice(&dport.to_be_bytes());
+    udp
+}
+
+/// The ICRC of `roce` (BTH .. ICRC slot) as carried behind `ip` and `udp`; `None` when
+/// the packet is too short to hold a BTH and an ICRC.
+fn icrc_of(ip: &[u8], udp: &[u8; icrc::UDP_HEADER_LEN], roce: &[u8]) -> Option<u32> {
+    let n = roce.len();
+    if n < 12 + 4 {
+        return None;
+    }
+    let mut c = icrc::Icrc::ipv4(ip, &[&udp[..], &roce[..12]].concat()).ok()?;
+    c.update(&roce[12..n - 4]);
+    Some(c.finish())
+}
+
+/// Fill the ICRC of `roce` as carried behind `ip` and `udp`.
+fn fill(ip: &[u8], udp: &[u8; icrc::UDP_HEADER_LEN], roce: &mut [u8]) -> io::Result<()> {
+    let c = icrc_of(ip, udp, roce).ok_or(io::ErrorKind::InvalidInput)?;
+    let n = roce.len();
+    roce[n - 4..].copy_from_slice(&c.to_le_bytes());
+    Ok(())
+}
+
+fn timeout_or<T>(e: io::Error) -> io::Result<Option<T>> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => {
+            Ok(None)
+        }
+        _ => Err(e),
+    }
+}
+
+fn unsafe_zeroed() -> libc::sockaddr_in {
+    // SAFETY: sockaddr_in is plain data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn sockaddr_in(sa: SocketAddrV4) -> libc::sockaddr_in {
+    let mut s = unsafe_zeroed();
+    s.sin_family = libc::AF_INET as libc::sa_family_t;
+    s.sin_port = sa.port().to_be();
+    s.sin_addr.s_addr = u32::from(*sa.ip()).to_be();
+    s
+}
+
+fn io_slice(b: &[u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: b.as_ptr() as *mut libc::c_void,
+        iov_len: b.len(),
+    }
+}
+
+fn sendmsg(
+    fd: RawFd,
+    dst: &libc::sockaddr_in,
+    iov: &[libc::iovec],
+    pktinfo: Option<&libc::in_pktinfo>,
+) -> io::Result<()> {
+    let mut cmsg = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
+    // iovecs point at slices the caller keeps alive.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = dst as *const _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    if let Some(info) = pktinfo {
+        let space = unsafe_cmsg_space(std::mem::size_of::<libc::in_pktinfo>());
+        msg.msg_control = cmsg.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer (64 bytes) holds one cmsg header plus an in_pktinfo,
+        // and CMSG_FIRSTHDR points into it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::IPPROTO_IP;
+            (*c).cmsg_type = libc::IP_PKTINFO;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::in_pktinfo, *info);
+        }
+    }
+    loop {
+        // SAFETY: msg is fully initialised above.
+        let r = unsafe { libc::sendmsg(fd, &msg, 0) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // A full socket buffer: the packet is lost like on a wire; retransmission
+            // recovers it. Never block the engine on it.
+            Some(libc::ENOBUFS) | Some(libc::EAGAIN) => return Ok(()),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn unsafe_cmsg_space(len: usize) -> usize {
+    // SAFETY: CMSG_SPACE is a pure arithmetic macro.
+    unsafe { libc::CMSG_SPACE(len as u32) as usize }
+}
+
+fn pktinfo_dst(msg: &libc::msghdr) -> Option<Ipv4Addr> {
+    // SAFETY: the kernel filled msg's control buffer; CMSG_* walk it within its length.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
+                let info = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                return Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
+}
+
+/// Address of the peer for `SocketAddr` APIs.
+pub fn v4(sa: SocketAddr) -> Option<Ipv4Addr> {
+    match sa {
+        SocketAddr::V4(v) => Some(*v.ip()),
+        SocketAddr::V6(v) => v.ip().to_ipv4_mapped(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_mode_round_trip_verifies_icrc() {
+        let a = Net::open(Some(Ipv4Addr::new(127, 0, 0, 1)), 0, false).unwrap();
+        let mut pkt = crate::wire::RoceRepr::new(
+            crate::wire::BthRepr::new(crate::wire::Opcode::RcSendOnly, 0x11, 5),
+            b"hello",
+        )
+        .to_vec()
+        .unwrap();
+        let lo = Ipv4Addr::LOCALHOST;
+        a.send(lo, lo, 0, a.port(), &mut pkt).unwrap();
+        let mut buf = vec![0u8; 9000];
+        let d = loop {
+            if let Some(d) = a.recv(&mut buf).unwrap() {
+                break d.unwrap();
+            }
+        };
+        assert_eq!(d.roce, &pkt[..]);
+        assert_eq!(d.sport, a.port());
+        // Bytes that did not come from a RoCEv2 sender fail the ICRC.
+        let plain = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        plain
+            .send_to(&pkt[..pkt.len() - 1], ("127.0.0.1", a.port()))
+            .unwrap();
+        let r = loop {
+            if let Some(r) = a.recv(&mut buf).unwrap() {
+                break r;
+            }
+        };
+        assert_eq!(r.unwrap_err(), RxDrop::BadIcrc);
+    }
+
+    #[test]
+    fn filter_program_shape() {
+        let f = udp_port_filter(4791);
+        assert_eq!(f[2].k, 4791);
+        assert_eq!(f[3].k, 0xffff);
+    }
+}

@@ -1,0 +1,556 @@
+//! The rxe queue pair: verbs state machine, address vector, and the three halves of the
+//! RC transport — requester ([`requester`]: send queue → request packets, retransmission),
+//! completer (in [`requester`] too: ACKs, NAKs, read responses and atomic ACKs →
+//! completions) and responder ([`responder`]: request packets → placements, receive
+//! completions, ACKs, read responses, atomic results).
+//!
+//! One mutex holds the protocol state; it is taken by the receive thread (one packet at
+//! a time), the transmit thread (a paced burst of packets), the timer thread and the
+//! consumer's doorbell, and never held across anything slower than a UDP `sendmsg`.
+
+mod requester;
+mod responder;
+
+use crate::device::Shared;
+use crate::net::Datagram;
+use crate::timer::Target;
+use crate::wire::{self, RoceRepr};
+use parking_lot::Mutex;
+use requester::Requester;
+use responder::Responder;
+use rnicpi::*;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// A completion queue of the rxe device.
+pub struct RxeCq(pub EngineCq);
+
+impl ProviderCq for RxeCq {
+    fn engine(&self) -> &EngineCq {
+        &self.0
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A shared receive queue of the rxe device.
+pub struct RxeSrq(pub EngineSrq);
+
+impl ProviderSrq for RxeSrq {
+    fn engine(&self) -> &EngineSrq {
+        &self.0
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Where the QP's packets go: the address vector resolved at RTR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Av {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// UDP source port (entropy, from the flow label or the QP numbers).
+    pub sport: u16,
+}
+
+/// Packets in flight a requester allows before waiting for an acknowledgement.
+pub(crate) const WINDOW: u32 = 128;
+/// Packets one transmit step sends before yielding to other QPs.
+const TX_BUDGET: u32 = 64;
+/// Packets a doorbell sends inline in the caller's thread.
+const INLINE_BUDGET: u32 = 4;
+
+pub(crate) struct State {
+    pub qp: QpState,
+    pub attr: QpAttr,
+    pub av: Option<Av>,
+    pub mtu: u32,
+    pub req: Requester,
+    pub resp: Responder,
+    /// Generation of the QP's timer (retransmission or RNR back-off).
+    pub timer_gen: u64,
+    pub timer_at: Option<Instant>,
+    /// LastWqeReached was reported (QPs on an SRQ).
+    pub last_wqe_sent: bool,
+    /// The connection manager has told the consumer the connection ended.
+    pub closed_reported: bool,
+}
+
+pub struct RxeQp {
+    pub qpn: u32,
+    pub(crate) pd: u32,
+    pub(crate) dev: Arc<Shared>,
+    pub(crate) caps: QpCaps,
+    sq: Mutex<Ring<Wqe>>,
+    rq: Mutex<Ring<Wqe>>,
+    srq: Option<Arc<dyn ProviderSrq>>,
+    scq: Arc<dyn ProviderCq>,
+    rcq: Arc<dyn ProviderCq>,
+    pub(crate) sink: Arc<dyn EventSink>,
+    pub(crate) st: Mutex<State>,
+    scheduled: AtomicBool,
+    me: Weak<RxeQp>,
+}
+
+impl RxeQp {
+    pub(crate) fn new(dev: Arc<Shared>, qpn: u32, init: QpInit) -> Arc<RxeQp> {
+        let attr = QpAttr {
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            ..QpAttr::default()
+        };
+        Arc::new_cyclic(|me| RxeQp {
+            qpn,
+            pd: init.pd,
+            dev,
+            caps: init.caps,
+            sq: Mutex::new(init.sq),
+            rq: Mutex::new(init.rq),
+            srq: init.srq,
+            scq: init.send_cq,
+            rcq: init.recv_cq,
+            sink: init.sink,
+            st: Mutex::new(State {
+                qp: QpState::Reset,
+                attr,
+                av: None,
+                mtu: 1024,
+                req: Requester::new(0, attr.retry_cnt, attr.rnr_retry),
+                resp: Responder::new(0),
+                timer_gen: 0,
+                timer_at: None,
+                last_wqe_sent: false,
+                closed_reported: false,
+            }),
+            scheduled: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    pub(crate) fn arc(&self) -> Option<Arc<RxeQp>> {
+        self.me.upgrade()
+    }
+
+    /// Claim the transmit-queue slot; false when the QP is already queued.
+    pub(crate) fn mark_scheduled(&self) -> bool {
+        !self.scheduled.swap(true, Ordering::AcqRel)
+    }
+
+    fn schedule(&self) {
+        if let Some(me) = self.arc() {
+            self.dev.schedule(&me);
+        }
+    }
+
+    fn set_state(&self, st: &mut State, to: QpState) {
+        if st.qp != to {
+            tracing::debug!(qpn = self.qpn, from = ?st.qp, ?to, "rxe QP state");
+            st.qp = to;
+        }
+    }
+
+    /// One transmit step from the device's transmit thread.
+    pub(crate) fn tx_step(&self) {
+        self.scheduled.store(false, Ordering::Release);
+        let more = {
+            let mut st = self.st.lock();
+            let mut budget = TX_BUDGET;
+            self.transmit(&mut st, &mut budget)
+        };
+        if more {
+            self.schedule();
+        }
+    }
+
+    /// Send what is ready, responder output first; true when work is left over.
+    fn transmit(&self, st: &mut State, budget: &mut u32) -> bool {
+        let more = self.send_read_responses(st, budget);
+        more | self.pump(st, budget)
+    }
+
+    // ---- timers -----------------------------------------------------------------------
+
+    pub(crate) fn arm_timer(&self, st: &mut State, after: Duration) {
+        st.timer_gen += 1;
+        let at = Instant::now() + after;
+        st.timer_at = Some(at);
+        self.dev.timers.arm(Target::Qp(self.qpn), st.timer_gen, at);
+    }
+
+    pub(crate) fn stop_timer(&self, st: &mut State) {
+        st.timer_gen += 1;
+        st.timer_at = None;
+    }
+
+    /// The local ACK timeout of the QP: 4.096 µs × 2^timeout (0 = wait forever).
+    pub(crate) fn ack_timeout(st: &State) -> Option<Duration> {
+        match st.attr.timeout {
+            0 => None,
+            t => Some(Duration::from_nanos(4096u64 << t.min(31)).max(Duration::from_millis(1))),
+        }
+    }
+
+    pub(crate) fn on_timer(&self, gen: u64) {
+        let more = {
+            let mut st = self.st.lock();
+            if gen != st.timer_gen {
+                return;
+            }
+            st.timer_at = None;
+            self.requester_timeout(&mut st);
+            true
+        };
+        if more {
+            self.schedule();
+        }
+    }
+
+    // ---- receive ----------------------------------------------------------------------
+
+    /// One verified packet addressed to this QP.
+    pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>) {
+        let schedule = {
+            let mut st = self.st.lock();
+            if st.av.is_some_and(|av| av.dst != d.src) {
+                self.dev.count(&self.dev.counters.rx_wrong_source);
+                return;
+            }
+            if p.bth.opcode.transport() != wire::opcode::Transport::Rc {
+                self.dev.count(&self.dev.counters.rx_malformed);
+                return;
+            }
+            match p.bth.opcode.direction() {
+                wire::Direction::Request => {
+                    if !matches!(st.qp, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                        self.dev.count(&self.dev.counters.rx_dropped_state);
+                        return;
+                    }
+                    self.on_request(&mut st, p)
+                }
+                wire::Direction::Response => {
+                    if !matches!(st.qp, QpState::Rts | QpState::Sqd) {
+                        self.dev.count(&self.dev.counters.rx_dropped_state);
+                        return;
+                    }
+                    self.on_response(&mut st, p)
+                }
+            }
+        };
+        if schedule {
+            self.schedule();
+        }
+    }
+
+    // ---- output helpers ---------------------------------------------------------------
+
+    /// Send one packet to the QP's peer.
+    pub(crate) fn send_packet(&self, st: &State, repr: &RoceRepr<'_>) {
+        if let Some(av) = st.av {
+            self.dev.send_repr(av.src, av.dst, av.sport, repr);
+        }
+    }
+
+    pub(crate) fn bth(&self, st: &State, opcode: wire::Opcode, psn: u32) -> wire::BthRepr {
+        wire::BthRepr::new(opcode, st.attr.dest_qpn, psn)
+    }
+
+    // ---- completions and errors -------------------------------------------------------
+
+    pub(crate) fn post_cqe(&self, send: bool, cqe: Cqe) {
+        let cq = if send { &self.scq } else { &self.rcq };
+        if !cq.engine().push(cqe) {
+            self.dev.count(&self.dev.counters.cq_overflows);
+        }
+    }
+
+    /// Move to Error: flush both queues with `WrFlushErr` (an SRQ's receives stay).
+    pub(crate) fn to_error(&self, st: &mut State) {
+        if st.qp == QpState::Error {
+            return;
+        }
+        self.set_state(st, QpState::Error);
+        self.stop_timer(st);
+        for w in st.req.drain() {
+            let status = match w.status {
+                Some(s) => s,
+                None if w.done => WcStatus::Success,
+                None => WcStatus::WrFlushErr,
+            };
+            if w.wqe.signaled() || status != WcStatus::Success {
+                self.post_cqe(true, cqe_for(&w.wqe, self.qpn, status, 0));
+            }
+        }
+        self.flush_rings(st);
+        st.resp.clear();
+    }
+
+    /// Complete everything still in the consumer's rings as flushed (QP in Error).
+    fn flush_rings(&self, st: &mut State) {
+        {
+            let sq = self.sq.lock();
+            while let Ok(Some(w)) = sq.pop() {
+                self.post_cqe(true, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+            }
+        }
+        if let Some(w) = st.resp.take_current_recv() {
+            self.post_cqe(false, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        }
+        if self.srq.is_some() {
+            if !st.last_wqe_sent {
+                st.last_wqe_sent = true;
+                self.sink.deliver(Event::new(EventKind::LastWqeReached));
+            }
+            return;
+        }
+        let rq = self.rq.lock();
+        while let Ok(Some(w)) = rq.pop() {
+            self.post_cqe(false, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        }
+    }
+
+    /// A fatal transport error: report it and go to Error.
+    pub(crate) fn fatal(&self, st: &mut State, kind: EventKind, why: &str) {
+        if st.qp == QpState::Error {
+            return;
+        }
+        tracing::warn!(qpn = self.qpn, ?kind, why, "rxe QP error");
+        self.to_error(st);
+        self.sink.deliver(Event::new(kind).with_status(libc::EIO));
+    }
+
+    /// The next posted receive: from the SRQ when the QP has one, else its own queue.
+    pub(crate) fn take_recv(&self) -> Option<Wqe> {
+        match &self.srq {
+            Some(srq) => srq.engine().take().ok().flatten(),
+            None => self.rq.lock().pop().ok().flatten(),
+        }
+    }
+
+    pub(crate) fn sq(&self) -> &Mutex<Ring<Wqe>> {
+        &self.sq
+    }
+
+    // ---- connection manager hooks -----------------------------------------------------
+
+    /// Apply attributes from the connection manager (as a consumer's Modify QP would).
+    pub(crate) fn cm_modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.modify(attr, mask)
+    }
+
+    /// The connection ended: flush, and tell the consumer once.
+    pub(crate) fn cm_closed(&self, kind: EventKind) {
+        let mut st = self.st.lock();
+        self.to_error(&mut st);
+        let first = !st.closed_reported;
+        st.closed_reported = true;
+        drop(st);
+        if first {
+            self.sink.deliver(Event::new(kind));
+        }
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        self.st.lock().qp
+    }
+
+    /// Resolve the address vector from the QP attributes (destination GID, source GID
+    /// index) and the device's GID table.
+    fn resolve_av(&self, st: &State) -> Result<Av> {
+        let dst = match gid_to_ip(st.attr.dgid) {
+            std::net::IpAddr::V4(v4) => v4,
+            std::net::IpAddr::V6(_) => return Err(VerbsError::Unsupported),
+        };
+        let gids = self.dev.addrs();
+        let src = match gids.get(st.attr.sgid_index as usize) {
+            Some(a) if self.dev.config.addr.is_some() || !a.is_unspecified() => *a,
+            _ => self.dev.source_for(dst)?,
+        };
+        let src = if dst.is_loopback() && !src.is_loopback() {
+            self.dev.source_for(dst).unwrap_or(src)
+        } else {
+            src
+        };
+        let sport = wire::icrc::udp_sport_for(0, self.qpn, st.attr.dest_qpn);
+        Ok(Av { src, dst, sport })
+    }
+}
+
+impl ProviderQp for RxeQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let mut st = self.st.lock();
+        let to = if mask.contains(QpAttrMask::STATE) {
+            attr.state
+        } else {
+            st.qp
+        };
+        if mask.contains(QpAttrMask::STATE) && !st.qp.can_move_to(to) {
+            return Err(VerbsError::BadState);
+        }
+        // Attribute rules of the verbs (IBTA 11.2.4.2, as rdma-core checks them).
+        let need = |m: QpAttrMask| mask.contains(m);
+        match (st.qp, to) {
+            (QpState::Init, QpState::Rtr)
+                if !(need(QpAttrMask::AV)
+                    && need(QpAttrMask::PATH_MTU)
+                    && need(QpAttrMask::DEST_QPN)
+                    && need(QpAttrMask::RQ_PSN)) =>
+            {
+                return Err(VerbsError::Invalid)
+            }
+            (QpState::Rtr, QpState::Rts) if !need(QpAttrMask::SQ_PSN) => {
+                return Err(VerbsError::Invalid)
+            }
+            _ => {}
+        }
+        let a = &mut st.attr;
+        if need(QpAttrMask::ACCESS) {
+            a.access = attr.access;
+        }
+        if need(QpAttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if need(QpAttrMask::DEST_QPN) {
+            a.dest_qpn = attr.dest_qpn & 0xff_ffff;
+        }
+        if need(QpAttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn & wire::PSN_MASK;
+        }
+        if need(QpAttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn & wire::PSN_MASK;
+        }
+        if need(QpAttrMask::MAX_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic.clamp(1, self.dev.attr.max_ord as u8);
+        }
+        if need(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr
+                .max_dest_rd_atomic
+                .clamp(1, self.dev.attr.max_ird as u8);
+        }
+        if need(QpAttrMask::TIMEOUT) {
+            a.timeout = attr.timeout.min(31);
+        }
+        if need(QpAttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt.min(7);
+        }
+        if need(QpAttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry.min(7);
+        }
+        if need(QpAttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer & 0x1f;
+        }
+        if need(QpAttrMask::PKEY_INDEX) {
+            if attr.pkey_index != 0 {
+                return Err(VerbsError::Invalid);
+            }
+            a.pkey_index = 0;
+        }
+        if need(QpAttrMask::AV) {
+            a.dgid = attr.dgid;
+            a.sgid_index = attr.sgid_index;
+            a.hop_limit = attr.hop_limit;
+        }
+        if mask.contains(QpAttrMask::STATE) {
+            match to {
+                QpState::Reset => {
+                    self.to_error(&mut st);
+                    let attr = st.attr;
+                    st.req = Requester::new(attr.sq_psn, attr.retry_cnt, attr.rnr_retry);
+                    st.resp = Responder::new(attr.rq_psn);
+                    st.av = None;
+                    st.last_wqe_sent = false;
+                    self.set_state(&mut st, QpState::Reset);
+                }
+                QpState::Rtr => {
+                    let mtu = st.attr.path_mtu.min(self.dev.active_mtu());
+                    st.mtu = mtu;
+                    st.av = Some(self.resolve_av(&st)?);
+                    st.resp = Responder::new(st.attr.rq_psn);
+                    self.set_state(&mut st, QpState::Rtr);
+                }
+                QpState::Rts if st.qp == QpState::Rtr => {
+                    let a = st.attr;
+                    st.req = Requester::new(a.sq_psn, a.retry_cnt, a.rnr_retry);
+                    self.set_state(&mut st, QpState::Rts);
+                }
+                QpState::Error => {
+                    self.to_error(&mut st);
+                }
+                other => self.set_state(&mut st, other),
+            }
+        }
+        Ok(())
+    }
+
+    fn query(&self) -> QpAttr {
+        let st = self.st.lock();
+        QpAttr {
+            state: st.qp,
+            path_mtu: st.mtu,
+            ..st.attr
+        }
+    }
+
+    fn doorbell(&self) {
+        let more = {
+            let mut st = self.st.lock();
+            if st.qp == QpState::Error {
+                // Work posted to a QP in Error completes flushed at once.
+                self.flush_rings(&mut st);
+                return;
+            }
+            let mut budget = INLINE_BUDGET;
+            self.transmit(&mut st, &mut budget)
+        };
+        if more {
+            self.schedule();
+        }
+    }
+
+    fn connect(&self, peer: std::net::SocketAddr, param: ConnParam) -> Result<()> {
+        let me = self.arc().ok_or(VerbsError::BadState)?;
+        crate::cm::connect(&self.dev, &me, peer, param)
+    }
+
+    fn disconnect(&self, abortive: bool) -> Result<()> {
+        let me = self.arc().ok_or(VerbsError::BadState)?;
+        crate::cm::disconnect(&self.dev, &me, abortive)
+    }
+
+    fn destroy(&self) {
+        if let Some(me) = self.arc() {
+            let _ = crate::cm::disconnect(&self.dev, &me, true);
+        }
+        let mut st = self.st.lock();
+        st.closed_reported = true;
+        self.to_error(&mut st);
+        drop(st);
+        self.dev.qps.write().remove(&self.qpn);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+pub(crate) fn cqe_for(w: &Wqe, qpn: u32, status: WcStatus, byte_len: u32) -> Cqe {
+    Cqe {
+        wr_id: w.wr_id,
+        status: status as u8,
+        opcode: w.opcode().map(|o| o.wc_opcode() as u8).unwrap_or(0),
+        flags: 0,
+        _reserved: 0,
+        byte_len,
+        qp_num: qpn,
+        imm_or_inv: 0,
+        src_qp: 0,
+        vendor_err: 0,
+    }
+}

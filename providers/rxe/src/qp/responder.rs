@@ -1,0 +1,569 @@
+//! Responder: request packets in PSN order become placements into registered memory,
+//! receive completions, acknowledgements, read responses and atomic results.
+//!
+//! A packet ahead of the expected PSN draws one PSN-sequence NAK (until the expected
+//! packet arrives); a packet behind it is a duplicate: Sends and Writes are acknowledged
+//! again without being placed twice, Reads are answered again from the request's own
+//! RETH (kept in the responder resources), atomics with their saved original value, never
+//! executed twice. A Send with no receive posted draws an RNR NAK. Access violations and
+//! malformed sequences draw a NAK and take the QP to Error (IBTA class B/C errors).
+
+use super::requester::ack_aeth;
+use super::{cqe_for, RxeQp, State};
+use crate::wire::{
+    self, psn_add, psn_diff, AethRepr, AtomicAckEthRepr, NakCode, Opcode, Operation, RoceRepr,
+    Syndrome,
+};
+use rnicpi::*;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Read and atomic requests remembered for answering duplicates.
+const RESOURCES: usize = 32;
+
+// The receive WQE is moved once per message; boxing it would allocate on the data path.
+#[allow(clippy::large_enum_variant)]
+enum InMsg {
+    Send {
+        wqe: Wqe,
+        off: u64,
+    },
+    Write {
+        region: Option<Arc<Region>>,
+        va: u64,
+        len: u64,
+        off: u64,
+    },
+}
+
+enum Resource {
+    Read {
+        psn: u32,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u64,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+/// Read responses still to transmit.
+struct ReadJob {
+    psn: u32,
+    va: u64,
+    left: u64,
+    first: bool,
+    region: Option<Arc<Region>>,
+}
+
+pub(crate) struct Responder {
+    /// The PSN expected next.
+    psn: u32,
+    msn: u32,
+    nak_sent: bool,
+    cur: Option<InMsg>,
+    resources: VecDeque<Resource>,
+    jobs: VecDeque<ReadJob>,
+}
+
+/// What became of one request packet.
+enum Verdict {
+    /// Consumed `npkts` PSNs; acknowledge when the requester asked.
+    Done { npkts: u32 },
+    /// No receive posted: RNR NAK, the PSN is not consumed.
+    Rnr,
+    /// NAK; the QP goes to Error.
+    Fatal(NakCode, EventKind),
+}
+
+impl Responder {
+    pub fn new(psn: u32) -> Responder {
+        Responder {
+            psn,
+            msn: 0,
+            nak_sent: false,
+            cur: None,
+            resources: VecDeque::new(),
+            jobs: VecDeque::new(),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.cur = None;
+        self.jobs.clear();
+        self.resources.clear();
+    }
+
+    /// The receive a multi-packet Send is being placed into (to flush it).
+    pub fn take_current_recv(&mut self) -> Option<Wqe> {
+        match self.cur.take() {
+            Some(InMsg::Send { wqe, .. }) => Some(wqe),
+            _ => None,
+        }
+    }
+
+    fn remember(&mut self, r: Resource) {
+        if self.resources.len() == RESOURCES {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+}
+
+fn invalid() -> Verdict {
+    Verdict::Fatal(NakCode::InvalidRequest, EventKind::QpRequestError)
+}
+
+fn access() -> Verdict {
+    Verdict::Fatal(NakCode::RemoteAccessError, EventKind::QpAccessError)
+}
+
+impl RxeQp {
+    /// A request packet. Returns whether the transmit side should run.
+    pub(super) fn on_request(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
+        let psn = p.bth.psn;
+        let d = psn_diff(psn, st.resp.psn);
+        if d > 0 {
+            if !st.resp.nak_sent {
+                st.resp.nak_sent = true;
+                self.dev.count(&self.dev.counters.nak_seq_sent);
+                let exp = st.resp.psn;
+                self.send_aeth(st, exp, Syndrome::Nak(NakCode::PsnSequenceError));
+            }
+            return false;
+        }
+        if d < 0 {
+            return self.duplicate(st, p);
+        }
+        let verdict = match p.bth.opcode.operation() {
+            Operation::Send => self.recv_send(st, p),
+            Operation::RdmaWrite => self.recv_write(st, p),
+            Operation::RdmaReadRequest => self.recv_read(st, p),
+            Operation::CompareSwap | Operation::FetchAdd => self.recv_atomic(st, p),
+            _ => invalid(),
+        };
+        match verdict {
+            Verdict::Done { npkts } => {
+                st.resp.psn = psn_add(psn, npkts);
+                st.resp.nak_sent = false;
+                let read = p.bth.opcode == Opcode::RcRdmaReadRequest;
+                let atomic = matches!(
+                    p.bth.opcode.operation(),
+                    Operation::CompareSwap | Operation::FetchAdd
+                );
+                if p.bth.ack_req && !read && !atomic {
+                    self.dev.count(&self.dev.counters.acks_sent);
+                    let msn = st.resp.msn;
+                    self.send_ack(st, psn, ack_aeth(msn));
+                }
+                read
+            }
+            Verdict::Rnr => {
+                self.dev.count(&self.dev.counters.rnr_nak_sent);
+                let timer = st.attr.min_rnr_timer;
+                self.send_aeth(st, psn, Syndrome::RnrNak { timer });
+                false
+            }
+            Verdict::Fatal(code, kind) => {
+                self.dev.count(&self.dev.counters.nak_other_sent);
+                self.send_aeth(st, psn, Syndrome::Nak(code));
+                self.fatal(st, kind, "responder refused a request");
+                false
+            }
+        }
+    }
+
+    fn send_ack(&self, st: &State, psn: u32, aeth: AethRepr) {
+        let mut r = RoceRepr::new(self.bth(st, Opcode::RcAcknowledge, psn), &[]);
+        r.aeth = Some(aeth);
+        self.send_packet(st, &r);
+    }
+
+    fn send_aeth(&self, st: &State, psn: u32, syndrome: Syndrome) {
+        let msn = st.resp.msn;
+        self.send_ack(st, psn, AethRepr { syndrome, msn });
+    }
+
+    /// Check the packet's place in its message against the one in progress.
+    fn in_sequence(&self, st: &State, p: &RoceRepr<'_>) -> bool {
+        let pos = p.bth.opcode.position();
+        let full = pos.is_end() || p.payload.len() == st.mtu as usize;
+        let ok = match (&st.resp.cur, p.bth.opcode.operation()) {
+            (None, _) => pos.is_start(),
+            (Some(InMsg::Send { .. }), Operation::Send)
+            | (Some(InMsg::Write { .. }), Operation::RdmaWrite) => !pos.is_start(),
+            _ => false,
+        };
+        ok && full && p.payload.len() <= st.mtu as usize
+    }
+
+    fn recv_send(&self, st: &mut State, p: &RoceRepr<'_>) -> Verdict {
+        if !self.in_sequence(st, p) {
+            return invalid();
+        }
+        let pos = p.bth.opcode.position();
+        if pos.is_start() {
+            let Some(wqe) = self.take_recv() else {
+                return Verdict::Rnr;
+            };
+            st.resp.cur = Some(InMsg::Send { wqe, off: 0 });
+        }
+        let Some(InMsg::Send { wqe, off }) = st.resp.cur.as_mut() else {
+            return invalid();
+        };
+        let (wqe_copy, at) = (*wqe, *off);
+        if at + p.payload.len() as u64 > wqe_copy.total_len() {
+            st.resp.cur = None;
+            self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, WcStatus::LocLenErr, 0));
+            return invalid();
+        }
+        if let Err(status) = self.place_recv(&wqe_copy, at, p.payload) {
+            st.resp.cur = None;
+            self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, status, 0));
+            return Verdict::Fatal(NakCode::RemoteOperationalError, EventKind::QpFatal);
+        }
+        if let Some(InMsg::Send { off, .. }) = st.resp.cur.as_mut() {
+            *off += p.payload.len() as u64;
+        }
+        if !pos.is_end() {
+            return Verdict::Done { npkts: 1 };
+        }
+        st.resp.cur = None;
+        let mut cqe = cqe_for(
+            &wqe_copy,
+            self.qpn,
+            WcStatus::Success,
+            (at + p.payload.len() as u64) as u32,
+        );
+        cqe.src_qp = st.attr.dest_qpn;
+        if p.bth.solicited {
+            cqe.flags |= wc_flags::SOLICITED;
+        }
+        if let Some(imm) = p.immdt {
+            cqe.flags |= wc_flags::WITH_IMM;
+            cqe.imm_or_inv = u32::from_ne_bytes(imm.imm.to_be_bytes());
+        }
+        if let Some(ieth) = p.ieth {
+            if self.dev.mrs.invalidate(ieth.rkey, self.pd).is_err() {
+                self.post_cqe(
+                    false,
+                    cqe_for(&wqe_copy, self.qpn, WcStatus::RemInvReqErr, 0),
+                );
+                return invalid();
+            }
+            cqe.flags |= wc_flags::WITH_INV;
+            cqe.imm_or_inv = ieth.rkey;
+        }
+        st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
+        self.post_cqe(false, cqe);
+        Verdict::Done { npkts: 1 }
+    }
+
+    /// Scatter `data` at message offset `off` of receive `w`.
+    fn place_recv(&self, w: &Wqe, off: u64, data: &[u8]) -> Result<(), WcStatus> {
+        let (mut skip, mut left) = (off, data);
+        for s in w.sges() {
+            if left.is_empty() {
+                break;
+            }
+            if skip >= s.length as u64 {
+                skip -= s.length as u64;
+                continue;
+            }
+            let take = ((s.length as u64 - skip) as usize).min(left.len());
+            let r = self
+                .dev
+                .mrs
+                .lookup(s.lkey)
+                .map_err(|_| WcStatus::LocProtErr)?;
+            r.write(self.pd, s.addr + skip, &left[..take], Access::LOCAL_WRITE)
+                .map_err(|_| WcStatus::LocProtErr)?;
+            left = &left[take..];
+            skip = 0;
+        }
+        Ok(())
+    }
+
+    fn recv_write(&self, st: &mut State, p: &RoceRepr<'_>) -> Verdict {
+        if !self.in_sequence(st, p) {
+            return invalid();
+        }
+        let pos = p.bth.opcode.position();
+        if pos.is_start() {
+            let Some(reth) = p.reth else {
+                return invalid();
+            };
+            let len = reth.dma_len as u64;
+            let region = if len > 0 {
+                match self.dev.mrs.lookup(reth.rkey) {
+                    Ok(r) if r.check(self.pd, reth.va, len, Access::REMOTE_WRITE).is_ok() => {
+                        Some(r)
+                    }
+                    _ => return access(),
+                }
+            } else {
+                None
+            };
+            st.resp.cur = Some(InMsg::Write {
+                region,
+                va: reth.va,
+                len,
+                off: 0,
+            });
+        }
+        let Some(InMsg::Write {
+            region,
+            va,
+            len,
+            off,
+        }) = st.resp.cur.as_ref()
+        else {
+            return invalid();
+        };
+        let (region, va, len, off) = (region.clone(), *va, *len, *off);
+        let end = off + p.payload.len() as u64;
+        if end > len || (pos.is_end() && end != len) {
+            st.resp.cur = None;
+            return invalid();
+        }
+        // A Write with immediate consumes a receive: without one, nothing is placed.
+        let recv = if p.immdt.is_some() {
+            match self.take_recv() {
+                Some(w) => Some(w),
+                None => return Verdict::Rnr,
+            }
+        } else {
+            None
+        };
+        if !p.payload.is_empty() {
+            let placed = region
+                .as_ref()
+                .map(|r| r.write(self.pd, va + off, p.payload, Access::REMOTE_WRITE));
+            if !matches!(placed, Some(Ok(()))) {
+                st.resp.cur = None;
+                return access();
+            }
+        }
+        if let Some(InMsg::Write { off, .. }) = st.resp.cur.as_mut() {
+            *off = end;
+        }
+        if pos.is_end() {
+            st.resp.cur = None;
+            st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
+            if let (Some(w), Some(imm)) = (recv, p.immdt) {
+                let mut cqe = cqe_for(&w, self.qpn, WcStatus::Success, len as u32);
+                cqe.opcode = WcOpcode::RecvRdmaWithImm as u8;
+                cqe.flags |= wc_flags::WITH_IMM;
+                cqe.imm_or_inv = u32::from_ne_bytes(imm.imm.to_be_bytes());
+                cqe.src_qp = st.attr.dest_qpn;
+                if p.bth.solicited {
+                    cqe.flags |= wc_flags::SOLICITED;
+                }
+                self.post_cqe(false, cqe);
+            }
+        }
+        Verdict::Done { npkts: 1 }
+    }
+
+    fn recv_read(&self, st: &mut State, p: &RoceRepr<'_>) -> Verdict {
+        if st.resp.cur.is_some() {
+            return invalid();
+        }
+        let Some(reth) = p.reth else {
+            return invalid();
+        };
+        let len = reth.dma_len as u64;
+        let region = match self.read_region(reth.rkey, reth.va, len) {
+            Ok(r) => r,
+            Err(v) => return v,
+        };
+        let npkts = len.div_ceil(st.mtu as u64).max(1) as u32;
+        let psn = p.bth.psn;
+        st.resp.remember(Resource::Read {
+            psn,
+            npkts,
+            va: reth.va,
+            rkey: reth.rkey,
+            len,
+        });
+        st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
+        st.resp.jobs.push_back(ReadJob {
+            psn,
+            va: reth.va,
+            left: len,
+            first: true,
+            region,
+        });
+        Verdict::Done { npkts }
+    }
+
+    fn read_region(&self, rkey: u32, va: u64, len: u64) -> Result<Option<Arc<Region>>, Verdict> {
+        if len == 0 {
+            return Ok(None);
+        }
+        match self.dev.mrs.lookup(rkey) {
+            Ok(r) if r.check(self.pd, va, len, Access::REMOTE_READ).is_ok() => Ok(Some(r)),
+            _ => Err(access()),
+        }
+    }
+
+    fn recv_atomic(&self, st: &mut State, p: &RoceRepr<'_>) -> Verdict {
+        if st.resp.cur.is_some() {
+            return invalid();
+        }
+        let Some(a) = p.atomic_eth else {
+            return invalid();
+        };
+        if !a.va.is_multiple_of(8) {
+            return invalid();
+        }
+        let Ok(region) = self.dev.mrs.lookup(a.rkey) else {
+            return access();
+        };
+        let cmp = p.bth.opcode == Opcode::RcCompareSwap;
+        let mut op = |v: u64| {
+            if cmp {
+                if v == a.compare {
+                    a.swap_add
+                } else {
+                    v
+                }
+            } else {
+                v.wrapping_add(a.swap_add)
+            }
+        };
+        let orig = match region.atomic(self.pd, a.va, &mut op) {
+            Ok(v) => v,
+            Err(_) => return access(),
+        };
+        let psn = p.bth.psn;
+        st.resp.remember(Resource::Atomic { psn, orig });
+        st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
+        self.send_atomic_ack(st, psn, orig);
+        Verdict::Done { npkts: 1 }
+    }
+
+    fn send_atomic_ack(&self, st: &State, psn: u32, orig: u64) {
+        let mut r = RoceRepr::new(self.bth(st, Opcode::RcAtomicAcknowledge, psn), &[]);
+        r.aeth = Some(ack_aeth(st.resp.msn));
+        r.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+        self.send_packet(st, &r);
+    }
+
+    /// A request behind the expected PSN.
+    fn duplicate(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
+        self.dev.count(&self.dev.counters.duplicate_requests);
+        let psn = p.bth.psn;
+        match p.bth.opcode.operation() {
+            Operation::Send | Operation::RdmaWrite => {
+                let last = psn_add(st.resp.psn, wire::PSN_MASK);
+                let msn = st.resp.msn;
+                self.send_ack(st, last, ack_aeth(msn));
+                false
+            }
+            Operation::RdmaReadRequest => {
+                let Some(reth) = p.reth else { return false };
+                let known = st.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Read {
+                        psn: start,
+                        npkts,
+                        va,
+                        rkey,
+                        len,
+                    } if psn_diff(psn, start) >= 0
+                        && psn_diff(psn, psn_add(start, npkts)) < 0
+                        && rkey == reth.rkey =>
+                    {
+                        Some((start, npkts, va, len))
+                    }
+                    _ => None,
+                });
+                let Some((start, npkts, va, len)) = known else {
+                    return false;
+                };
+                // The retried request must ask for a tail of the original one.
+                let (lo, hi) = (reth.va, reth.va.saturating_add(reth.dma_len as u64));
+                if lo < va || hi > va + len {
+                    return false;
+                }
+                let region = match self.read_region(reth.rkey, lo, hi - lo) {
+                    Ok(r) => r,
+                    Err(_) => return false,
+                };
+                let end = psn_add(start, npkts);
+                st.resp
+                    .jobs
+                    .retain(|j| !(psn_diff(j.psn, start) >= 0 && psn_diff(j.psn, end) < 0));
+                st.resp.jobs.push_back(ReadJob {
+                    psn,
+                    va: lo,
+                    left: hi - lo,
+                    first: true,
+                    region,
+                });
+                true
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let orig = st.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Atomic { psn: at, orig } if at == psn => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = orig {
+                    self.send_atomic_ack(st, psn, orig);
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Transmit queued read responses; true when some are left.
+    pub(super) fn send_read_responses(&self, st: &mut State, budget: &mut u32) -> bool {
+        let mtu = st.mtu as u64;
+        let mut buf = Vec::new();
+        while *budget > 0 {
+            let Some(job) = st.resp.jobs.front() else {
+                return false;
+            };
+            let n = job.left.min(mtu);
+            let last = job.left <= mtu;
+            let opcode = match (job.first, last) {
+                (true, true) => Opcode::RcRdmaReadResponseOnly,
+                (true, false) => Opcode::RcRdmaReadResponseFirst,
+                (false, true) => Opcode::RcRdmaReadResponseLast,
+                (false, false) => Opcode::RcRdmaReadResponseMiddle,
+            };
+            buf.clear();
+            buf.resize(n as usize, 0);
+            if let Some(r) = &job.region {
+                if r.read(self.pd, job.va, &mut buf, Access::REMOTE_READ)
+                    .is_err()
+                {
+                    // Deregistered under the response: the read fails remotely.
+                    let psn = job.psn;
+                    self.send_aeth(st, psn, Syndrome::Nak(NakCode::RemoteAccessError));
+                    self.fatal(st, EventKind::QpAccessError, "read source vanished");
+                    return false;
+                }
+            }
+            let mut r = RoceRepr::new(self.bth(st, opcode, job.psn), &buf);
+            if opcode != Opcode::RcRdmaReadResponseMiddle {
+                r.aeth = Some(ack_aeth(st.resp.msn));
+            }
+            self.send_packet(st, &r);
+            *budget -= 1;
+            let job = st.resp.jobs.front_mut().expect("job checked above");
+            job.psn = psn_add(job.psn, 1);
+            job.va += n;
+            job.left -= n;
+            job.first = false;
+            if last {
+                st.resp.jobs.pop_front();
+            }
+        }
+        !st.resp.jobs.is_empty()
+    }
+}

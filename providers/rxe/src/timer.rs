@@ -1,0 +1,93 @@
+//! The device's timer thread: one heap of deadlines for every QP (retransmission and RNR
+//! back-off) and every CM exchange (MAD retries). Objects keep a generation number with
+//! their deadline and re-arm by pushing a new entry; a fired entry whose generation is
+//! no longer current is ignored, so nothing ever has to be removed from the heap.
+
+use crate::device::Shared;
+use parking_lot::{Condvar, Mutex};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+/// What a deadline belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Target {
+    Qp(u32),
+    Cm(u32),
+}
+
+#[derive(Default)]
+struct Heap {
+    entries: BinaryHeap<Reverse<(Instant, Target, u64)>>,
+    stopped: bool,
+}
+
+#[derive(Default)]
+pub struct Timers {
+    heap: Mutex<Heap>,
+    cv: Condvar,
+}
+
+impl Timers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fire `target` with `gen` at `at`.
+    pub fn arm(&self, target: Target, gen: u64, at: Instant) {
+        let mut h = self.heap.lock();
+        let earliest = h.entries.peek().is_none_or(|Reverse((t, ..))| at < *t);
+        h.entries.push(Reverse((at, target, gen)));
+        if earliest {
+            self.cv.notify_one();
+        }
+    }
+
+    pub fn stop(&self) {
+        self.heap.lock().stopped = true;
+        self.cv.notify_all();
+    }
+
+    /// Wait for the next due entry (or `None` when stopped).
+    fn next(&self) -> Option<(Target, u64)> {
+        let mut h = self.heap.lock();
+        loop {
+            if h.stopped {
+                return None;
+            }
+            let now = Instant::now();
+            match h.entries.peek() {
+                Some(Reverse((at, ..))) if *at <= now => {
+                    let Reverse((_, t, g)) = h.entries.pop()?;
+                    return Some((t, g));
+                }
+                Some(Reverse((at, ..))) => {
+                    let at = *at;
+                    self.cv.wait_until(&mut h, at);
+                }
+                None => {
+                    self.cv.wait_for(&mut h, Duration::from_millis(200));
+                }
+            }
+        }
+    }
+}
+
+/// The timer thread of a device; ends when the device stops its timers.
+pub fn run(shared: Weak<Shared>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        let Some((target, gen)) = s.timers.next() else {
+            return;
+        };
+        match target {
+            Target::Qp(qpn) => {
+                if let Some(qp) = s.qp(qpn) {
+                    qp.on_timer(gen);
+                }
+            }
+            Target::Cm(id) => s.cm.on_timer(&s, id, gen),
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! End-to-end over rxe (RoCEv2) on loopback, through both kAL front doors: real UDP
+//! datagrams with ICRCs, the IB CM over QP1, the RC transport, byte-exact data.
+
+use krdma_tests::{crc, each_front_door, fill_pattern, FrontDoor};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ual::perf::{connect_pair, Endpoint};
+use ual::{
+    send_flags, wc_flags, Access, ConnParam, Context, Cq, EventKind, Mr, Pd, Qp, QpAttr,
+    QpAttrMask, QpCaps, QpConfig, QpState, RegBuf, WcOpcode, WcStatus, Wqe, WrOpcode,
+};
+
+const SIG: u8 = send_flags::SIGNALED;
+const T: Duration = Duration::from_secs(20);
+
+fn fill(ep: &Endpoint, seed: u32) -> u32 {
+    let mut v = vec![0u8; ep.buf.len()];
+    fill_pattern(&mut v, seed);
+    ep.buf.write(0, &v);
+    crc(&v)
+}
+
+fn pair(door: &FrontDoor, len: usize) -> (Arc<Context>, Arc<Context>, Endpoint, Endpoint) {
+    let (a, b) = (door.open(), door.open());
+    let (s, c) = connect_pair(&a, &b, "rxe0", len, 64).expect("connect over rxe0");
+    (a, b, s, c)
+}
+
+#[test]
+fn rxe0_is_listed_beside_siw0() {
+    each_front_door(|door| {
+        let ctx = door.open();
+        let d = ctx.device("rxe0").expect("rxe0 registered");
+        assert_eq!(d.transport, ual::Transport::Ib);
+        assert!(d.raw.atomics != 0);
+        ctx.device("siw0").expect("siw0 beside it");
+        let p = ctx.query_port(d.index, 1).unwrap();
+        assert_eq!(p.state, rnicpi::PortState::Active);
+        assert_eq!(p.gids.len(), 1, "a private loopback address");
+        assert_eq!(p.active_mtu, 4096, "loopback fits the largest IB MTU");
+    });
+}
+
+#[test]
+fn cm_connection_moves_every_opcode_byte_exact() {
+    each_front_door(|door| {
+        let len = 1 << 20;
+        let (_a, _b, s, c) = pair(door, len);
+        // Send / Receive, many packets.
+        let want = fill(&c, 1);
+        s.post_recv(1, 0, len as u32).unwrap();
+        c.send(2, 0, len as u32, SIG).unwrap();
+        let rc = s.complete(1).unwrap();
+        assert_eq!(
+            (rc[0].opcode(), rc[0].byte_len),
+            (Some(WcOpcode::Recv), len as u32)
+        );
+        assert_eq!(crc(&s.buf.to_vec()), want, "send payload");
+        c.complete(1).unwrap();
+
+        // RDMA Write, then a Send ordered behind it.
+        s.buf.fill(0);
+        let want = fill(&c, 2);
+        c.write(3, 0, len as u32, 0, SIG).unwrap();
+        c.complete(1).unwrap();
+        s.post_recv(4, 0, 0).unwrap();
+        c.send(5, 0, 0, SIG).unwrap();
+        s.complete(1).unwrap();
+        c.complete(1).unwrap();
+        assert_eq!(crc(&s.buf.to_vec()), want, "write payload");
+
+        // RDMA Read.
+        let want = fill(&s, 3);
+        c.buf.fill(0);
+        c.read(6, 0, len as u32, 0).unwrap();
+        let rc = c.complete(1).unwrap();
+        assert_eq!(
+            (rc[0].opcode(), rc[0].byte_len),
+            (Some(WcOpcode::RdmaRead), len as u32)
+        );
+        assert_eq!(crc(&c.buf.to_vec()), want, "read payload");
+
+        // Send and Write with immediate, Send with solicited event.
+        s.post_recv(7, 0, 64).unwrap();
+        s.post_recv(8, 0, 64).unwrap();
+        let imm = Wqe::new(9, WrOpcode::SendWithImm, &[c.mr.sge(0, 16)])
+            .with_imm(0x1234_5678)
+            .with_flags(SIG | send_flags::SOLICITED);
+        c.qp.post_send(&imm).unwrap();
+        let wimm = Wqe::new(10, WrOpcode::RdmaWriteWithImm, &[c.mr.sge(0, 5000)])
+            .with_remote(c.remote.0 + 4096, c.remote.1)
+            .with_imm(0xabcd)
+            .with_flags(SIG);
+        c.qp.post_send(&wimm).unwrap();
+        let rc = s.complete(2).unwrap();
+        assert_eq!(rc[0].imm_or_inv, 0x1234_5678);
+        assert_ne!(rc[0].flags & wc_flags::WITH_IMM, 0);
+        assert_ne!(rc[0].flags & wc_flags::SOLICITED, 0);
+        assert_eq!(rc[1].opcode(), Some(WcOpcode::RecvRdmaWithImm));
+        assert_eq!((rc[1].byte_len, rc[1].imm_or_inv), (5000, 0xabcd));
+        c.complete(2).unwrap();
+
+        // Atomics on a word of a server registration that allows them.
+        let word_buf = RegBuf::new(64).unwrap();
+        word_buf.write(0, &40u64.to_ne_bytes());
+        let atomic = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC;
+        let wmr = _a.reg_mr(&s.pd, word_buf.as_ptr(), 64, atomic).unwrap();
+        let at = |id, op, cmp: u64, swap: u64| {
+            let mut w = Wqe::new(id, op, &[c.mr.sge(128, 8)])
+                .with_remote(wmr.addr, wmr.rkey)
+                .with_flags(SIG);
+            w.compare_add = cmp;
+            w.swap = swap;
+            c.qp.post_send(&w).unwrap();
+            let rc = c.complete(1).unwrap();
+            assert_eq!(rc[0].byte_len, 8);
+            let mut old = [0u8; 8];
+            c.buf.read(128, &mut old);
+            u64::from_ne_bytes(old)
+        };
+        assert_eq!(at(11, WrOpcode::AtomicFetchAdd, 2, 0), 40);
+        assert_eq!(at(12, WrOpcode::AtomicCmpSwp, 42, 7), 42);
+        assert_eq!(at(13, WrOpcode::AtomicCmpSwp, 42, 9), 7, "compare fails");
+        let mut now = [0u8; 8];
+        word_buf.read(0, &mut now);
+        assert_eq!(u64::from_ne_bytes(now), 7);
+    });
+}
+
+#[test]
+fn send_with_invalidate_kills_the_key() {
+    each_front_door(|door| {
+        let (_a, _b, s, c) = pair(door, 8192);
+        s.post_recv(1, 0, 64).unwrap();
+        let inv = Wqe::new(2, WrOpcode::SendWithInv, &[c.mr.sge(0, 8)])
+            .with_imm(c.remote.1)
+            .with_flags(SIG);
+        c.qp.post_send(&inv).unwrap();
+        let rc = s.complete(1).unwrap();
+        assert_ne!(rc[0].flags & wc_flags::WITH_INV, 0);
+        assert_eq!(rc[0].imm_or_inv, s.mr.rkey);
+        c.complete(1).unwrap();
+        // A write with the invalidated key is refused: remote access error, QP to Error.
+        let w = Wqe::new(3, WrOpcode::RdmaWrite, &[c.mr.sge(0, 64)])
+            .with_remote(c.remote.0, c.remote.1)
+            .with_flags(SIG);
+        c.qp.post_send(&w).unwrap();
+        let rc = c.cq.wait(1, T).unwrap();
+        assert_eq!(rc[0].status(), WcStatus::RemAccessErr);
+    });
+}
+
+/// A QP connected by hand, as `ibv_rc_pingpong` does: QPN, PSN and GID exchanged out of
+/// band, then Modify QP to RTR and RTS.
+struct Manual {
+    qp: Arc<Qp>,
+    cq: Arc<Cq>,
+    mr: Arc<Mr>,
+    buf: Arc<RegBuf>,
+    _pd: Arc<Pd>,
+}
+
+fn manual(ctx: &Arc<Context>, len: usize) -> Manual {
+    let dev = ctx.device("rxe0").unwrap().index;
+    let pd = ctx.alloc_pd(dev).unwrap();
+    let cq = ctx.create_cq(dev, 256).unwrap();
+    let qp = ctx
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            QpConfig {
+                caps: QpCaps {
+                    max_send_wr: 64,
+                    max_recv_wr: 64,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline: 0,
+                },
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let buf = RegBuf::new(len).unwrap();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = ctx.reg_mr(&pd, buf.as_ptr(), len, all).unwrap();
+    Manual {
+        qp,
+        cq,
+        mr,
+        buf,
+        _pd: pd,
+    }
+}
+
+/// Bring `m` to RTS towards `peer` (QPN, its first PSN, its GID).
+fn bring_up(m: &Manual, peer_qpn: u32, peer_gid: [u8; 16], rq_psn: u32, sq_psn: u32, mtu: u32) {
+    let init = QpAttr {
+        state: QpState::Init,
+        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ..QpAttr::default()
+    };
+    m.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::ACCESS)
+        .unwrap();
+    let rtr = QpAttr {
+        state: QpState::Rtr,
+        path_mtu: mtu,
+        dest_qpn: peer_qpn,
+        rq_psn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        dgid: peer_gid,
+        ..QpAttr::default()
+    };
+    let m_rtr = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    // RTR needs the address vector, MTU, destination QPN and receive PSN.
+    assert_eq!(
+        m.qp.modify(&rtr, QpAttrMask::STATE),
+        Err(ual::VerbsError::Invalid)
+    );
+    m.qp.modify(&rtr, m_rtr).unwrap();
+    let rts = QpAttr {
+        state: QpState::Rts,
+        sq_psn,
+        timeout: 12,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..QpAttr::default()
+    };
+    m.qp.modify(
+        &rts,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_RD_ATOMIC,
+    )
+    .unwrap();
+    assert_eq!(m.qp.state().unwrap(), QpState::Rts);
+}
+
+fn gid_of(ctx: &Context) -> [u8; 16] {
+    let dev = ctx.device("rxe0").unwrap().index;
+    ctx.query_port(dev, 1).unwrap().gids[0]
+}
+
+fn manual_pair(
+    a: &Arc<Context>,
+    b: &Arc<Context>,
+    len: usize,
+    mtu: u32,
+    psn: (u32, u32),
+) -> (Manual, Manual) {
+    let (x, y) = (manual(a, len), manual(b, len));
+    bring_up(&x, y.qp.qp_num, gid_of(b), psn.1, psn.0, mtu);
+    bring_up(&y, x.qp.qp_num, gid_of(a), psn.0, psn.1, mtu);
+    (x, y)
+}
+
+#[test]
+fn out_of_band_connection_every_mtu_and_psn_wrap() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        for mtu in [256, 1024, 4096] {
+            // Both sides start 5 PSNs below the 24-bit wrap.
+            let len = 64 * 1024;
+            let (x, y) = manual_pair(&a, &b, len, mtu, (0xff_fffb, 0xff_fffa));
+            let mut data = vec![0u8; len];
+            fill_pattern(&mut data, mtu);
+            x.buf.write(0, &data);
+            for round in 0..4u64 {
+                y.qp.post_recv(&Wqe::recv(round, &[y.mr.sge(0, len as u32)]))
+                    .unwrap();
+                x.qp.post_send(&Wqe::new(round, WrOpcode::Send, &[x.mr.sge(0, len as u32)]))
+                    .unwrap();
+                assert!(y.cq.wait(1, T).unwrap()[0].is_ok());
+                assert!(x.cq.wait(1, T).unwrap()[0].is_ok());
+            }
+            assert_eq!(y.buf.to_vec(), data, "MTU {mtu}");
+            // Reads back across the wrap too.
+            x.buf.fill(0);
+            let r = Wqe::new(9, WrOpcode::RdmaRead, &[x.mr.sge(0, len as u32)])
+                .with_remote(y.mr.addr, y.mr.rkey);
+            x.qp.post_send(&r).unwrap();
+            assert!(x.cq.wait(1, T).unwrap()[0].is_ok());
+            assert_eq!(x.buf.to_vec(), data, "read at MTU {mtu}");
+        }
+    });
+}
+
+#[test]
+fn zero_bytes_and_one_gib() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let (x, y) = manual_pair(&a, &b, 4096, 4096, (100, 200));
+        // Zero-byte Send, Write and Read.
+        y.qp.post_recv(&Wqe::recv(1, &[])).unwrap();
+        x.qp.post_send(&Wqe::new(2, WrOpcode::Send, &[])).unwrap();
+        let w = Wqe::new(3, WrOpcode::RdmaWrite, &[]).with_remote(0, 0);
+        x.qp.post_send(&w).unwrap();
+        let r = Wqe::new(4, WrOpcode::RdmaRead, &[]).with_remote(0, 0);
+        x.qp.post_send(&r).unwrap();
+        assert_eq!(y.cq.wait(1, T).unwrap()[0].byte_len, 0);
+        let done = x.cq.wait(3, T).unwrap();
+        assert!(done.iter().all(|c| c.is_ok()), "{done:?}");
+        drop((x, y));
+
+        // One GiB RDMA Write, checksummed.
+        let gib = 1usize << 30;
+        let (x, y) = manual_pair(&a, &b, gib, 4096, (7, 9));
+        let mut chunk = vec![0u8; 1 << 20];
+        for i in 0..1024 {
+            fill_pattern(&mut chunk, i);
+            x.buf.write(i as usize * chunk.len(), &chunk);
+        }
+        let want = crc(&x.buf.to_vec());
+        let started = Instant::now();
+        let w = Wqe::new(5, WrOpcode::RdmaWrite, &[x.mr.sge(0, gib as u32)])
+            .with_remote(y.mr.addr, y.mr.rkey)
+            .with_flags(SIG);
+        x.qp.post_send(&w).unwrap();
+        let c = x.cq.wait(1, Duration::from_secs(120)).unwrap();
+        assert!(c[0].is_ok(), "{:?}", c[0]);
+        eprintln!("1 GiB RDMA Write in {:?}", started.elapsed());
+        assert_eq!(crc(&y.buf.to_vec()), want, "1 GiB byte-exact");
+    });
+}
+
+#[test]
+fn a_thousand_qps() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let n = 500; // pairs: 1,000 QPs on the device
+        let pairs: Vec<(Manual, Manual)> = (0..n)
+            .map(|i| manual_pair(&a, &b, 64, 1024, (i, i + 1000)))
+            .collect();
+        for (i, (x, y)) in pairs.iter().enumerate() {
+            x.buf.write(0, &(i as u64).to_ne_bytes());
+            y.qp.post_recv(&Wqe::recv(i as u64, &[y.mr.sge(0, 8)]))
+                .unwrap();
+            x.qp.post_send(&Wqe::new(i as u64, WrOpcode::Send, &[x.mr.sge(0, 8)]))
+                .unwrap();
+        }
+        for (i, (x, y)) in pairs.iter().enumerate() {
+            assert!(x.cq.wait(1, T).unwrap()[0].is_ok());
+            assert!(y.cq.wait(1, T).unwrap()[0].is_ok());
+            let mut got = [0u8; 8];
+            y.buf.read(0, &mut got);
+            assert_eq!(u64::from_ne_bytes(got), i as u64);
+        }
+        let (_, rows) = a.stat_contexts().unwrap();
+        let qps: u32 = rows
+            .iter()
+            .filter(|r| r.id == a.id() || r.id == b.id())
+            .map(|r| r.qps)
+            .sum();
+        assert_eq!(qps, 2 * n);
+    });
+}
+
+#[test]
+fn rnr_nak_waits_for_the_receive() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let (x, y) = manual_pair(&a, &b, 4096, 1024, (1, 2));
+        x.qp.post_send(&Wqe::new(1, WrOpcode::Send, &[x.mr.sge(0, 100)]))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(x.cq.poll(&mut [Default::default()]) == 0, "no receive yet");
+        y.qp.post_recv(&Wqe::recv(2, &[y.mr.sge(0, 4096)])).unwrap();
+        assert_eq!(y.cq.wait(1, T).unwrap()[0].byte_len, 100);
+        assert!(x.cq.wait(1, T).unwrap()[0].is_ok());
+        let dev = a.device("rxe0").unwrap().index;
+        let rnr = a
+            .stat_device(dev)
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == "rnr_nak_rcvd")
+            .unwrap()
+            .1;
+        assert!(rnr > 0, "RNR NAKs counted");
+    });
+}
+
+#[test]
+fn vanished_peer_yields_retry_exceeded() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let (x, y) = manual_pair(&a, &b, 4096, 1024, (1, 2));
+        // Short timeout (4.096 µs × 2^12 ≈ 17 ms) and 3 retries.
+        let attr = QpAttr {
+            timeout: 12,
+            retry_cnt: 3,
+            ..QpAttr::default()
+        };
+        x.qp.modify(&attr, QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT)
+            .unwrap();
+        drop(y);
+        drop(b);
+        let started = Instant::now();
+        x.qp.post_send(&Wqe::new(1, WrOpcode::Send, &[x.mr.sge(0, 10)]).with_flags(SIG))
+            .unwrap();
+        let c = x.cq.wait(1, T).unwrap();
+        assert_eq!(c[0].status(), WcStatus::RetryExcErr);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "retry exceeded after {took:?}"
+        );
+        assert_eq!(x.qp.state().unwrap(), QpState::Error);
+    });
+}
+
+#[test]
+fn reject_and_disconnect_with_private_data() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let dev = a.device("rxe0").unwrap().index;
+        let ip = ual::perf::loopback_of(&a, dev).unwrap();
+        let l = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
+        let peer = std::net::SocketAddr::new(ip, l.port);
+        let m = manual(&b, 64);
+        let param = ConnParam {
+            private_data: b"hello".to_vec(),
+            ird: 1,
+            ord: 1,
+        };
+        m.qp.connect(peer, &param).unwrap();
+        let req = l.get_request(T).unwrap();
+        assert_eq!(&req.private_data[..5], b"hello");
+        l.reject(req.conn_id, b"go away").unwrap();
+        let ev = m.qp.next_event(T).unwrap();
+        assert_eq!(ev.kind, EventKind::Rejected);
+        assert_eq!(&ev.private_data[..7], b"go away");
+
+        // Accept, then disconnect from either side: both see Disconnected.
+        for active_closes in [true, false] {
+            let x = manual(&b, 64);
+            x.qp.connect(peer, &param).unwrap();
+            let req = l.get_request(T).unwrap();
+            let y = manual(&a, 64);
+            l.accept(
+                req.conn_id,
+                &y.qp,
+                &ConnParam {
+                    private_data: b"welcome".to_vec(),
+                    ird: 1,
+                    ord: 1,
+                },
+            )
+            .unwrap();
+            let ev = x.qp.next_event(T).unwrap();
+            assert_eq!(ev.kind, EventKind::Established);
+            assert_eq!(&ev.private_data[..7], b"welcome");
+            assert_eq!(y.qp.next_event(T).unwrap().kind, EventKind::Established);
+            let (closer, other) = if active_closes { (&x, &y) } else { (&y, &x) };
+            closer.qp.disconnect(false).unwrap();
+            assert_eq!(
+                other.qp.next_event(T).unwrap().kind,
+                EventKind::Disconnected
+            );
+            assert_eq!(
+                closer.qp.next_event(T).unwrap().kind,
+                EventKind::Disconnected
+            );
+            assert_eq!(other.qp.state().unwrap(), QpState::Error);
+        }
+    });
+}
