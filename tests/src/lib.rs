@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests: the two kAL front doors (embedded, and a
 //! private `krdmad` instance serving a FUSE device), and data checks.
 
+pub mod impair;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +16,16 @@ use ual::{Context, Target};
 pub fn private_loopback(n: u8) -> std::net::Ipv4Addr {
     let pid = std::process::id();
     std::net::Ipv4Addr::new(127, 10 + n, (pid >> 8) as u8, pid as u8)
+}
+
+/// Log to stderr when `RUST_LOG` asks for it (child processes of the tests).
+pub fn init_logging() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
 }
 
 /// Give this process's embedded kAL its own rxe0 address (idempotent).

@@ -21,6 +21,7 @@ mod device;
 mod events;
 pub mod perf;
 pub mod pin;
+pub mod pingpong;
 pub mod rping;
 mod verbs;
 

@@ -140,9 +140,12 @@ impl Shared {
 
     /// Path MTU the port offers (an IB MTU that fits the link with every header).
     pub fn active_mtu(&self) -> u32 {
+        // The link of the device's address, or of GID 0 (the host's first address that
+        // reaches other hosts) when it serves every address.
         let link = self
             .config
             .addr
+            .or_else(|| host_ipv4().first().copied())
             .and_then(|a| ifname_of(IpAddr::V4(a)))
             .and_then(|n| link_mtu(&n))
             .unwrap_or(1500);
@@ -164,6 +167,8 @@ impl Shared {
     }
 }
 
+/// The host's IPv4 addresses, the ones that reach other hosts first (so GID index 0 is
+/// the address a peer elsewhere would use), loopback last.
 pub(crate) fn host_ipv4() -> Vec<Ipv4Addr> {
     let mut v: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
         .map(|it| {
@@ -171,6 +176,7 @@ pub(crate) fn host_ipv4() -> Vec<Ipv4Addr> {
                 .collect()
         })
         .unwrap_or_default();
+    v.sort_by_key(|a| a.is_loopback());
     v.dedup();
     v
 }

@@ -39,6 +39,39 @@ enum Cmd {
     },
     /// rdma_cm ping with RDMA Read/Write and data check, interoperable with rdma-core's rping.
     Rping(RpingArgs),
+    /// RC ping-pong with the out-of-band handshake of rdma-core's ibv_rc_pingpong (IB/RoCE
+    /// devices: an iWARP QP reaches RTS only through connection management).
+    Pingpong(PingpongArgs),
+}
+
+/// The options of rdma-core's `ibv_rc_pingpong`, same letters.
+#[derive(clap::Args)]
+struct PingpongArgs {
+    /// Listen on / connect to this TCP port.
+    #[arg(short = 'p', long = "port", default_value_t = ual::pingpong::DEFAULT_PORT)]
+    port: u16,
+    /// Device (default rxe0).
+    #[arg(short = 'd', long = "ib-dev", default_value = "rxe0")]
+    device: String,
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// Message size.
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: u32,
+    /// Path MTU.
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+    /// Receives posted at a time.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Exchanges.
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    iters: u32,
+    /// Local GID index.
+    #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
+    gid_index: u8,
+    /// Server to connect to (none: be the server).
+    servername: Option<String>,
 }
 
 /// The options of rdma-core's `rping`, same letters.
@@ -111,6 +144,22 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             iters,
         } => demo(target, &device, bytes, iters),
         Cmd::Rping(a) => rping(target, a),
+        Cmd::Pingpong(a) => {
+            let o = ual::pingpong::Options {
+                server: a.servername,
+                port: a.port,
+                device: a.device,
+                ib_port: a.ib_port,
+                size: a.size,
+                mtu: a.mtu,
+                rx_depth: a.rx_depth,
+                iters: a.iters,
+                gid_index: a.gid_index,
+            };
+            let ctx = Context::open_target(target)?;
+            ual::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
+            Ok(())
+        }
     }
 }
 

@@ -159,7 +159,14 @@ impl RxeQp {
         let more = {
             let mut st = self.st.lock();
             let mut budget = TX_BUDGET;
-            self.transmit(&mut st, &mut budget)
+            let m = self.transmit(&mut st, &mut budget);
+            tracing::trace!(
+                qpn = self.qpn,
+                sent = TX_BUDGET - budget,
+                more = m,
+                "rxe tx step"
+            );
+            m
         };
         if more {
             self.schedule();

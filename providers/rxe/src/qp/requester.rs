@@ -1,5 +1,5 @@
 //! Requester and completer: send-queue work requests become request packets (segmented
-//! at the path MTU, PSNs assigned, at most [`WINDOW`] packets unacknowledged), and
+//! at the path MTU, PSNs assigned, at most a window of packets unacknowledged), and
 //! acknowledgements, NAKs, read responses and atomic acknowledgements become completions,
 //! in order. Loss is repaired go-back-N: on a PSN sequence NAK, a gap in read responses,
 //! or the ACK timer, transmission restarts at the oldest unacknowledged PSN; RNR NAKs wait
@@ -17,6 +17,14 @@ use std::time::Duration;
 
 /// Request packets between two that ask for an acknowledgement.
 const ACK_EVERY: u32 = 32;
+/// Most responses one RDMA Read request asks for; a longer read is requested piece by
+/// piece (each piece a request of its own, counted against ORD), so a loss costs at
+/// most a piece and the window paces reads as it paces writes.
+const READ_SEGMENT: u32 = 32;
+/// Why a retry happened, when it is a timeout.
+const TIMEOUT: &str = "timeout";
+/// The window never shrinks below this many packets.
+const MIN_WINDOW: u32 = 8;
 
 /// One send-queue work request from the moment it is taken off the ring until it
 /// completes.
@@ -35,8 +43,9 @@ pub(crate) struct SendWqe {
     pub status: Option<WcStatus>,
     /// Read responses (or the atomic acknowledgement) received.
     rcvd: u32,
-    /// Counted against `max_rd_atomic`.
-    started: bool,
+    /// Read responses (or the atomic) requested so far: a large read goes out as several
+    /// requests of at most [`READ_SEGMENT`] responses each, as ORD and the window allow.
+    requested: u32,
     /// Every packet has been transmitted at least once.
     sent_all: bool,
     atomic_orig: u64,
@@ -70,16 +79,23 @@ pub(crate) struct Requester {
     cur_pkt: u32,
     /// Oldest PSN not yet acknowledged.
     comp_psn: u32,
+    /// One past the highest PSN ever transmitted (a go-back-N rewind moves the transmit
+    /// position back, not this): acknowledgements up to it are genuine.
+    sent_psn: u32,
     retry_cnt: u8,
     retry_left: u8,
     rnr_retry: u8,
     rnr_left: u8,
     /// Waiting out an RNR NAK's timer.
     rnr_wait: bool,
-    /// A gap in read responses was seen and the read re-requested.
-    read_retrying: bool,
-    /// Reads and atomics outstanding.
-    rd_atomic: u32,
+    /// The acknowledged PSN at which the last retry went back: until it moves, further
+    /// signs of the same loss (the peer's repeated NAKs, more gaps) are not new retries.
+    retrying: Option<u32>,
+    /// Packets transmitted since the last retry went back.
+    since_retry: u32,
+    /// Packets allowed in flight: halved at each retry, grown by every packet acknowledged,
+    /// between [`MIN_WINDOW`] and [`WINDOW`].
+    cwnd: u32,
 }
 
 impl Requester {
@@ -90,13 +106,15 @@ impl Requester {
             cur: 0,
             cur_pkt: 0,
             comp_psn: psn,
+            sent_psn: psn,
             retry_cnt,
             retry_left: retry_cnt,
             rnr_retry,
             rnr_left: rnr_retry,
             rnr_wait: false,
-            read_retrying: false,
-            rd_atomic: 0,
+            retrying: None,
+            since_retry: 0,
+            cwnd: WINDOW,
         }
     }
 
@@ -104,7 +122,6 @@ impl Requester {
     pub fn drain(&mut self) -> Vec<SendWqe> {
         self.cur = 0;
         self.cur_pkt = 0;
-        self.rd_atomic = 0;
         self.wqes.drain(..).collect()
     }
 
@@ -124,18 +141,29 @@ impl Requester {
     fn outstanding(&self) -> bool {
         self.wqes
             .iter()
-            .any(|w| !w.done && !w.is_local() && (w.sent_all || w.started))
+            .any(|w| !w.done && !w.is_local() && (w.sent_all || w.requested > 0))
             || self.in_flight() > 0
     }
 
-    /// Restart transmission at `psn` (go-back-N).
+    /// Read requests and atomics outstanding (what ORD bounds).
+    fn rd_atomic(&self) -> u32 {
+        self.wqes
+            .iter()
+            .filter(|w| !w.done && w.is_read_like())
+            .map(|w| w.requested.div_ceil(READ_SEGMENT) - w.rcvd / READ_SEGMENT)
+            .sum()
+    }
+
+    /// Restart transmission at `psn` (go-back-N), or earlier at a read whose responses
+    /// are missing: the responder answers in PSN order, so a NAK or timeout past a read
+    /// that is still incomplete means its responses were lost.
     fn rewind(&mut self, psn: u32) {
         for (i, w) in self.wqes.iter().enumerate() {
             if w.done || w.is_local() {
                 continue;
             }
             let end = psn_add(w.first_psn, w.npkts);
-            if psn_diff(psn, end) < 0 {
+            if psn_diff(psn, end) < 0 || (w.is_read_like() && w.rcvd < w.requested) {
                 self.cur = i;
                 self.cur_pkt = if w.is_read_like() {
                     w.rcvd
@@ -172,8 +200,13 @@ impl RxeQp {
                 }
                 continue;
             }
-            if st.req.in_flight() >= WINDOW {
+            if st.req.in_flight() >= st.req.cwnd {
                 return false; // the next acknowledgement reopens the window
+            }
+            let w = &st.req.wqes[i];
+            let ord = st.attr.max_rd_atomic.max(1) as u32;
+            if w.is_read_like() && st.req.cur_pkt >= w.requested && st.req.rd_atomic() >= ord {
+                return false; // a response frees a slot and pumps again
             }
             if *budget == 0 {
                 return true;
@@ -213,10 +246,10 @@ impl RxeQp {
             op,
             WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd
         );
-        if read_like && st.req.rd_atomic >= st.attr.max_rd_atomic.max(1) as u32 {
+        if read_like && st.req.rd_atomic() >= st.attr.max_rd_atomic.max(1) as u32 {
             return false; // a response frees a slot and pumps again
         }
-        if wqe.flags & send_flags::FENCE != 0 && st.req.rd_atomic > 0 {
+        if wqe.flags & send_flags::FENCE != 0 && st.req.rd_atomic() > 0 {
             return false;
         }
         sq.advance();
@@ -248,7 +281,7 @@ impl RxeQp {
             done: true,
             status: Some(status),
             rcvd: 0,
-            started: false,
+            requested: 0,
             sent_all: true,
             atomic_orig: 0,
             wqe,
@@ -322,7 +355,7 @@ impl RxeQp {
             done: false,
             status: None,
             rcvd: 0,
-            started: false,
+            requested: 0,
             sent_all: false,
             atomic_orig: 0,
         })
@@ -424,12 +457,15 @@ impl RxeQp {
         let last;
         match w.op {
             WrOpcode::RdmaRead => {
-                let off = k as u64 * mtu as u64;
+                // Up to the end of the piece `k` falls in.
+                let end = ((k / READ_SEGMENT + 1) * READ_SEGMENT).min(w.npkts);
+                let off = (k as u64 * mtu as u64).min(w.len);
+                let stop = (end as u64 * mtu as u64).min(w.len);
                 bth.opcode = Opcode::RcRdmaReadRequest;
                 reth = Some(RethRepr {
                     va: w.wqe.remote_addr.wrapping_add(off),
                     rkey: w.wqe.rkey,
-                    dma_len: (w.len - off.min(w.len)) as u32,
+                    dma_len: (stop - off) as u32,
                 });
                 last = true;
             }
@@ -481,7 +517,10 @@ impl RxeQp {
                 bth.solicited = is_last && w.wqe.solicited() && op != WrOpcode::RdmaWrite;
             }
         }
-        bth.ack_req = last || psn.is_multiple_of(ACK_EVERY);
+        // Ask for an acknowledgement at the end of a message, every ACK_EVERY packets,
+        // and on the packet that fills the window (else a full window waits for the timer).
+        let fills = st.req.in_flight() + 1 >= st.req.cwnd;
+        bth.ack_req = last || fills || psn.is_multiple_of(ACK_EVERY);
         let mut repr = RoceRepr::new(bth, &payload);
         repr.reth = reth;
         repr.immdt = immdt;
@@ -489,15 +528,33 @@ impl RxeQp {
         repr.atomic_eth = atomic;
         self.send_packet(st, &repr);
         let r = &mut st.req;
+        r.since_retry = r.since_retry.saturating_add(1);
         let w = &mut r.wqes[i];
+        let next = if w.is_read_like() {
+            psn_add(
+                w.first_psn,
+                w.npkts.min(((k / READ_SEGMENT + 1) * READ_SEGMENT).max(1)),
+            )
+        } else {
+            psn_add(psn, 1)
+        };
+        if psn_diff(next, r.sent_psn) > 0 {
+            r.sent_psn = next;
+        }
         if w.is_read_like() {
-            if !w.started {
-                w.started = true;
-                r.rd_atomic += 1;
+            let end = if w.op == WrOpcode::RdmaRead {
+                ((k / READ_SEGMENT + 1) * READ_SEGMENT).min(w.npkts)
+            } else {
+                1
+            };
+            w.requested = w.requested.max(end);
+            if end >= w.npkts {
+                w.sent_all = true;
+                r.cur += 1;
+                r.cur_pkt = 0;
+            } else {
+                r.cur_pkt = end;
             }
-            w.sent_all = true;
-            r.cur += 1;
-            r.cur_pkt = 0;
         } else if last {
             w.sent_all = true;
             r.cur += 1;
@@ -534,7 +591,7 @@ impl RxeQp {
     fn ack_through(&self, st: &mut State, psn: u32) {
         let r = &mut st.req;
         // Ignore acknowledgements of PSNs never sent, or older than what is acknowledged.
-        if psn_diff(psn, r.tx_psn()) >= 0 || psn_diff(psn, r.comp_psn) < -1 {
+        if psn_diff(psn, r.sent_psn) >= 0 || psn_diff(psn, r.comp_psn) < -1 {
             return;
         }
         let mut progress = false;
@@ -544,9 +601,11 @@ impl RxeQp {
                 continue;
             }
             if w.is_read_like() {
-                // An acknowledgement beyond a read's responses means they were lost.
-                if psn_diff(psn, w.first_psn) >= 0 && w.sent_all {
-                    gap = Some(psn_add(w.first_psn, w.rcvd));
+                // The responder answers in PSN order: an acknowledgement past a requested
+                // response we do not have means it was lost.
+                let missing = psn_add(w.first_psn, w.rcvd);
+                if w.rcvd < w.requested && psn_diff(psn, missing) >= 0 {
+                    gap = Some(missing);
                 }
                 break;
             }
@@ -561,39 +620,83 @@ impl RxeQp {
         let limit = r
             .wqes
             .iter()
-            .find(|w| !w.done && w.is_read_like() && w.sent_all)
+            .find(|w| !w.done && w.is_read_like() && w.requested > 0)
             .map(|w| psn_add(w.first_psn, w.rcvd));
         let new_comp = match limit {
             Some(l) if psn_diff(l, acked) < 0 => l,
             _ => acked,
         };
+        let mut acked_pkts = 0;
         if psn_diff(new_comp, r.comp_psn) > 0 {
+            acked_pkts = psn_diff(new_comp, r.comp_psn) as u32;
             r.comp_psn = new_comp;
             progress = true;
         }
         if progress {
             r.retry_left = r.retry_cnt;
             r.rnr_left = r.rnr_retry;
+            // Grow by what was acknowledged (doubling per round trip) back to the full
+            // window after a loss halved it.
+            r.cwnd = (r.cwnd + acked_pkts.max(1)).min(WINDOW);
         }
-        if let Some(g) = gap {
-            self.retry_read(st, g);
+        if gap.is_some() {
+            self.retry(st, "acknowledged past missing read responses");
+        } else if psn_diff(st.req.comp_psn, st.req.tx_psn()) > 0 {
+            // The peer had more than we were about to send again: skip ahead.
+            let to = st.req.comp_psn;
+            st.req.rewind(to);
         }
     }
 
-    /// Re-request a read from the first response not received.
-    fn retry_read(&self, st: &mut State, psn: u32) {
-        if st.req.read_retrying {
+    /// Go back to the oldest unacknowledged PSN (a read's first missing response) and
+    /// transmit again from there, once per loss.
+    fn retry(&self, st: &mut State, why: &'static str) {
+        // Once per loss: unless a whole window went out since going back and the peer
+        // still misses the same packet (the retransmission was lost too).
+        if st.req.retrying == Some(st.req.comp_psn) && st.req.since_retry < st.req.cwnd {
             return;
         }
-        if !self.use_retry(st) {
-            return;
+        // Only timeouts spend `retry_cnt`: a NAK or a response proves the peer alive (and
+        // duplicated or late NAKs must not wear the budget down), while silence for
+        // `retry_cnt + 1` timeouts without progress is what "retry exceeded" means.
+        if why == TIMEOUT {
+            if !self.use_retry(st, why) {
+                return;
+            }
+        } else {
+            self.dev.count(&self.dev.counters.retransmits);
+            tracing::trace!(qpn = self.qpn, comp = st.req.comp_psn, why, "rxe retry");
         }
-        st.req.read_retrying = true;
-        st.req.rewind(psn);
+        let from = st.req.comp_psn;
+        st.req.retrying = Some(from);
+        st.req.since_retry = 0;
+        st.req.cwnd = (st.req.cwnd / 2).max(MIN_WINDOW);
+        st.req.rewind(from);
+        if let Some(w) = st.req.wqes.get(st.req.cur) {
+            tracing::trace!(
+                qpn = self.qpn,
+                from,
+                cur = st.req.cur,
+                pkt = st.req.cur_pkt,
+                op = ?w.op,
+                first = w.first_psn,
+                npkts = w.npkts,
+                rcvd = w.rcvd,
+                requested = w.requested,
+                "rxe rewound"
+            );
+        }
     }
 
     /// Spend one retry; false (and the QP in Error) when none are left.
-    fn use_retry(&self, st: &mut State) -> bool {
+    fn use_retry(&self, st: &mut State, why: &'static str) -> bool {
+        tracing::trace!(
+            qpn = self.qpn,
+            left = st.req.retry_left,
+            comp = st.req.comp_psn,
+            why,
+            "rxe retry"
+        );
         if st.req.retry_left == 0 {
             self.fail_front(st, WcStatus::RetryExcErr);
             return false;
@@ -618,6 +721,16 @@ impl RxeQp {
     /// transmit side should run.
     pub(super) fn on_response(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
         let psn = p.bth.psn;
+        tracing::trace!(
+            qpn = self.qpn,
+            psn,
+            op = ?p.bth.opcode,
+            aeth = ?p.aeth.map(|a| a.syndrome),
+            comp = st.req.comp_psn,
+            sent = st.req.sent_psn,
+            tx = st.req.tx_psn(),
+            "rxe response"
+        );
         let c = &self.dev.counters;
         match p.bth.opcode {
             Opcode::RcAcknowledge => match p.aeth.map(|a| a.syndrome) {
@@ -641,10 +754,7 @@ impl RxeQp {
                 Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
                     self.dev.count(&c.nak_seq_rcvd);
                     self.ack_through(st, psn_add(psn, wire::PSN_MASK));
-                    if self.use_retry(st) {
-                        st.req.read_retrying = false;
-                        st.req.rewind(psn);
-                    }
+                    self.retry(st, "sequence NAK");
                 }
                 Some(Syndrome::Nak(code)) => {
                     self.dev.count(&c.nak_other_rcvd);
@@ -664,7 +774,7 @@ impl RxeQp {
                     return false;
                 };
                 let w = &st.req.wqes[i];
-                if w.op == WrOpcode::RdmaRead || w.first_psn != psn || !w.sent_all {
+                if w.op == WrOpcode::RdmaRead || w.first_psn != psn || w.requested == 0 {
                     return false;
                 }
                 let orig = p.atomic_ack_eth.map(|a| a.orig).unwrap_or(0);
@@ -688,13 +798,14 @@ impl RxeQp {
             return;
         };
         let w = &st.req.wqes[i];
-        if w.op != WrOpcode::RdmaRead || !w.covers(psn) || !w.sent_all {
+        let requested_end = psn_add(w.first_psn, w.requested);
+        if w.op != WrOpcode::RdmaRead || !w.covers(psn) || psn_diff(psn, requested_end) >= 0 {
             return; // stale (a response to an earlier attempt) or not ours
         }
         let expected = psn_add(w.first_psn, w.rcvd);
         match psn_diff(psn, expected) {
             0 => {}
-            d if d > 0 => return self.retry_read(st, expected),
+            d if d > 0 => return self.retry(st, "read response gap"),
             _ => return, // duplicate
         }
         let mtu = st.mtu as u64;
@@ -707,7 +818,6 @@ impl RxeQp {
         }
         // A read response acknowledges everything before the read.
         self.ack_through(st, psn_add(w.first_psn, wire::PSN_MASK));
-        st.req.read_retrying = false;
         let res = self.scatter(&st.req.wqes[i], off, p.payload);
         if let Err(status) = res {
             return self.finish_read_like(st, i, Some(status));
@@ -717,6 +827,7 @@ impl RxeQp {
         if psn_diff(psn_add(psn, 1), st.req.comp_psn) > 0 {
             st.req.comp_psn = psn_add(psn, 1);
             st.req.retry_left = st.req.retry_cnt;
+            st.req.cwnd = (st.req.cwnd + 1).min(WINDOW);
         }
         if end_of_msg {
             self.finish_read_like(st, i, None);
@@ -728,7 +839,6 @@ impl RxeQp {
         let next = psn_add(w.first_psn, w.npkts);
         w.done = true;
         w.status = err;
-        st.req.rd_atomic = st.req.rd_atomic.saturating_sub(1);
         if psn_diff(next, st.req.comp_psn) > 0 {
             st.req.comp_psn = next;
         }
@@ -768,17 +878,16 @@ impl RxeQp {
             return;
         }
         self.dev.count(&self.dev.counters.retry_timeouts);
-        if !self.use_retry(st) {
-            return;
-        }
         tracing::debug!(
             qpn = self.qpn,
             psn = st.req.comp_psn,
             "rxe retransmission timeout"
         );
-        st.req.read_retrying = false;
-        let from = st.req.comp_psn;
-        st.req.rewind(from);
+        st.req.retrying = None;
+        self.retry(st, TIMEOUT);
+        if st.qp == QpState::Error {
+            return;
+        }
         if let Some(t) = Self::ack_timeout(st) {
             self.arm_timer(st, t);
         }

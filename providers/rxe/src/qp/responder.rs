@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 /// Read and atomic requests remembered for answering duplicates.
 const RESOURCES: usize = 32;
+/// Out-of-sequence packets after which a lost sequence NAK is sent again.
+const RENAK_AFTER: u32 = 8;
 
 // The receive WQE is moved once per message; boxing it would allocate on the data path.
 #[allow(clippy::large_enum_variant)]
@@ -50,6 +52,14 @@ enum Resource {
     },
 }
 
+/// Responder output not yet sent. Responses leave in PSN order (IBTA 9.7.5): while read
+/// responses are going out, the acknowledgements of later requests wait behind them.
+enum Out {
+    Read(ReadJob),
+    Ack { psn: u32, aeth: AethRepr },
+    AtomicAck { psn: u32, orig: u64, msn: u32 },
+}
+
 /// Read responses still to transmit.
 struct ReadJob {
     psn: u32,
@@ -64,9 +74,11 @@ pub(crate) struct Responder {
     psn: u32,
     msn: u32,
     nak_sent: bool,
+    /// Packets ahead of the expected PSN since the last sequence NAK.
+    ahead: u32,
     cur: Option<InMsg>,
     resources: VecDeque<Resource>,
-    jobs: VecDeque<ReadJob>,
+    jobs: VecDeque<Out>,
 }
 
 /// What became of one request packet.
@@ -85,6 +97,7 @@ impl Responder {
             psn,
             msn: 0,
             nak_sent: false,
+            ahead: 0,
             cur: None,
             resources: VecDeque::new(),
             jobs: VecDeque::new(),
@@ -126,9 +139,23 @@ impl RxeQp {
     pub(super) fn on_request(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
         let psn = p.bth.psn;
         let d = psn_diff(psn, st.resp.psn);
+        tracing::trace!(
+            qpn = self.qpn,
+            psn,
+            expected = st.resp.psn,
+            ack_req = p.bth.ack_req,
+            nak_sent = st.resp.nak_sent,
+            queued = st.resp.jobs.len(),
+            "rxe request"
+        );
         if d > 0 {
-            if !st.resp.nak_sent {
+            // One NAK per gap; again if the gap outlasts RENAK_AFTER packets (the NAK or
+            // the retransmission was lost too).
+            st.resp.ahead += 1;
+            // A packet that asks for an acknowledgement gets the truth as well.
+            if !st.resp.nak_sent || st.resp.ahead >= RENAK_AFTER || p.bth.ack_req {
                 st.resp.nak_sent = true;
+                st.resp.ahead = 0;
                 self.dev.count(&self.dev.counters.nak_seq_sent);
                 let exp = st.resp.psn;
                 self.send_aeth(st, exp, Syndrome::Nak(NakCode::PsnSequenceError));
@@ -148,13 +175,16 @@ impl RxeQp {
         match verdict {
             Verdict::Done { npkts } => {
                 st.resp.psn = psn_add(psn, npkts);
-                st.resp.nak_sent = false;
+                // The gap a NAK reported is filled: say so now rather than at the next
+                // packet that asks for an acknowledgement.
+                let gap_filled = std::mem::take(&mut st.resp.nak_sent);
+                st.resp.ahead = 0;
                 let read = p.bth.opcode == Opcode::RcRdmaReadRequest;
                 let atomic = matches!(
                     p.bth.opcode.operation(),
                     Operation::CompareSwap | Operation::FetchAdd
                 );
-                if p.bth.ack_req && !read && !atomic {
+                if (p.bth.ack_req || gap_filled) && !read && !atomic {
                     self.dev.count(&self.dev.counters.acks_sent);
                     let msn = st.resp.msn;
                     self.send_ack(st, psn, ack_aeth(msn));
@@ -176,13 +206,22 @@ impl RxeQp {
         }
     }
 
-    fn send_ack(&self, st: &State, psn: u32, aeth: AethRepr) {
+    /// Acknowledge (or NAK) `psn`, behind any read responses still going out.
+    fn send_ack(&self, st: &mut State, psn: u32, aeth: AethRepr) {
+        if st.resp.jobs.is_empty() {
+            self.emit_ack(st, psn, aeth);
+        } else {
+            st.resp.jobs.push_back(Out::Ack { psn, aeth });
+        }
+    }
+
+    fn emit_ack(&self, st: &State, psn: u32, aeth: AethRepr) {
         let mut r = RoceRepr::new(self.bth(st, Opcode::RcAcknowledge, psn), &[]);
         r.aeth = Some(aeth);
         self.send_packet(st, &r);
     }
 
-    fn send_aeth(&self, st: &State, psn: u32, syndrome: Syndrome) {
+    fn send_aeth(&self, st: &mut State, psn: u32, syndrome: Syndrome) {
         let msn = st.resp.msn;
         self.send_ack(st, psn, AethRepr { syndrome, msn });
     }
@@ -390,13 +429,13 @@ impl RxeQp {
             len,
         });
         st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
-        st.resp.jobs.push_back(ReadJob {
+        st.resp.jobs.push_back(Out::Read(ReadJob {
             psn,
             va: reth.va,
             left: len,
             first: true,
             region,
-        });
+        }));
         Verdict::Done { npkts }
     }
 
@@ -446,9 +485,18 @@ impl RxeQp {
         Verdict::Done { npkts: 1 }
     }
 
-    fn send_atomic_ack(&self, st: &State, psn: u32, orig: u64) {
+    fn send_atomic_ack(&self, st: &mut State, psn: u32, orig: u64) {
+        let msn = st.resp.msn;
+        if st.resp.jobs.is_empty() {
+            self.emit_atomic_ack(st, psn, orig, msn);
+        } else {
+            st.resp.jobs.push_back(Out::AtomicAck { psn, orig, msn });
+        }
+    }
+
+    fn emit_atomic_ack(&self, st: &State, psn: u32, orig: u64, msn: u32) {
         let mut r = RoceRepr::new(self.bth(st, Opcode::RcAtomicAcknowledge, psn), &[]);
-        r.aeth = Some(ack_aeth(st.resp.msn));
+        r.aeth = Some(ack_aeth(msn));
         r.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
         self.send_packet(st, &r);
     }
@@ -459,6 +507,8 @@ impl RxeQp {
         let psn = p.bth.psn;
         match p.bth.opcode.operation() {
             Operation::Send | Operation::RdmaWrite => {
+                // Acknowledge everything received so far: the requester went back further
+                // than it had to (its ACK or our NAK was lost, or packets were reordered).
                 let last = psn_add(st.resp.psn, wire::PSN_MASK);
                 let msn = st.resp.msn;
                 self.send_ack(st, last, ack_aeth(msn));
@@ -482,11 +532,25 @@ impl RxeQp {
                     _ => None,
                 });
                 let Some((start, npkts, va, len)) = known else {
+                    tracing::trace!(
+                        qpn = self.qpn,
+                        psn,
+                        "rxe duplicate read of no known request"
+                    );
                     return false;
                 };
                 // The retried request must ask for a tail of the original one.
                 let (lo, hi) = (reth.va, reth.va.saturating_add(reth.dma_len as u64));
                 if lo < va || hi > va + len {
+                    tracing::trace!(
+                        qpn = self.qpn,
+                        psn,
+                        lo,
+                        hi,
+                        va,
+                        len,
+                        "rxe duplicate read out of range"
+                    );
                     return false;
                 }
                 let region = match self.read_region(reth.rkey, lo, hi - lo) {
@@ -494,16 +558,17 @@ impl RxeQp {
                     Err(_) => return false,
                 };
                 let end = psn_add(start, npkts);
-                st.resp
-                    .jobs
-                    .retain(|j| !(psn_diff(j.psn, start) >= 0 && psn_diff(j.psn, end) < 0));
-                st.resp.jobs.push_back(ReadJob {
+                st.resp.jobs.retain(|j| match j {
+                    Out::Read(j) => !(psn_diff(j.psn, start) >= 0 && psn_diff(j.psn, end) < 0),
+                    _ => true,
+                });
+                st.resp.jobs.push_back(Out::Read(ReadJob {
                     psn,
                     va: lo,
                     left: hi - lo,
                     first: true,
                     region,
-                });
+                }));
                 true
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -520,13 +585,26 @@ impl RxeQp {
         }
     }
 
-    /// Transmit queued read responses; true when some are left.
+    /// Transmit queued responder output in order; true when some is left.
     pub(super) fn send_read_responses(&self, st: &mut State, budget: &mut u32) -> bool {
         let mtu = st.mtu as u64;
         let mut buf = Vec::new();
         while *budget > 0 {
-            let Some(job) = st.resp.jobs.front() else {
-                return false;
+            let job = match st.resp.jobs.front() {
+                None => return false,
+                Some(Out::Ack { psn, aeth }) => {
+                    let (psn, aeth) = (*psn, *aeth);
+                    st.resp.jobs.pop_front();
+                    self.emit_ack(st, psn, aeth);
+                    continue;
+                }
+                Some(Out::AtomicAck { psn, orig, msn }) => {
+                    let (psn, orig, msn) = (*psn, *orig, *msn);
+                    st.resp.jobs.pop_front();
+                    self.emit_atomic_ack(st, psn, orig, msn);
+                    continue;
+                }
+                Some(Out::Read(job)) => job,
             };
             let n = job.left.min(mtu);
             let last = job.left <= mtu;
@@ -544,7 +622,13 @@ impl RxeQp {
                 {
                     // Deregistered under the response: the read fails remotely.
                     let psn = job.psn;
-                    self.send_aeth(st, psn, Syndrome::Nak(NakCode::RemoteAccessError));
+                    st.resp.jobs.clear();
+                    let msn = st.resp.msn;
+                    let nak = AethRepr {
+                        syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                        msn,
+                    };
+                    self.emit_ack(st, psn, nak);
                     self.fatal(st, EventKind::QpAccessError, "read source vanished");
                     return false;
                 }
@@ -555,7 +639,9 @@ impl RxeQp {
             }
             self.send_packet(st, &r);
             *budget -= 1;
-            let job = st.resp.jobs.front_mut().expect("job checked above");
+            let Some(Out::Read(job)) = st.resp.jobs.front_mut() else {
+                return false;
+            };
             job.psn = psn_add(job.psn, 1);
             job.va += n;
             job.left -= n;

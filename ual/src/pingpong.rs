@@ -1,0 +1,387 @@
+//! `krdma pingpong`: the message pattern and out-of-band handshake of rdma-core's
+//! `ibv_rc_pingpong`, so either side can be a Linux host running it (over kernel rxe or a
+//! RoCE/IB NIC).
+//!
+//! Handshake over TCP (port 18515): the client sends its address as the NUL-terminated
+//! text `LLLL:QQQQQQ:PPPPPP:GGGG…` (LID, QPN, PSN in hex, the GID as 32 hex digits, 52
+//! bytes with the NUL); the server moves its QP to RTR/RTS towards it and answers the same
+//! way; the client moves its QP and sends `done\0`. Then the client posts a Send of
+//! `size` bytes; each side, once its last Send and a Receive have completed, sends again,
+//! `iters` times.
+
+use crate::verbs::{Context, Qp, QpConfig};
+use crate::RegBuf;
+use rnicpi::{
+    send_flags, Access, Cqe, QpAttr, QpAttrMask, QpCaps, QpState, Result, VerbsError, Wqe, WrOpcode,
+};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_PORT: u16 = 18515;
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
+const MSG_LEN: usize = 52;
+
+/// The options of `ibv_rc_pingpong`.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Connect to this host; `None` = server.
+    pub server: Option<String>,
+    pub port: u16,
+    pub device: String,
+    pub ib_port: u8,
+    pub size: u32,
+    pub mtu: u32,
+    pub rx_depth: u32,
+    pub iters: u32,
+    pub gid_index: u8,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            server: None,
+            port: DEFAULT_PORT,
+            device: "rxe0".into(),
+            ib_port: 1,
+            size: 4096,
+            mtu: 1024,
+            rx_depth: 500,
+            iters: 1000,
+            gid_index: 0,
+        }
+    }
+}
+
+/// One side's address as exchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    pub lid: u16,
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+}
+
+impl Dest {
+    /// The 52-byte wire form.
+    pub fn to_wire(&self) -> [u8; MSG_LEN] {
+        let gid: String = self.gid.iter().map(|b| format!("{b:02x}")).collect();
+        let text = format!("{:04x}:{:06x}:{:06x}:{gid}", self.lid, self.qpn, self.psn);
+        let mut out = [0u8; MSG_LEN];
+        out[..text.len()].copy_from_slice(text.as_bytes());
+        out
+    }
+
+    /// Parse the wire form (as `sscanf("%x:%x:%x:%s")` would, the GID as 32 hex digits).
+    pub fn from_wire(b: &[u8]) -> Option<Dest> {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        let text = std::str::from_utf8(&b[..end]).ok()?;
+        let mut parts = text.splitn(4, ':');
+        let hex = |s: &str| u32::from_str_radix(s, 16).ok();
+        let lid = hex(parts.next()?)? as u16;
+        let qpn = hex(parts.next()?)? & 0xff_ffff;
+        let psn = hex(parts.next()?)? & 0xff_ffff;
+        let g = parts.next()?;
+        if g.len() != 32 {
+            return None;
+        }
+        let mut gid = [0u8; 16];
+        for (i, byte) in gid.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(g.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Dest { lid, qpn, psn, gid })
+    }
+}
+
+fn gid_text(g: &[u8; 16]) -> String {
+    std::net::Ipv6Addr::from(*g).to_string()
+}
+
+fn io(e: std::io::Error) -> VerbsError {
+    VerbsError::from(e)
+}
+
+/// Run one side; returns (bytes moved, elapsed).
+pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64, Duration)> {
+    if o.size == 0 || o.rx_depth == 0 || ![256, 512, 1024, 2048, 4096].contains(&o.mtu) {
+        return Err(VerbsError::Invalid);
+    }
+    let dev = ctx.device(&o.device)?.index;
+    let pd = ctx.alloc_pd(dev)?;
+    let cq = ctx.create_cq(dev, o.rx_depth + 1)?;
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: o.rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline: 64,
+    };
+    let qp = ctx.create_qp(
+        &pd,
+        &cq,
+        &cq,
+        QpConfig {
+            caps,
+            ..Default::default()
+        },
+    )?;
+    let buf = RegBuf::new(o.size as usize)?;
+    buf.fill(0x7b);
+    let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), Access::LOCAL_WRITE)?;
+    let init = QpAttr {
+        state: QpState::Init,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS,
+    )?;
+    let recv = Wqe::recv(RECV_WRID, &[mr.sge(0, o.size)]);
+    for _ in 0..o.rx_depth {
+        qp.post_recv(&recv)?;
+    }
+    let port = ctx.query_port(dev, o.ib_port)?;
+    let gid = *port
+        .gids
+        .get(o.gid_index as usize)
+        .ok_or(VerbsError::Invalid)?;
+    let me = Dest {
+        lid: 0,
+        qpn: qp.qp_num,
+        psn: random_psn(),
+        gid,
+    };
+    writeln!(
+        out,
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        me.lid,
+        me.qpn,
+        me.psn,
+        gid_text(&me.gid)
+    )
+    .map_err(io)?;
+    let peer = match &o.server {
+        Some(host) => client_exchange(host, o.port, &me)?,
+        None => server_exchange(o.port, &me, |peer| connect_qp(&qp, o, &me, peer))?,
+    };
+    writeln!(
+        out,
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        peer.lid,
+        peer.qpn,
+        peer.psn,
+        gid_text(&peer.gid)
+    )
+    .map_err(io)?;
+    if o.server.is_some() {
+        connect_qp(&qp, o, &me, &peer)?;
+    }
+    let mut send = Wqe::new(SEND_WRID, WrOpcode::Send, &[mr.sge(0, o.size)]);
+    if o.size as usize <= caps.max_inline as usize {
+        let mut data = vec![0u8; o.size as usize];
+        buf.read(0, &mut data);
+        send = send.with_inline(&data).ok_or(VerbsError::Invalid)?;
+    }
+    send.flags |= send_flags::SIGNALED;
+    let started = Instant::now();
+    exchange(&qp, &cq, &send, &recv, o, o.server.is_some())?;
+    let elapsed = started.elapsed();
+    let bytes = o.size as u64 * o.iters as u64 * 2;
+    let usec = elapsed.as_secs_f64() * 1e6;
+    writeln!(
+        out,
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    )
+    .map_err(io)?;
+    writeln!(
+        out,
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        usec / 1e6,
+        usec / o.iters as f64
+    )
+    .map_err(io)?;
+    Ok((bytes, elapsed))
+}
+
+fn random_psn() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ std::process::id().rotate_left(13)).wrapping_mul(2654435761) & 0xff_ffff
+}
+
+/// RTR and RTS towards `peer`, with `ibv_rc_pingpong`'s attributes.
+fn connect_qp(qp: &Qp, o: &Options, me: &Dest, peer: &Dest) -> Result<()> {
+    let rtr = QpAttr {
+        state: QpState::Rtr,
+        path_mtu: o.mtu,
+        dest_qpn: peer.qpn,
+        rq_psn: peer.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        dgid: peer.gid,
+        sgid_index: o.gid_index,
+        hop_limit: 1,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &rtr,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )?;
+    let rts = QpAttr {
+        state: QpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        sq_psn: me.psn,
+        max_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &rts,
+        QpAttrMask::STATE
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::MAX_RD_ATOMIC,
+    )
+}
+
+fn client_exchange(host: &str, port: u16, me: &Dest) -> Result<Dest> {
+    let mut s = TcpStream::connect((host, port)).map_err(|e| {
+        eprintln!("Couldn't connect to {host}:{port}");
+        io(e)
+    })?;
+    s.write_all(&me.to_wire()).map_err(io)?;
+    let mut msg = [0u8; MSG_LEN];
+    s.read_exact(&mut msg).map_err(io)?;
+    s.write_all(b"done\0").map_err(io)?;
+    Dest::from_wire(&msg).ok_or(VerbsError::Invalid)
+}
+
+fn server_exchange(
+    port: u16,
+    me: &Dest,
+    connect: impl FnOnce(&Dest) -> Result<()>,
+) -> Result<Dest> {
+    let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).map_err(io)?;
+    let (mut s, _) = l.accept().map_err(io)?;
+    drop(l);
+    let mut msg = [0u8; MSG_LEN];
+    s.read_exact(&mut msg).map_err(io)?;
+    let peer = Dest::from_wire(&msg).ok_or(VerbsError::Invalid)?;
+    connect(&peer)?;
+    s.write_all(&me.to_wire()).map_err(io)?;
+    // The client's "done" (a short read is fine: it is 5 bytes).
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = s.read(&mut msg);
+    Ok(peer)
+}
+
+/// The ping-pong loop of `ibv_rc_pingpong` (polling).
+fn exchange(
+    qp: &Qp,
+    cq: &crate::Cq,
+    send: &Wqe,
+    recv: &Wqe,
+    o: &Options,
+    client: bool,
+) -> Result<()> {
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let mut routs = o.rx_depth;
+    let mut pending = RECV_WRID;
+    if client {
+        qp.post_send(send)?;
+        pending |= SEND_WRID;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60 + o.iters as u64 / 100);
+    let mut wc = [Cqe::default(); 2];
+    let mut idle = 0u32;
+    while rcnt < o.iters || scnt < o.iters {
+        let n = cq.poll(&mut wc);
+        if n == 0 {
+            if Instant::now() > deadline {
+                return Err(VerbsError::TimedOut);
+            }
+            // Poll like ibv_rc_pingpong, but let the engine's threads run: with a software
+            // provider they may share this core.
+            idle += 1;
+            if idle > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        idle = 0;
+        for c in &wc[..n] {
+            if !c.is_ok() {
+                eprintln!("Failed status {:?} for wr_id {}", c.status(), c.wr_id);
+                return Err(VerbsError::Io);
+            }
+            match c.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        while routs < o.rx_depth {
+                            qp.post_recv(recv)?;
+                            routs += 1;
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => {
+                    eprintln!("Completion for unknown wr_id {other}");
+                    return Err(VerbsError::Io);
+                }
+            }
+            pending &= !c.wr_id;
+            if scnt < o.iters && pending == 0 {
+                qp.post_send(send)?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_form_matches_rc_pingpong() {
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0x1a2b3c,
+            gid: std::net::Ipv4Addr::new(10, 77, 0, 11)
+                .to_ipv6_mapped()
+                .octets(),
+        };
+        let w = d.to_wire();
+        assert_eq!(
+            &w[..51],
+            b"0000:000011:1a2b3c:00000000000000000000ffff0a4d000b"
+        );
+        assert_eq!(w[51], 0);
+        assert_eq!(Dest::from_wire(&w), Some(d));
+        assert_eq!(Dest::from_wire(b"zz:1:2:00"), None);
+        assert_eq!(Dest::from_wire(b"0000:000011:1a2b3c:0000"), None);
+    }
+}
