@@ -20,6 +20,7 @@ mod channel;
 mod device;
 mod events;
 pub mod perf;
+pub mod perftest;
 pub mod pin;
 pub mod rping;
 mod verbs;
