@@ -2,11 +2,14 @@
 # Interop of krdma's siw with Linux kernel siw: a qemu guest running kernel siw and rdma-core's
 # tools faces `krdma` on this host, in both roles, with the guest's siw in its default mode and
 # with MPA CRC required (--siwcrc). Every run is captured and the capture checked with tshark
-# (iWARP decoded, no malformed frames, no CRC errors).
+# (iWARP decoded, no malformed frames, no CRC errors). Two tool sets: rping (`krdma rping`) and
+# perftest 4.5 -R (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat against `krdma perf`).
 #
 #   bash scripts/interop-siw.sh            # the whole set
 #   INTEROP=/path/to/shared/interop bash scripts/interop-siw.sh
 #   ONLY=guest-server bash scripts/interop-siw.sh   # the cases whose name matches
+#   ONLY=perf- PERF_ITERS=200 bash scripts/interop-siw.sh   # perftest only, 200 iterations
+#   CARGO_TARGET_DIR=/path PROFILE=ci bash scripts/interop-siw.sh  # build there, ci profile
 #
 # Needs root (network namespace, tap devices, qemu). The guest tooling lives outside the
 # project (../shared/interop relative to the project's parent by default); its build.sh
@@ -20,9 +23,11 @@ OUT=${OUT:-/tmp/krdma-interop}
 [ "$(id -u)" = 0 ] || { echo "interop: needs root" >&2; exit 2; }
 command -v tshark >/dev/null || apt-get install -y -qq tshark >/dev/null
 
-cargo build --release --bin krdma --bin krdmad >&2 || exit 1
-KRDMA=$ROOT/target/release/krdma
-KRDMAD=$ROOT/target/release/krdmad
+PROFILE=${PROFILE:-release}
+cargo build --profile "$PROFILE" --bin krdma --bin krdmad >&2 || exit 1
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+KRDMA=$TARGET/$PROFILE/krdma
+KRDMAD=$TARGET/$PROFILE/krdmad
 mkdir -p "$OUT"
 NS=rdmavm HOST=10.77.0.1 GUEST=10.77.0.11
 # Enter only the network namespace (`ip netns exec` would also give each process its own
@@ -104,6 +109,10 @@ record() {
         if run_case "$name" "$@"; then
             pass=$((pass + 1)); results+=("PASS $name (attempt $n of $tries)"); return
         fi
+        # Keep the failed attempt's logs and capture next to the final ones.
+        for f in "$OUT/$name".{pcap,pcap-check,host.log,guest.log}; do
+            [ -e "$f" ] && mv "$f" "${f/$name./$name.failed$n.}"
+        done
     done
     fail=$((fail + 1)); results+=("FAIL $name ($tries attempts)")
 }
@@ -116,6 +125,23 @@ for crc in "" "--siwcrc"; do
     [ -n "$crc" ] && front=daemon  # one direction through krdmad as well
     record "rping-host-server$tag" 1 "$crc" "rping -c -a $HOST -v -V -C 10" \
         "rping -s -a $HOST -v" host-first $front
+done
+
+# perftest -R (rdma_cm mode, the only one iWARP can run): the guest runs perftest 4.5 over
+# kernel siw, the host `krdma perf` with the same options. Guests run under TCG, so the runs
+# are short (PERF_ITERS iterations of the default sizes: 64 KiB for bandwidth, 2 B for latency).
+PERF_ITERS=${PERF_ITERS:-100}
+for crc in "" "--siwcrc"; do
+    tag=${crc:+-crc}
+    front=embedded
+    [ -n "$crc" ] && front=daemon  # the host-server direction through krdmad as well
+    for t in write_bw read_bw send_bw send_lat; do
+        k=${t/_/-}
+        record "perf-$k-guest-server$tag" 3 "$crc" "ib_$t -d siw0 -R -n $PERF_ITERS" \
+            "perf $k -n $PERF_ITERS $GUEST" guest-first
+        record "perf-$k-host-server$tag" 1 "$crc" "ib_$t -d siw0 -R -n $PERF_ITERS $HOST" \
+            "perf $k -n $PERF_ITERS" host-first $front
+    done
 done
 
 echo

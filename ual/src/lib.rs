@@ -20,6 +20,7 @@ pub mod channel;
 mod device;
 mod events;
 pub mod perf;
+pub mod perftest;
 pub mod pin;
 pub mod pingpong;
 pub mod rping;

@@ -29,8 +29,9 @@ pub struct Endpoint {
     pub depth: u32,
 }
 
-/// An endpoint's verbs objects; `remote` is filled in once the peer's offer arrives.
-fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Endpoint> {
+/// An endpoint's verbs objects (one CQ for both queues, `depth` slots in each queue and
+/// twice that in the CQ); `remote` is filled in once the peer's offer arrives.
+pub fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Endpoint> {
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
     let caps = QpCaps {
@@ -194,8 +195,21 @@ impl Endpoint {
     }
 
     pub fn read(&self, wr_id: u64, offset: u64, len: u32, remote_off: u64) -> Result<()> {
+        self.read_with(wr_id, offset, len, remote_off, send_flags::SIGNALED)
+    }
+
+    /// An RDMA Read with explicit send flags (unsignaled for CQ moderation).
+    pub fn read_with(
+        &self,
+        wr_id: u64,
+        offset: u64,
+        len: u32,
+        remote_off: u64,
+        flags: u8,
+    ) -> Result<()> {
         let w = Wqe::new(wr_id, WrOpcode::RdmaRead, &[self.mr.sge(offset, len)])
-            .with_remote(self.remote.0 + remote_off, self.remote.1);
+            .with_remote(self.remote.0 + remote_off, self.remote.1)
+            .with_flags(flags);
         self.qp.post_send(&w)
     }
 

@@ -42,6 +42,9 @@ enum Cmd {
     /// RC ping-pong with the out-of-band handshake of rdma-core's ibv_rc_pingpong (IB/RoCE
     /// devices: an iWARP QP reaches RTS only through connection management).
     Pingpong(PingpongArgs),
+    /// perftest over rdma_cm, wire-compatible with `ib_write_bw -R` and friends (perftest 4.5).
+    #[command(subcommand)]
+    Perf(PerfCmd),
 }
 
 /// The options of rdma-core's `ibv_rc_pingpong`, same letters.
@@ -72,6 +75,74 @@ struct PingpongArgs {
     gid_index: u8,
     /// Server to connect to (none: be the server).
     servername: Option<String>,
+}
+
+/// The perftest programs, each with perftest's option letters.
+#[derive(Subcommand)]
+enum PerfCmd {
+    /// Like `ib_write_bw -R`: RDMA Write bandwidth.
+    WriteBw(PerfArgs),
+    /// Like `ib_read_bw -R`: RDMA Read bandwidth.
+    ReadBw(PerfArgs),
+    /// Like `ib_send_bw -R`: Send bandwidth (with receive credits, as perftest over iWARP).
+    SendBw(PerfArgs),
+    /// Like `ib_send_lat -R`: Send ping-pong latency.
+    SendLat(PerfArgs),
+}
+
+/// perftest's options (same letters and long names; defaults as perftest's).
+#[derive(clap::Args)]
+struct PerfArgs {
+    /// Server to connect to; without it this side is the server.
+    server: Option<std::net::IpAddr>,
+    /// RDMA device.
+    #[arg(short = 'd', long = "ib-dev", default_value = "siw0")]
+    device: String,
+    /// Port of the rdma_cm connections.
+    #[arg(short = 'p', long = "port", default_value_t = ual::perftest::DEF_PORT)]
+    port: u16,
+    /// Message size (default 65536 for bandwidth tests, 2 for latency).
+    #[arg(short = 's', long = "size")]
+    size: Option<u64>,
+    /// Iterations (default 5000 for bandwidth tests, 1000 for latency).
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// Run all sizes from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Send queue depth (default 128, latency 1).
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<u32>,
+    /// Receive queue depth of Send tests (default 512).
+    #[arg(short = 'r', long = "rx-depth")]
+    rx_depth: Option<u32>,
+    /// Completion every this many requests (default 100).
+    #[arg(short = 'Q', long = "cq-mod")]
+    cq_mod: Option<u32>,
+    /// Outstanding RDMA Reads (default: the device's maximum).
+    #[arg(short = 'o', long = "outs")]
+    out_reads: Option<u32>,
+    /// Number of data QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Use rdma_cm (accepted for compatibility; krdma perf always does).
+    #[arg(short = 'R', long = "rdma_cm")]
+    _rdma_cm: bool,
+    /// Accepted and ignored (perftest: do not fail on CPU frequency warnings).
+    #[arg(short = 'F', long = "CPU-freq")]
+    _cpu_freq: bool,
+    /// GID index advertised in the exchange (informational over iWARP).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<usize>,
+    /// Skip the peak bandwidth computation.
+    #[arg(short = 'N', long = "noPeak")]
+    no_peak: bool,
+    /// Report Gb/s instead of MB/s (MB = 2^20 bytes).
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// krdma to krdma only: fill buffers with known patterns and check the data received.
+    #[arg(long)]
+    validate: bool,
 }
 
 /// The options of rdma-core's `rping`, same letters.
@@ -160,7 +231,40 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             ual::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
             Ok(())
         }
+        Cmd::Perf(t) => perftest(target, t),
     }
+}
+
+fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Error>> {
+    use ual::perftest::{Options, Test};
+    let (test, a) = match cmd {
+        PerfCmd::WriteBw(a) => (Test::WriteBw, a),
+        PerfCmd::ReadBw(a) => (Test::ReadBw, a),
+        PerfCmd::SendBw(a) => (Test::SendBw, a),
+        PerfCmd::SendLat(a) => (Test::SendLat, a),
+    };
+    let opts = Options {
+        server: a.server,
+        port: a.port,
+        device: a.device,
+        size: a.size,
+        iters: a.iters,
+        all_sizes: a.all,
+        tx_depth: a.tx_depth,
+        rx_depth: a.rx_depth,
+        cq_mod: a.cq_mod,
+        out_reads: a.out_reads,
+        num_qps: a.qps,
+        report_gbits: a.report_gbits,
+        no_peak: a.no_peak,
+        gid_index: a.gid_index,
+        validate: a.validate,
+        ..Options::new(test)
+    };
+    let ctx = Context::open_target(target)?;
+    let mut out = std::io::stdout();
+    ual::perftest::run(&ctx, &opts, &mut out)?;
+    Ok(())
 }
 
 fn rping(target: &Target, a: RpingArgs) -> Result<(), Box<dyn std::error::Error>> {

@@ -1,0 +1,233 @@
+//! `krdma perf` (perftest -R compatible) server against client over loopback siw: every
+//! test completes, the numbers are sane, the Write/Read server prints exactly the report
+//! the client sent over the control connection, and the data that arrived matches the
+//! sender's pattern (`--validate`). No timing thresholds.
+
+use krdma_tests::{each_front_door, FrontDoor};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+use ual::perftest::{self, BwReport, Options, PerfError, Summary, Test};
+use ual::{send_flags, ConnParam};
+
+/// One side's result and what it printed.
+struct Side {
+    summary: Summary,
+    text: String,
+}
+
+/// Run `o` as server and client on two contexts of `door`.
+fn run_pair(door: &FrontDoor, o: &Options) -> (Side, Side) {
+    let (sctx, cctx) = (door.open(), door.open());
+    let so = Options {
+        server: None,
+        port: 0,
+        ..o.clone()
+    };
+    let server = perftest::Server::listen(&sctx, &so).expect("server listens");
+    let port = server.port();
+    let srv = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let r = server.run(&mut out);
+        (r, out)
+    });
+    let co = Options {
+        server: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        port,
+        ..o.clone()
+    };
+    let mut out = Vec::new();
+    let c = perftest::run(&cctx, &co, &mut out);
+    let (s, sout) = srv.join().expect("server thread");
+    let side = |r: Result<Summary, perftest::PerfError>, out: Vec<u8>, who: &str| {
+        let text = String::from_utf8(out).expect("utf-8 report");
+        let summary = r.unwrap_or_else(|e| panic!("{who} failed: {e}\n{text}"));
+        Side { summary, text }
+    };
+    let server = side(s, sout, "server");
+    let client = side(c, out, "client");
+    (server, client)
+}
+
+fn opts(test: Test, iters: u64) -> Options {
+    Options {
+        iters: Some(iters),
+        validate: true,
+        ..Options::new(test)
+    }
+}
+
+fn sane_bw(r: &BwReport, size: u64, iters: u64, peak: bool) {
+    assert_eq!((r.size, r.iters), (size, iters), "{r:?}");
+    assert!(r.bw_avg.is_finite() && r.bw_avg > 0.0, "{r:?}");
+    assert!(r.msg_rate.is_finite() && r.msg_rate > 0.0, "{r:?}");
+    if peak {
+        assert!(r.bw_peak.is_finite() && r.bw_peak > 0.0, "{r:?}");
+    } else {
+        assert_eq!(r.bw_peak, 0.0, "no peak expected: {r:?}");
+    }
+}
+
+const BW_HEADER: &str =
+    " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+
+/// Both sides print perftest's table; the server prints the client's exchanged report.
+fn check_rdma_bw(s: &Side, c: &Side, size: u64, iters: u64) {
+    assert_eq!(c.summary.bw.len(), 1);
+    sane_bw(&c.summary.bw[0], size, iters, true);
+    assert_eq!(
+        s.summary.bw, c.summary.bw,
+        "server prints the client's report"
+    );
+    for side in [s, c] {
+        assert!(side.text.contains(BW_HEADER), "{}", side.text);
+        assert_eq!(side.summary.peer_version, "6.06");
+    }
+    assert!(s.summary.validated || c.summary.validated);
+}
+
+#[test]
+fn write_bw_both_front_doors() {
+    each_front_door(|door| {
+        let (s, c) = run_pair(door, &opts(Test::WriteBw, 300));
+        check_rdma_bw(&s, &c, 65536, 300);
+        assert!(s.summary.validated, "the server checks what was written");
+    });
+}
+
+#[test]
+fn read_bw() {
+    let (s, c) = run_pair(&FrontDoor::Embedded, &opts(Test::ReadBw, 300));
+    check_rdma_bw(&s, &c, 65536, 300);
+    assert!(c.summary.validated, "the client checks what it read");
+    assert!(c.text.contains("Outstand reads  : 32"), "{}", c.text);
+}
+
+#[test]
+fn send_bw_with_credits() {
+    // 30 receives for 300 messages: the sender must wait for the receiver's credits.
+    let o = Options {
+        size: Some(1000),
+        rx_depth: Some(30),
+        ..opts(Test::SendBw, 300)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    sane_bw(&c.summary.bw[0], 1000, 300, true);
+    sane_bw(&s.summary.bw[0], 1000, 300, false);
+    assert!(s.summary.validated, "the server checks what it received");
+    assert!(s.text.contains(" RX depth        : 30"), "{}", s.text);
+}
+
+#[test]
+fn send_lat() {
+    let (s, c) = run_pair(&FrontDoor::Embedded, &opts(Test::SendLat, 200));
+    for side in [&s, &c] {
+        let l = &side.summary.lat;
+        assert_eq!(l.len(), 1);
+        let r = l[0];
+        assert_eq!((r.size, r.iters), (2, 200));
+        assert!(
+            r.t_min > 0.0 && r.t_min <= r.t_typical && r.t_typical <= r.t_max,
+            "{r:?}"
+        );
+        assert!(
+            r.t_avg > 0.0 && r.p99 >= r.t_typical && r.p99_9 >= r.p99,
+            "{r:?}"
+        );
+        assert!(side.summary.validated);
+        assert!(side.text.contains("t_typical[usec]"), "{}", side.text);
+    }
+}
+
+#[test]
+fn all_sizes_write_and_send_lat() {
+    let o = Options {
+        all_sizes: true,
+        ..opts(Test::WriteBw, 10)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    let sizes: Vec<u64> = c.summary.bw.iter().map(|r| r.size).collect();
+    assert_eq!(sizes, (1..24).map(|i| 1u64 << i).collect::<Vec<_>>());
+    c.summary
+        .bw
+        .iter()
+        .for_each(|r| sane_bw(r, r.size, 10, true));
+    assert_eq!(
+        s.summary.bw,
+        vec![c.summary.bw[22]],
+        "server prints the last report"
+    );
+    assert!(s.summary.validated);
+
+    let o = Options {
+        all_sizes: true,
+        ..opts(Test::SendLat, 6)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    assert_eq!(s.summary.lat.len(), 23);
+    assert_eq!(c.summary.lat.len(), 23);
+    assert!(s.summary.validated && c.summary.validated);
+}
+
+#[test]
+fn two_qps() {
+    // 150 iterations with completions every 100: each QP's last completion covers 50.
+    let o = Options {
+        num_qps: 2,
+        size: Some(4096),
+        ..opts(Test::WriteBw, 150)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    check_rdma_bw(&s, &c, 4096, 300);
+    let o = Options {
+        num_qps: 2,
+        size: Some(512),
+        rx_depth: Some(40),
+        ..opts(Test::SendBw, 200)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    sane_bw(&c.summary.bw[0], 512, 400, true);
+    assert!(s.summary.validated);
+}
+
+/// A client that speaks something else: the server stops with a typed error instead of
+/// reading past the message.
+fn server_meets(first_message: &[u8]) -> PerfError {
+    let door = FrontDoor::Embedded;
+    let (sctx, cctx) = (door.open(), door.open());
+    let so = Options {
+        port: 0,
+        ..Options::new(Test::WriteBw)
+    };
+    let server = perftest::Server::listen(&sctx, &so).expect("server listens");
+    let port = server.port();
+    let srv = std::thread::spawn(move || server.run(&mut std::io::sink()));
+    let dev = cctx.device("siw0").unwrap().index;
+    let ep = ual::perf::new_endpoint(&cctx, dev, 128, 4).unwrap();
+    ep.post_recv(2, 64, 64).unwrap(); // room for the server's answer
+    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    ep.qp
+        .connect_wait(peer, &ConnParam::default(), Duration::from_secs(10))
+        .unwrap();
+    ep.buf.write(0, first_message);
+    ep.send(1, 0, first_message.len() as u32, send_flags::SIGNALED)
+        .unwrap();
+    let err = srv.join().unwrap().expect_err("the server must refuse");
+    drop(ep);
+    err
+}
+
+#[test]
+fn server_refuses_bad_peers() {
+    match server_meets(b"6.06") {
+        PerfError::BadLength {
+            want: 16, got: 4, ..
+        } => {}
+        e => panic!("short version message: {e}"),
+    }
+    let mut old = [0u8; 16];
+    old[..4].copy_from_slice(b"5.60");
+    match server_meets(&old) {
+        PerfError::Version(v) => assert_eq!(v, "5.60"),
+        e => panic!("old version: {e}"),
+    }
+}

@@ -1,0 +1,616 @@
+//! `krdma perf`: perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_send_lat` in
+//! rdma_cm mode (`-R`), message for message, so either side can be perftest 4.5 on a Linux
+//! host (kernel siw, or an iWARP NIC).
+//!
+//! What goes over the wire (perftest 4.5-0.18, version string "6.06"; checked against
+//! captures of kernel siw running perftest, `docs/interop.md`):
+//!
+//! 1. The client opens a **control connection** to the server's port (18515): an RC QP with
+//!    IRD = ORD = 0 in the MPA Request (krdma's siw sends at least 1) and no private data.
+//! 2. Lock-step exchanges on it, each one Send from the client answered by one Send from
+//!    the server (`ctx_xchg_data`): the version string (16 bytes), the page size and the
+//!    cache-line size (4-byte big-endian ints; both sides use the larger), the port MTU as
+//!    `enum ibv_mtu` in decimal (2 bytes, `"3\0"` = 1024; both use the smaller).
+//! 3. A `pingpong_dest` handshake (56 bytes, all zero), then the client opens the **data
+//!    connection(s)** to the same port (IRD = ORD = `out_reads` for Read tests, else 0),
+//!    retrying while refused: the server listens again only after answering, then another
+//!    zero handshake.
+//! 4. `pingpong_dest` handshakes with the real records (QPN, PSN, rkey, vaddr, GID;
+//!    `out_reads`): three before the data for the bandwidth tests, the third "after RTR"
+//!    (for the Send tests it is the second).
+//! 5. The test (`perftest/traffic.rs`): RDMA Writes/Reads of `-s` bytes to/from the peer's
+//!    advertised buffer, `-t` outstanding; send_bw additionally with receive credits
+//!    (the receiver RDMA-Writes its receive count into a word the sender advertised,
+//!    every `rx_depth / 3` messages, because iWARP has no RNR retry); send_lat a
+//!    ping-pong. Send tests sync once more after posting receives (once per size).
+//! 6. Write/Read: a handshake when the client is done, then its report (size, iterations,
+//!    peak, average, message rate: five 8-byte big-endian Sends) which the server prints.
+//! 7. A closing handshake. The client disconnects the data QP(s) and waits for them to
+//!    close; the server closes the control connection first.
+//!
+//! Two things `krdma perf` does beyond the wire format, both to meet kernel siw 6.1 (see
+//! `docs/interop.md`): the client pauses briefly between the control connection coming up
+//! and its first Send, and it keeps perftest's close order.
+
+mod control;
+mod params;
+mod report;
+mod traffic;
+pub mod wire;
+
+pub use params::DEF_PORT;
+pub use report::LatReport;
+pub use wire::BwReport;
+
+use crate::{Context, Listener};
+use control::{accept, conn_param, connect_retry, next_request, Control, CONNECT_PATIENCE};
+use params::Params;
+use report::RESULT_LINE;
+use rnicpi::{VerbsError, WcStatus};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use traffic::DataQp;
+use wire::Dest;
+
+/// How long a server waits for its client.
+const ACCEPT_WAIT: Duration = Duration::from_secs(3600);
+/// How long each step of the orderly close waits for the peer.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long a Write server keeps checking data that may still be in flight.
+const VALIDATE_PATIENCE: Duration = Duration::from_secs(5);
+/// The client's pause between the control connection coming up and its first Send.
+/// perftest's own clients leave milliseconds here (ib_write_bw sleeps a second); kernel
+/// siw 6.1 as the passive side loses the wake-up of an FPDU that arrives before it has
+/// handed the socket to the QP, which under emulation is a window of about a millisecond
+/// (docs/interop.md). RFC 5044 allows sending at once; the pause only avoids that race.
+const CONTROL_SETTLE: Duration = Duration::from_millis(100);
+
+/// Which perftest program to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    WriteBw,
+    ReadBw,
+    SendBw,
+    SendLat,
+}
+
+impl Test {
+    /// The perftest program this test speaks with.
+    pub fn perftest_name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "ib_write_bw",
+            Test::ReadBw => "ib_read_bw",
+            Test::SendBw => "ib_send_bw",
+            Test::SendLat => "ib_send_lat",
+        }
+    }
+
+    pub fn is_lat(self) -> bool {
+        self == Test::SendLat
+    }
+
+    fn is_send(self) -> bool {
+        matches!(self, Test::SendBw | Test::SendLat)
+    }
+
+    /// perftest's `testsStr[verb]`.
+    fn verb_name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "RDMA_Write",
+            Test::ReadBw => "RDMA_Read",
+            Test::SendBw | Test::SendLat => "Send",
+        }
+    }
+}
+
+/// perftest's options (same meaning, same defaults when `None`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub test: Test,
+    /// The server to connect to; `None` makes this side the server.
+    pub server: Option<IpAddr>,
+    /// `-p`: listen on / connect to this port (server: 0 picks one).
+    pub port: u16,
+    /// `-d`
+    pub device: String,
+    /// `-s`
+    pub size: Option<u64>,
+    /// `-n`
+    pub iters: Option<u64>,
+    /// `-a`: all sizes from 2 bytes to 8 MiB.
+    pub all_sizes: bool,
+    /// `-t`
+    pub tx_depth: Option<u32>,
+    /// `-r`
+    pub rx_depth: Option<u32>,
+    /// `-Q`
+    pub cq_mod: Option<u32>,
+    /// `-o`
+    pub out_reads: Option<u32>,
+    /// `-q`
+    pub num_qps: u32,
+    /// `--report_gbits`
+    pub report_gbits: bool,
+    /// `-N`
+    pub no_peak: bool,
+    /// `-x`: the GID advertised (informational over iWARP).
+    pub gid_index: Option<usize>,
+    /// krdma to krdma only: fill buffers with known patterns and check what arrives.
+    pub validate: bool,
+}
+
+impl Options {
+    pub fn new(test: Test) -> Options {
+        Options {
+            test,
+            server: None,
+            port: DEF_PORT,
+            device: "siw0".into(),
+            size: None,
+            iters: None,
+            all_sizes: false,
+            tx_depth: None,
+            rx_depth: None,
+            cq_mod: None,
+            out_reads: None,
+            num_qps: 1,
+            report_gbits: false,
+            no_peak: false,
+            gid_index: None,
+            validate: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("writing the report: {0}")]
+    Output(#[from] std::io::Error),
+    #[error("invalid options: {0}")]
+    Options(String),
+    #[error("peer sent {got} bytes for {what}, perftest sends {want}")]
+    BadLength {
+        what: &'static str,
+        want: usize,
+        got: usize,
+    },
+    #[error("protocol error: {0}")]
+    Protocol(&'static str),
+    #[error("peer's perftest version {0:?} is older than 5.70 (not compatible)")]
+    Version(String),
+    #[error("{what}: work request failed ({status:?}, vendor error {vendor_err:#x})")]
+    Completion {
+        what: &'static str,
+        status: WcStatus,
+        vendor_err: u32,
+    },
+    #[error("the connection closed while waiting for {0}")]
+    PeerClosed(&'static str),
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+    #[error("data check failed: {0}")]
+    DataMismatch(&'static str),
+}
+
+/// What a run reported (the lines it printed).
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub peer_version: String,
+    /// Bandwidth lines: this side's, or (Write/Read server) the client's it printed.
+    pub bw: Vec<BwReport>,
+    pub lat: Vec<LatReport>,
+    /// Data checked against the peer's pattern (`--validate`).
+    pub validated: bool,
+}
+
+/// Run `o`: as the server when `o.server` is `None`, else as the client.
+pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<Summary, PerfError> {
+    match o.server {
+        None => Server::listen(ctx, o)?.run(out),
+        Some(ip) => client(ctx, o, SocketAddr::new(ip, o.port), out),
+    }
+}
+
+/// A perftest server: listening (on all addresses) from [`Server::listen`] on.
+pub struct Server {
+    ctx: Arc<Context>,
+    dev: u32,
+    opts: Options,
+    listener: Arc<Listener>,
+}
+
+impl Server {
+    pub fn listen(ctx: &Arc<Context>, o: &Options) -> Result<Server, PerfError> {
+        let dev = ctx.device(&o.device)?.index;
+        let any = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), o.port);
+        let listener = ctx.listen(dev, any, o.num_qps + 1)?;
+        tracing::info!(
+            port = listener.port,
+            test = o.test.perftest_name(),
+            "perftest server listening"
+        );
+        Ok(Server {
+            ctx: ctx.clone(),
+            dev,
+            opts: o.clone(),
+            listener,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.listener.port
+    }
+
+    /// Serve one client, then return.
+    pub fn run(self, out: &mut dyn Write) -> Result<Summary, PerfError> {
+        let p = resolve(&self.ctx, self.dev, &self.opts)?;
+        writeln!(out, "\n************************************")?;
+        writeln!(out, "* Waiting for client to connect... *")?;
+        writeln!(out, "************************************")?;
+        let req = next_request(&self.listener, ACCEPT_WAIT)?;
+        let ep = Control::endpoint(&self.ctx, self.dev)?;
+        accept(&self.listener, &req, &ep, &conn_param(0))?;
+        let mut s = Session::new(p, Control::new(ep, false), &self.opts, out);
+        s.prologue()?;
+        let mut qps = Vec::new();
+        for _ in 0..s.p.num_qps {
+            let req = next_request(&self.listener, CONNECT_PATIENCE)?;
+            let ep = DataQp::endpoint(&self.ctx, self.dev, &s.p)?;
+            accept(&self.listener, &req, &ep, &s.data_param())?;
+            qps.push(DataQp::new(ep, &s.p));
+        }
+        drop(self.listener);
+        s.run(qps)
+    }
+}
+
+fn client(
+    ctx: &Arc<Context>,
+    o: &Options,
+    peer: SocketAddr,
+    out: &mut dyn Write,
+) -> Result<Summary, PerfError> {
+    let dev = ctx.device(&o.device)?.index;
+    let p = resolve(ctx, dev, o)?;
+    let make = || Control::endpoint(ctx, dev);
+    let ep = connect_retry(make, peer, &conn_param(0), CONNECT_PATIENCE)?;
+    std::thread::sleep(CONTROL_SETTLE);
+    let mut s = Session::new(p, Control::new(ep, true), o, out);
+    s.prologue()?;
+    let mut qps = Vec::new();
+    for _ in 0..s.p.num_qps {
+        let make = || DataQp::endpoint(ctx, dev, &s.p);
+        let ep = connect_retry(make, peer, &s.data_param(), CONNECT_PATIENCE)?;
+        qps.push(DataQp::new(ep, &s.p));
+    }
+    s.run(qps)
+}
+
+/// Parameters from the options and the device (`check_link`).
+fn resolve(ctx: &Arc<Context>, dev: u32, o: &Options) -> Result<Params, PerfError> {
+    if o.test.is_lat() && o.num_qps != 1 {
+        return Err(PerfError::Options("latency tests use one QP".into()));
+    }
+    let info = ctx.query_device(dev)?;
+    let port = ctx.query_port(dev, 1)?;
+    let mut p = Params::resolve(o, info.raw.max_ord, wire::mtu_enum(port.active_mtu))?;
+    p.gid = port.gids.get(p.gid_index).copied().unwrap_or_default();
+    Ok(p)
+}
+
+/// One run after the control connection is up.
+struct Session<'a> {
+    p: Params,
+    ctrl: Control,
+    out: &'a mut dyn Write,
+    device: String,
+    validate: bool,
+    summary: Summary,
+}
+
+impl<'a> Session<'a> {
+    fn new(p: Params, ctrl: Control, o: &Options, out: &'a mut dyn Write) -> Session<'a> {
+        tracing::info!(
+            test = p.test.perftest_name(),
+            client = p.client,
+            "perftest: control connection up"
+        );
+        Session {
+            p,
+            ctrl,
+            out,
+            device: o.device.clone(),
+            validate: o.validate,
+            summary: Summary::default(),
+        }
+    }
+
+    fn data_param(&self) -> rnicpi::ConnParam {
+        let reads = if self.p.test == Test::ReadBw {
+            self.p.out_reads
+        } else {
+            0
+        };
+        conn_param(reads)
+    }
+
+    /// Versions, page and cache-line sizes, MTU, and the handshake before the data
+    /// connections (`exchange_versions`, `check_sys_data`, `check_mtu`,
+    /// `create_rdma_cm_connection`).
+    fn prologue(&mut self) -> Result<(), PerfError> {
+        let theirs = self
+            .ctrl
+            .xchg(&wire::encode_version(wire::VERSION), "version")?;
+        let (version, v) = wire::decode_version(&theirs);
+        tracing::info!(peer_version = %version, "perftest: versions exchanged");
+        if v < wire::MIN_PEER_VERSION {
+            return Err(PerfError::Version(version));
+        }
+        self.summary.peer_version = version;
+        let page = self.xchg_int(self.p.cycle_buffer, "page size")?;
+        self.p.cycle_buffer = self.p.cycle_buffer.max(page);
+        let line = self.xchg_int(self.p.cache_line, "cache line size")?;
+        self.p.cache_line = self.p.cache_line.max(line);
+        let theirs = self.ctrl.xchg(&wire::encode_mtu(self.p.mtu), "MTU")?;
+        if let Some(m) = wire::decode_mtu(&theirs) {
+            self.p.mtu = self.p.mtu.min(m);
+        }
+        self.ctrl.handshake(&Dest::default())?;
+        Ok(())
+    }
+
+    fn xchg_int(&mut self, mine: u32, what: &'static str) -> Result<u32, PerfError> {
+        let b = self.ctrl.xchg(&wire::encode_int(mine as i32), what)?;
+        Ok(wire::decode_int(&b, what)?.max(0) as u32)
+    }
+
+    /// Everything after the data connections are up.
+    fn run(mut self, mut qps: Vec<DataQp>) -> Result<Summary, PerfError> {
+        self.ctrl.handshake(&Dest::default())?;
+        let my: Vec<Dest> = qps.iter().map(|q| q.my_dest(&self.p)).collect();
+        self.print_info()?;
+        let rem = self.exchange_dests(&my)?;
+        for (q, r) in qps.iter_mut().zip(&rem) {
+            q.set_remote(r);
+        }
+        let header = if self.p.test.is_lat() {
+            report::lat_header()
+        } else {
+            report::bw_header(self.p.gbits)
+        };
+        writeln!(self.out, "{RESULT_LINE}\n{header}")?;
+        let result = match self.p.test {
+            Test::WriteBw | Test::ReadBw => self.rdma_bw(&qps, &my[0]),
+            Test::SendBw => self.send_bw(&qps, &my[0]),
+            Test::SendLat => self.send_lat(&qps, &my[0]),
+        };
+        self.close(&qps);
+        result?;
+        tracing::info!(test = self.p.test.perftest_name(), "perftest: done");
+        Ok(self.summary)
+    }
+
+    /// The `pingpong_dest` handshakes before the test, in perftest's order, printing
+    /// both sides' records; returns the peer's.
+    fn exchange_dests(&mut self, my: &[Dest]) -> Result<Vec<Dest>, PerfError> {
+        let mut rem = my
+            .iter()
+            .map(|d| self.ctrl.handshake(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.p.test.is_send() {
+            self.ctrl.handshake(&my[0])?;
+        }
+        for d in my {
+            self.print_dest("local", d)?;
+        }
+        for (r, d) in rem.iter_mut().zip(my) {
+            *r = self.ctrl.handshake(d)?;
+            self.print_dest("remote", r)?;
+        }
+        if !self.p.test.is_send() {
+            self.ctrl.handshake(&my[0])?;
+        }
+        tracing::info!(peer = ?rem, "perftest: destinations exchanged");
+        Ok(rem)
+    }
+
+    /// ib_write_bw / ib_read_bw: the client runs every size and sends its last report;
+    /// the server waits and prints the client's report.
+    fn rdma_bw(&mut self, qps: &[DataQp], my: &Dest) -> Result<(), PerfError> {
+        let mut last = BwReport::default();
+        if self.p.client {
+            for &size in &self.p.sizes.clone() {
+                last = traffic::run_bw_client(qps, &self.p, size)?;
+                self.bw_line(&last)?;
+                if self.p.test == Test::ReadBw {
+                    self.check(qps, size, Duration::ZERO)?;
+                }
+            }
+            writeln!(self.out, "{RESULT_LINE}")?;
+            self.ctrl.handshake(my)?;
+            self.xchg_report(&last)?;
+            self.ctrl.finish(my)?;
+        } else {
+            self.ctrl.handshake(my)?;
+            let theirs = self.xchg_report(&last)?;
+            self.bw_line(&theirs)?;
+            self.ctrl.finish(my)?;
+            writeln!(self.out, "{RESULT_LINE}")?;
+            if self.p.test == Test::WriteBw {
+                let size = self.p.sizes[self.p.sizes.len() - 1];
+                self.check(qps, size, VALIDATE_PATIENCE)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// ib_send_bw: per size the server posts its receives and both sync; each side prints
+    /// its own result.
+    fn send_bw(&mut self, qps: &[DataQp], my: &Dest) -> Result<(), PerfError> {
+        for &size in &self.p.sizes.clone() {
+            if !self.p.client {
+                let cyc = self.p.cycle(size);
+                qps.iter()
+                    .try_for_each(|q| q.post_recvs(self.p.initial_recvs(), &cyc))?;
+            }
+            self.ctrl.handshake(my)?;
+            traffic::reset_credits(qps);
+            let r = if self.p.client {
+                traffic::run_bw_client(qps, &self.p, size)?
+            } else {
+                let r = traffic::run_send_bw_server(qps, &self.p, size)?;
+                self.check(qps, size, Duration::ZERO)?;
+                r
+            };
+            self.bw_line(&r)?;
+            if self.p.sizes.len() > 1 {
+                self.ctrl.handshake(my)?;
+            }
+        }
+        writeln!(self.out, "{RESULT_LINE}")?;
+        self.ctrl.finish(my)?;
+        Ok(())
+    }
+
+    /// ib_send_lat: per size both post receives, sync, and ping-pong.
+    fn send_lat(&mut self, qps: &[DataQp], my: &Dest) -> Result<(), PerfError> {
+        for &size in &self.p.sizes.clone() {
+            qps[0].post_recvs(self.p.initial_recvs(), &self.p.cycle(size))?;
+            self.ctrl.handshake(my)?;
+            let r = traffic::run_lat_send(&qps[0], &self.p, size)?;
+            self.check(qps, size, Duration::ZERO)?;
+            writeln!(self.out, "{}", report::lat_line(&r))?;
+            self.summary.lat.push(r);
+        }
+        writeln!(self.out, "{RESULT_LINE}")?;
+        self.ctrl.finish(my)?;
+        Ok(())
+    }
+
+    /// `xchg_bw_reports`: five 8-byte exchanges.
+    fn xchg_report(&mut self, mine: &BwReport) -> Result<BwReport, PerfError> {
+        let mut theirs = [[0u8; 8]; 5];
+        for (t, w) in theirs.iter_mut().zip(mine.words()) {
+            *t = wire::word(&self.ctrl.xchg(&w, "bw report")?)?;
+        }
+        Ok(BwReport::from_words(&theirs))
+    }
+
+    /// `--validate`: check what arrived against the peer's pattern.
+    fn check(&mut self, qps: &[DataQp], size: u64, patience: Duration) -> Result<(), PerfError> {
+        if !self.validate {
+            return Ok(());
+        }
+        if !traffic::validate(qps, &self.p, size, patience) {
+            return Err(PerfError::DataMismatch(
+                "bytes differ from the peer's pattern",
+            ));
+        }
+        tracing::debug!(size, "perftest: data validated");
+        self.summary.validated = true;
+        Ok(())
+    }
+
+    fn bw_line(&mut self, r: &BwReport) -> Result<(), PerfError> {
+        writeln!(self.out, "{}", report::bw_line(r, self.p.gbits))?;
+        self.summary.bw.push(*r);
+        Ok(())
+    }
+
+    /// Orderly close in perftest's order: the client disconnects its data QPs and waits
+    /// for them to close, then lets the server close the control connection first (a
+    /// Send whose completion is still pending in kernel siw fails when the connection
+    /// closes under it); the server closes everything at once.
+    fn close(&mut self, qps: &[DataQp]) {
+        for q in qps {
+            let _ = q.ep.qp.disconnect(false);
+        }
+        for q in qps {
+            control::await_disconnect(&q.ep, CLOSE_WAIT);
+        }
+        if self.p.client {
+            self.ctrl.await_peer_close(CLOSE_WAIT);
+        }
+        self.ctrl.close();
+        control::await_disconnect(&self.ctrl.ep, CLOSE_WAIT);
+        tracing::info!("perftest: connections closed");
+    }
+
+    /// `ctx_print_test_info`.
+    fn print_info(&mut self) -> Result<(), PerfError> {
+        let p = &self.p;
+        let o = &mut *self.out;
+        let kind = if p.test.is_lat() { "Latency" } else { "BW" };
+        writeln!(o, "{RESULT_LINE}")?;
+        writeln!(o, "                    {} {kind} Test", p.test.verb_name())?;
+        writeln!(
+            o,
+            " Dual-port       : OFF\t\tDevice         : {}",
+            self.device
+        )?;
+        writeln!(o, " Number of qps   : {}\t\tTransport type : IW", p.num_qps)?;
+        writeln!(o, " Connection type : RC\t\tUsing SRQ      : OFF")?;
+        if p.client {
+            writeln!(o, " TX depth        : {}", p.tx_depth)?;
+        }
+        if p.test.is_send() && !p.client {
+            writeln!(o, " RX depth        : {}", p.rx_depth)?;
+        }
+        if !p.test.is_lat() {
+            writeln!(o, " CQ Moderation   : {}", p.cq_mod)?;
+        }
+        writeln!(o, " Mtu             : {}[B]", wire::mtu_bytes(p.mtu))?;
+        writeln!(o, " Link type       : Ethernet")?;
+        writeln!(o, " GID index       : {}", p.gid_index)?;
+        if p.test == Test::ReadBw {
+            writeln!(o, " Outstand reads  : {}", p.out_reads)?;
+        } else {
+            writeln!(o, " Max inline data : 0[B]")?;
+        }
+        writeln!(o, " rdma_cm QPs\t : ON")?;
+        writeln!(o, " Data ex. method : rdma_cm")?;
+        writeln!(o, "{RESULT_LINE}")?;
+        Ok(())
+    }
+
+    /// `ctx_print_pingpong_data` as perftest -R prints it: the control connection's verb
+    /// (Send) decides the format, so no RKey/VAddr/OUT columns.
+    fn print_dest(&mut self, side: &str, d: &Dest) -> Result<(), PerfError> {
+        let gid: Vec<String> = d.gid.iter().map(|b| format!("{b:02}")).collect();
+        writeln!(
+            self.out,
+            " {side} address: LID {} QPN {} PSN {}\n GID: {}",
+            c_alt_hex(d.lid as u64, 4),
+            c_alt_hex(d.qpn as u64, 6),
+            c_alt_hex(d.psn as u64, 6),
+            gid.join(":")
+        )?;
+        Ok(())
+    }
+}
+
+/// C's `%#0Nx`: zero-padded to `width` characters, with `0x` unless the value is 0.
+fn c_alt_hex(v: u64, width: usize) -> String {
+    if v == 0 {
+        format!("{:0width$}", 0)
+    } else {
+        format!("{v:#0width$x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_hex_like_printf() {
+        assert_eq!(c_alt_hex(0, 4), "0000");
+        assert_eq!(c_alt_hex(2, 6), "0x0002");
+        assert_eq!(c_alt_hex(0x90f8ea, 6), "0x90f8ea");
+        assert_eq!(c_alt_hex(0x7f6818ecf000, 16), "0x007f6818ecf000");
+    }
+}

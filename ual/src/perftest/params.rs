@@ -1,0 +1,261 @@
+//! perftest's parameters as its parser leaves them (`init_perftest_params`,
+//! `force_dependecies`, `check_link`), and the buffer geometry both sides must agree on.
+
+use super::{Options, PerfError, Test};
+
+/// `MAX_SIZE`: `-a` runs 2, 4, ... up to 8 MiB, and sizes the buffers for it.
+pub const MAX_SIZE: u64 = 8 << 20;
+const DEF_SIZE_BW: u64 = 65536;
+const DEF_SIZE_LAT: u64 = 2;
+const DEF_ITERS_BW: u64 = 5000;
+const DEF_ITERS_LAT: u64 = 1000;
+const DEF_TX_BW: u32 = 128;
+const DEF_TX_LAT: u32 = 1;
+const DEF_RX_SEND: u32 = 512;
+const DEF_RX_RDMA: u32 = 1;
+const DEF_CQ_MOD: u32 = 100;
+/// Above this size perftest turns CQ moderation off (unless `-Q` or `-a`).
+const MSG_SIZE_CQ_MOD_LIMIT: u64 = 8192;
+/// BW runs longer than this many iterations skip the peak computation.
+const NO_PEAK_ITERS: u64 = 20000;
+const MIN_ITER: u64 = 5;
+pub const DEF_CACHE_LINE: u32 = 64;
+pub const DEF_PORT: u16 = 18515;
+
+/// Resolved parameters of one run.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub test: Test,
+    pub client: bool,
+    /// Message sizes to run (one, or 2..8 MiB with `-a`).
+    pub sizes: Vec<u64>,
+    /// The size the buffers are laid out for (`MAX_SIZE` with `-a`).
+    pub buf_size: u64,
+    pub iters: u64,
+    pub tx_depth: u32,
+    pub rx_depth: u32,
+    pub cq_mod: u32,
+    pub out_reads: u32,
+    pub num_qps: u32,
+    pub gbits: bool,
+    pub no_peak: bool,
+    /// Page size and cache line: local values, then the larger of both sides.
+    pub cycle_buffer: u32,
+    pub cache_line: u32,
+    /// `enum ibv_mtu` in use (the smaller of both sides).
+    pub mtu: u8,
+    pub gid_index: usize,
+    /// The GID at `gid_index` (informational over iWARP).
+    pub gid: [u8; 16],
+}
+
+impl Params {
+    /// perftest's defaults and dependencies for `o`; `max_reads` is the device's
+    /// `max_qp_rd_atom`, `mtu` the port's `enum ibv_mtu`.
+    pub fn resolve(o: &Options, max_reads: u32, mtu: u8) -> Result<Params, PerfError> {
+        let lat = o.test.is_lat();
+        let send = o.test == Test::SendBw || o.test == Test::SendLat;
+        let iters = o
+            .iters
+            .unwrap_or(if lat { DEF_ITERS_LAT } else { DEF_ITERS_BW });
+        if iters < MIN_ITER {
+            return Err(PerfError::Options(format!(
+                "iterations must be at least {MIN_ITER}"
+            )));
+        }
+        let size = o
+            .size
+            .unwrap_or(if lat { DEF_SIZE_LAT } else { DEF_SIZE_BW });
+        if size == 0 || size > u32::MAX as u64 {
+            return Err(PerfError::Options(format!("bad message size {size}")));
+        }
+        if o.num_qps == 0 {
+            return Err(PerfError::Options("need at least one QP".into()));
+        }
+        let mut tx_depth = o
+            .tx_depth
+            .unwrap_or(if lat { DEF_TX_LAT } else { DEF_TX_BW });
+        let mut rx_depth = o
+            .rx_depth
+            .unwrap_or(if send { DEF_RX_SEND } else { DEF_RX_RDMA });
+        if tx_depth as u64 > iters {
+            tx_depth = iters as u32;
+        }
+        if send && rx_depth as u64 > iters {
+            rx_depth = iters as u32;
+        }
+        let mut cq_mod = o.cq_mod.unwrap_or(DEF_CQ_MOD);
+        if size > MSG_SIZE_CQ_MOD_LIMIT && !o.all_sizes && o.cq_mod.is_none() {
+            cq_mod = 1;
+        }
+        cq_mod = cq_mod.min(tx_depth).max(1);
+        // perftest's work-around for an odd receive depth in SEND tests.
+        if send && rx_depth % 2 == 1 && !o.all_sizes {
+            rx_depth += 1;
+        }
+        let bw = !lat;
+        let no_peak = o.no_peak
+            || (bw && iters > NO_PEAK_ITERS)
+            || (o.test == Test::SendBw && o.server.is_none());
+        let out_reads = match (o.test, o.out_reads) {
+            (Test::ReadBw, Some(r)) if r > 0 => r.min(max_reads),
+            (Test::ReadBw, _) => max_reads,
+            _ => 1,
+        };
+        let (sizes, buf_size) = if o.all_sizes {
+            ((1..24).map(|i| 1u64 << i).collect(), MAX_SIZE)
+        } else {
+            (vec![size], size)
+        };
+        Ok(Params {
+            test: o.test,
+            client: o.server.is_some(),
+            sizes,
+            buf_size,
+            iters,
+            tx_depth,
+            rx_depth,
+            cq_mod,
+            out_reads,
+            num_qps: o.num_qps,
+            gbits: o.report_gbits,
+            no_peak,
+            cycle_buffer: page_size(),
+            cache_line: DEF_CACHE_LINE,
+            mtu,
+            gid_index: o.gid_index.unwrap_or(0),
+            gid: [0; 16],
+        })
+    }
+
+    /// `BUFF_SIZE(size, cycle_buffer)`: one half of a QP's buffer.
+    pub fn half(&self) -> u64 {
+        self.buf_size.max(self.cycle_buffer as u64)
+    }
+
+    /// The buffer geometry for messages of `size` bytes (latency tests always use the
+    /// start of each half).
+    pub fn cycle(&self, size: u64) -> Cycle {
+        let page = if self.test.is_lat() {
+            0
+        } else {
+            self.cycle_buffer as u64
+        };
+        Cycle::new(size, page, self.cache_line as u64)
+    }
+
+    /// Receives posted before a send run (`ctx_set_recv_wqes`; never more than messages).
+    pub fn initial_recvs(&self) -> u64 {
+        (self.rx_depth as u64).min(self.iters)
+    }
+
+    /// Credits every this many receives (send_bw over iWARP; `rx_depth / 3`).
+    pub fn credit_every(&self) -> u64 {
+        (self.rx_depth as u64 / 3).max(1)
+    }
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u32
+    } else {
+        4096
+    }
+}
+
+/// Where the k-th message of a run goes within a buffer half: messages up to half a page
+/// step through the page in cache-line-rounded strides (`increase_loc_addr` /
+/// `increase_rem_addr`), larger ones all use offset 0.
+#[derive(Debug, Clone, Copy)]
+pub struct Cycle {
+    pub size: u64,
+    stride: u64,
+    slots: u64,
+}
+
+impl Cycle {
+    pub fn new(size: u64, cycle_buffer: u64, cache_line: u64) -> Cycle {
+        if size <= cycle_buffer / 2 {
+            let stride = if size > cache_line {
+                size.div_ceil(cache_line) * cache_line
+            } else {
+                cache_line
+            };
+            Cycle {
+                size,
+                stride,
+                slots: (cycle_buffer / stride).max(1),
+            }
+        } else {
+            Cycle {
+                size,
+                stride: 0,
+                slots: 1,
+            }
+        }
+    }
+
+    pub fn offset(&self, k: u64) -> u64 {
+        (k % self.slots) * self.stride
+    }
+
+    /// The byte ranges `count` messages cover.
+    pub fn covered(&self, count: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (0..count.min(self.slots)).map(|k| (self.offset(k), self.size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(test: Test, client: bool) -> Options {
+        Options {
+            test,
+            server: client.then(|| "10.0.0.1".parse().unwrap()),
+            ..Options::new(test)
+        }
+    }
+
+    #[test]
+    fn defaults_like_perftest() {
+        let p = Params::resolve(&opts(Test::WriteBw, true), 32, 3).unwrap();
+        assert_eq!(
+            (p.sizes.clone(), p.iters, p.tx_depth),
+            (vec![65536], 5000, 128)
+        );
+        assert_eq!(p.cq_mod, 1, "64 KiB messages turn CQ moderation off");
+        let p = Params::resolve(&opts(Test::SendLat, false), 32, 3).unwrap();
+        assert_eq!(
+            (p.sizes[0], p.iters, p.tx_depth, p.rx_depth),
+            (2, 1000, 1, 512)
+        );
+        let mut o = opts(Test::SendBw, false);
+        o.iters = Some(101);
+        o.size = Some(4096);
+        let p = Params::resolve(&o, 32, 3).unwrap();
+        assert_eq!((p.tx_depth, p.rx_depth, p.cq_mod), (101, 102, 100));
+        assert!(p.no_peak, "send_bw server reports no peak");
+        let mut o = opts(Test::ReadBw, true);
+        o.all_sizes = true;
+        let p = Params::resolve(&o, 32, 3).unwrap();
+        assert_eq!(p.out_reads, 32);
+        assert_eq!((p.sizes.len(), p.sizes[0], p.buf_size), (23, 2, MAX_SIZE));
+    }
+
+    #[test]
+    fn cycle_offsets() {
+        let c = Cycle::new(2, 4096, 64);
+        assert_eq!((c.offset(0), c.offset(1), c.offset(64)), (0, 64, 0));
+        let c = Cycle::new(100, 4096, 64);
+        assert_eq!(
+            (c.offset(1), c.offset(31), c.offset(32)),
+            (128, 31 * 128, 0)
+        );
+        let c = Cycle::new(65536, 4096, 64);
+        assert_eq!(c.offset(7), 0);
+        assert_eq!(c.covered(5).count(), 1);
+    }
+}

@@ -1,0 +1,443 @@
+//! The data QPs and perftest's message patterns on them (`run_iter_bw`,
+//! `run_iter_bw_server`, `run_iter_lat_send`).
+//!
+//! Each data QP owns a buffer of two halves of `BUFF_SIZE` bytes plus a small credit area:
+//! requests go out of (and RDMA Reads land in) the lower half; the upper half is what the
+//! peer writes, reads or sends into; its address and rkey are what `pingpong_dest`
+//! advertises (for send_bw over iWARP the credit word is advertised instead).
+
+use super::control::{check, closed, next_cqe, DATA_IDLE};
+use super::params::{Cycle, Params};
+use super::report::{bw_result, lat_result, BwTimes, LatReport};
+use super::wire::{BwReport, Dest};
+use super::{PerfError, Test};
+use crate::perf::{new_endpoint, Endpoint};
+use crate::{Context, Cqe};
+use rnicpi::{send_flags, WcOpcode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes after the two halves: the credit word the peer writes (offset 0) and the one this
+/// side sends from (offset 8).
+const CREDIT_AREA: u64 = 64;
+const CREDIT_OUT: u64 = 8;
+/// wr_id of credit writes (data requests carry their QP's index, like perftest).
+const CREDIT_ID: u64 = u64::MAX - 1;
+/// Seeds of the fill patterns (`--validate`): what each side's buffers hold at the start.
+pub const CLIENT_SEED: u32 = 0x6b72_646d;
+pub const SERVER_SEED: u32 = 0x7065_7266;
+
+/// One connected data QP.
+pub struct DataQp {
+    pub ep: Endpoint,
+    /// `BUFF_SIZE`: bytes per half.
+    half: u64,
+}
+
+impl DataQp {
+    /// A data QP's verbs objects, its buffer filled with this side's pattern.
+    pub fn endpoint(ctx: &Arc<Context>, dev: u32, p: &Params) -> crate::Result<Endpoint> {
+        let half = p.half();
+        let depth = p.tx_depth.max(p.rx_depth) + 8;
+        let ep = new_endpoint(ctx, dev, (2 * half + CREDIT_AREA) as usize, depth)?;
+        let pat = pattern(seed(p.client), half as usize);
+        ep.buf.write(0, &pat);
+        ep.buf.write(half as usize, &pat);
+        Ok(ep)
+    }
+
+    pub fn new(ep: Endpoint, p: &Params) -> DataQp {
+        DataQp { ep, half: p.half() }
+    }
+
+    /// What this side advertises for the QP (`set_up_connection`, `ctx_alloc_credit`).
+    pub fn my_dest(&self, p: &Params) -> Dest {
+        let base = self.ep.mr.addr;
+        let vaddr = if p.test == Test::SendBw {
+            base + 2 * self.half
+        } else {
+            base + self.half
+        };
+        Dest {
+            lid: 0,
+            out_reads: p.out_reads,
+            qpn: self.ep.qp.qp_num,
+            psn: random_psn(self.ep.qp.qp_num),
+            rkey: self.ep.mr.rkey,
+            vaddr,
+            gid: p.gid,
+            srqn: 0,
+            gid_index: p.gid_index as i32,
+        }
+    }
+
+    /// Aim RDMA requests (and send_bw credits) at what the peer advertised.
+    pub fn set_remote(&mut self, rem: &Dest) {
+        self.ep.remote = (rem.vaddr, rem.rkey, self.half);
+    }
+
+    /// The receive the `j`-th message of a run lands in.
+    fn post_recv(&self, j: u64, cyc: &Cycle) -> Result<(), PerfError> {
+        self.ep
+            .post_recv(0, self.half + cyc.offset(j), cyc.size as u32)?;
+        Ok(())
+    }
+
+    /// `ctx_set_recv_wqes`: the first `count` receives of a run.
+    pub fn post_recvs(&self, count: u64, cyc: &Cycle) -> Result<(), PerfError> {
+        (0..count).try_for_each(|j| self.post_recv(j, cyc))
+    }
+
+    /// Post request `k` of a bandwidth run (RDMA Write, RDMA Read or Send).
+    fn post(&self, test: Test, q: u64, k: u64, cyc: &Cycle, flags: u8) -> Result<(), PerfError> {
+        let (off, len) = (cyc.offset(k), cyc.size as u32);
+        match test {
+            Test::WriteBw => self.ep.write(q, off, len, off, flags)?,
+            Test::ReadBw => self.ep.read_with(q, off, len, off, flags)?,
+            Test::SendBw | Test::SendLat => self.ep.send(q, off, len, flags)?,
+        }
+        Ok(())
+    }
+
+    /// The receive count the peer last wrote into our credit word.
+    fn credit(&self) -> u64 {
+        let mut b = [0u8; 4];
+        self.ep.buf.read((2 * self.half) as usize, &mut b);
+        u32::from_le_bytes(b) as u64
+    }
+
+    fn reset_credit(&self) {
+        self.ep.buf.write((2 * self.half) as usize, &[0; 4]);
+    }
+
+    /// RDMA-Write our receive count into the peer's credit word (host order, as perftest).
+    fn send_credit(&self, received: u64) -> Result<(), PerfError> {
+        let off = 2 * self.half + CREDIT_OUT;
+        self.ep
+            .buf
+            .write(off as usize, &(received as u32).to_le_bytes());
+        self.ep.write(CREDIT_ID, off, 4, 0, send_flags::SIGNALED)?;
+        Ok(())
+    }
+
+    /// Check that the `count` messages of `cyc` left the peer's pattern in the upper half
+    /// (`upper`) or the lower half.
+    fn verify(&self, cyc: &Cycle, count: u64, peer_seed: u32, upper: bool) -> bool {
+        let expect = pattern(peer_seed, self.half as usize);
+        let base = if upper { self.half } else { 0 };
+        cyc.covered(count).all(|(off, len)| {
+            let mut got = vec![0u8; len as usize];
+            self.ep.buf.read((base + off) as usize, &mut got);
+            got[..] == expect[off as usize..(off + len) as usize]
+        })
+    }
+}
+
+/// Per-QP counters of a bandwidth run.
+#[derive(Default, Clone, Copy)]
+struct Flow {
+    posted: u64,
+    /// Requests accounted complete (`cq_mod` per completion, as perftest counts).
+    completed: u64,
+    signaled_out: u64,
+}
+
+/// The state of one `run_iter_bw`.
+struct BwRun<'a> {
+    qps: &'a [DataQp],
+    p: &'a Params,
+    cyc: Cycle,
+    flows: Vec<Flow>,
+    times: BwTimes,
+    total_posted: u64,
+    total_done: u64,
+    start: Instant,
+}
+
+impl<'a> BwRun<'a> {
+    fn new(qps: &'a [DataQp], p: &'a Params, size: u64) -> BwRun<'a> {
+        BwRun {
+            qps,
+            p,
+            cyc: p.cycle(size),
+            flows: vec![Flow::default(); qps.len()],
+            times: BwTimes::new(p.iters * qps.len() as u64, p.no_peak),
+            total_posted: 0,
+            total_done: 0,
+            start: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Whether QP `q` may post its next request: requests left, room in the `tx_depth`
+    /// window, and (send_bw) a receive the peer has credited.
+    fn may_post(&self, q: usize) -> bool {
+        let (f, p) = (&self.flows[q], self.p);
+        f.posted < p.iters
+            && f.posted < f.completed + p.tx_depth as u64
+            && (p.test != Test::SendBw || f.posted + 1 < self.qps[q].credit() + p.rx_depth as u64)
+    }
+
+    /// Fill every QP's window; a completion is asked for every `cq_mod` requests and on
+    /// the last one.
+    fn post_ready(&mut self) -> Result<(), PerfError> {
+        let (iters, cq_mod) = (self.p.iters, self.p.cq_mod as u64);
+        for q in 0..self.qps.len() {
+            while self.may_post(q) {
+                let k = self.flows[q].posted;
+                let signaled = k % cq_mod == cq_mod - 1 || k == iters - 1;
+                let t = self.now();
+                self.times.post(self.total_posted, t);
+                let flags = if signaled { send_flags::SIGNALED } else { 0 };
+                self.qps[q].post(self.p.test, q as u64, k, &self.cyc, flags)?;
+                let f = &mut self.flows[q];
+                f.posted += 1;
+                f.signaled_out += signaled as u64;
+                self.total_posted += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn complete(&mut self, q: usize) {
+        let cq_mod = self.p.cq_mod as u64;
+        let f = &mut self.flows[q];
+        f.completed += cq_mod;
+        f.signaled_out = f.signaled_out.saturating_sub(1);
+        self.total_done += cq_mod;
+        let t = self.now();
+        self.times.complete(self.total_done, t);
+    }
+
+    /// Every request posted and every requested completion seen.
+    fn finished(&self) -> bool {
+        self.flows
+            .iter()
+            .all(|f| f.posted == self.p.iters && f.signaled_out == 0)
+    }
+}
+
+/// `run_iter_bw`: post `iters` requests per QP with at most `tx_depth` outstanding, asking
+/// for a completion every `cq_mod` requests; send_bw over iWARP also waits for receive
+/// credits. Returns perftest's report of the run.
+pub fn run_bw_client(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, PerfError> {
+    let mut run = BwRun::new(qps, p, size);
+    let mut idle_since = Instant::now();
+    while !run.finished() {
+        run.post_ready()?;
+        match next_completion(qps, &run.flows)? {
+            Some((q, _)) => {
+                run.complete(q);
+                idle_since = Instant::now();
+            }
+            None if run.finished() => {}
+            None if idle_since.elapsed() > DATA_IDLE => {
+                return Err(PerfError::Timeout("send_bw credits"));
+            }
+            // Waiting for credits, which arrive without a completion.
+            None => std::thread::sleep(Duration::from_micros(20)),
+        }
+    }
+    let n = p.iters * qps.len() as u64;
+    Ok(bw_result(
+        &run.times,
+        n,
+        size,
+        p.cq_mod as u64,
+        p.no_peak,
+        p.gbits,
+    ))
+}
+
+/// The next completion of any QP that has a signaled request outstanding; `None` when none
+/// has (a send_bw client waiting for credits, which arrive without a completion).
+fn next_completion(qps: &[DataQp], flows: &[Flow]) -> Result<Option<(usize, Cqe)>, PerfError> {
+    let waiting: Vec<usize> = (0..qps.len())
+        .filter(|&q| flows[q].signaled_out > 0)
+        .collect();
+    match waiting[..] {
+        [] => Ok(None),
+        [q] => next_cqe(&qps[q].ep, DATA_IDLE, "data request").map(|c| Some((q, c))),
+        _ => poll_any(qps, &waiting).map(Some),
+    }
+}
+
+/// Poll several CQs in turn until one has a completion.
+fn poll_any(qps: &[DataQp], which: &[usize]) -> Result<(usize, Cqe), PerfError> {
+    let deadline = Instant::now() + DATA_IDLE;
+    let mut one = [Cqe::default()];
+    loop {
+        for &q in which {
+            if qps[q].ep.cq.poll(&mut one) == 1 {
+                return Ok((q, check(one[0], "data request")?));
+            }
+        }
+        if Instant::now() > deadline || which.iter().any(|&q| closed(&qps[q].ep)) {
+            return Err(PerfError::Timeout("data request"));
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// `run_iter_bw_server` (send_bw): take `iters` messages per QP, re-posting receives and
+/// writing credits back every `rx_depth / 3` messages. The clock runs from the first
+/// message to the last; no peak.
+pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, PerfError> {
+    let cyc = p.cycle(size);
+    let n = p.iters * qps.len() as u64;
+    let mut received = vec![0u64; qps.len()];
+    let mut posted = vec![p.initial_recvs(); qps.len()];
+    let mut credits_out = vec![0u64; qps.len()];
+    let mut times = BwTimes::new(n, true);
+    let mut first: Option<Instant> = None;
+    let mut total = 0u64;
+    let all: Vec<usize> = (0..qps.len()).collect();
+    while total < n {
+        let (q, c) = match qps {
+            [one] => (0, next_cqe(&one.ep, DATA_IDLE, "send_bw receive")?),
+            _ => poll_any(qps, &all)?,
+        };
+        if c.opcode() != Some(WcOpcode::Recv) {
+            credits_out[q] = credits_out[q].saturating_sub(1);
+            continue;
+        }
+        let start = *first.get_or_insert_with(Instant::now);
+        received[q] += 1;
+        total += 1;
+        if posted[q] < p.iters {
+            qps[q].post_recv(posted[q], &cyc)?;
+            posted[q] += 1;
+        }
+        if (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every()) {
+            while credits_out[q] >= p.tx_depth as u64 {
+                let c = next_cqe(&qps[q].ep, DATA_IDLE, "credit write")?;
+                if c.opcode() != Some(WcOpcode::Recv) {
+                    credits_out[q] = credits_out[q].saturating_sub(1);
+                }
+            }
+            qps[q].send_credit(received[q])?;
+            credits_out[q] += 1;
+        }
+        times.complete(total, start.elapsed().as_nanos() as u64);
+    }
+    for (q, dq) in qps.iter().enumerate() {
+        while credits_out[q] > 0 {
+            next_cqe(&dq.ep, DATA_IDLE, "credit write")?;
+            credits_out[q] -= 1;
+        }
+    }
+    Ok(bw_result(&times, n, size, 1, true, p.gbits))
+}
+
+/// `run_iter_lat_send`: ping-pong on the first QP. The client sends first; each side sends
+/// its next message when the peer's has arrived. Returns the report from the send times.
+pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatReport, PerfError> {
+    let cyc = p.cycle(size);
+    let iters = p.iters;
+    let mut posted_at = Vec::with_capacity(iters as usize);
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut arrived = 0u64;
+    let mut recvs_posted = p.initial_recvs();
+    let start = Instant::now();
+    while sent < iters || received < iters {
+        if received < iters && !(sent == 0 && p.client) {
+            while arrived == 0 {
+                arrived += next_is_recv(dq)? as u64;
+            }
+            arrived -= 1;
+            received += 1;
+            if recvs_posted < iters {
+                dq.post_recv(recvs_posted, &cyc)?;
+                recvs_posted += 1;
+            }
+        }
+        if sent < iters {
+            posted_at.push(start.elapsed().as_nanos() as u64);
+            sent += 1;
+            dq.post(Test::SendLat, 0, 0, &cyc, send_flags::SIGNALED)?;
+            // Our Send's completion; the peer's answer may complete before it.
+            while next_is_recv(dq)? {
+                arrived += 1;
+            }
+        }
+    }
+    Ok(lat_result(&posted_at, size, 2.0))
+}
+
+/// Wait for the next completion of a ping-pong: `true` for a message received, `false`
+/// for our own Send.
+fn next_is_recv(dq: &DataQp) -> Result<bool, PerfError> {
+    let c = next_cqe(&dq.ep, DATA_IDLE, "send_lat message")?;
+    Ok(c.opcode() == Some(WcOpcode::Recv))
+}
+
+/// Reset the credit words before a send_bw run (perftest zeroes `credit_buf`).
+pub fn reset_credits(qps: &[DataQp]) {
+    qps.iter().for_each(DataQp::reset_credit);
+}
+
+/// `--validate` (krdma to krdma only): the bytes `p.iters` messages of `size` put into
+/// this side's buffers match the peer's fill pattern. Where they land: the upper half
+/// for Writes and Sends received, the lower half for Reads. A server checking Writes
+/// waits up to `patience` for data still in flight on the data connection.
+pub fn validate(qps: &[DataQp], p: &Params, size: u64, patience: Duration) -> bool {
+    let cyc = p.cycle(size);
+    let peer = seed(!p.client);
+    let upper = p.test != Test::ReadBw;
+    let deadline = Instant::now() + patience;
+    loop {
+        if qps.iter().all(|dq| dq.verify(&cyc, p.iters, peer, upper)) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn seed(client: bool) -> u32 {
+    if client {
+        CLIENT_SEED
+    } else {
+        SERVER_SEED
+    }
+}
+
+/// The deterministic fill pattern (xorshift32 words).
+pub fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 4);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// perftest's PSN is `lrand48() & 0xffffff`; iWARP ignores it.
+fn random_psn(qpn: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ std::process::id().rotate_left(8) ^ qpn.wrapping_mul(0x9e37_79b9)) & 0xff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_is_deterministic() {
+        assert_eq!(pattern(CLIENT_SEED, 10), pattern(CLIENT_SEED, 12)[..10]);
+        assert_ne!(pattern(CLIENT_SEED, 8), pattern(SERVER_SEED, 8));
+        assert!(random_psn(7) <= 0xff_ffff);
+    }
+}
