@@ -117,13 +117,14 @@ pub struct Ia(pub(crate) Arc<IaInner>);
 object_accessors!(Ia);
 
 pub struct IaInner {
-    pub(crate) common: Common,
     pub(crate) ctx: Arc<Context>,
     pub(crate) dev: DeviceInfo,
     spigots: Vec<SpigotInfo>,
     async_evds: Mutex<AsyncEvds>,
     watched: Mutex<Vec<Weak<dyn Wakeable>>>,
     dead: AtomicBool,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 #[derive(Default)]

@@ -94,6 +94,7 @@ pub use ia::{
 };
 pub use listen::{CnEstId, ListenParams, Listener};
 pub use lmr::{Lmr, MemPriv, RdmaAddr, RmrContext, Segment};
+pub use object::Watch;
 pub use pz::Pz;
 pub use rmr::{Rmr, RmrParams, RmrType};
 pub use srq::{Srq, SrqParams};

@@ -103,12 +103,13 @@ pub struct Listener(pub(crate) Arc<ListenInner>);
 object_accessors!(Listener);
 
 pub struct ListenInner {
-    pub(crate) common: Common,
     ia: Ia,
     evd: Evd,
     listener: Arc<ual::Listener>,
     spigot_id: usize,
     _evd_use: UseGuard,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 /// What [`Listener::query`] reports (`it_listen_param_t`).

@@ -136,13 +136,14 @@ pub struct Lmr(pub(crate) Arc<LmrInner>);
 object_accessors!(Lmr);
 
 pub struct LmrInner {
-    pub(crate) common: Common,
     pub(crate) pz: Pz,
     pub(crate) mr: Arc<ual::Mr>,
     pub(crate) privs: MemPriv,
     pub(crate) access: Access,
     buf: Option<Arc<RegBuf>>,
     _pz_use: UseGuard,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 impl Lmr {

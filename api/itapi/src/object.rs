@@ -10,13 +10,15 @@ pub(crate) fn next_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The fields every object carries.
+/// The fields every object carries. Declared as the last field of every object, so it
+/// is dropped last: its `life` token ends only when the whole object is gone.
 #[derive(Debug)]
 pub(crate) struct Common {
     pub id: u64,
     /// The consumer context (`it_set_consumer_context`); 0 until set.
     pub context: AtomicU64,
     users: Arc<AtomicUsize>,
+    life: Arc<()>,
 }
 
 impl Common {
@@ -25,7 +27,13 @@ impl Common {
             id: next_id(),
             context: AtomicU64::new(0),
             users: Arc::new(AtomicUsize::new(0)),
+            life: Arc::new(()),
         }
+    }
+
+    /// A watch on the object this is part of.
+    pub fn watch(&self) -> Watch {
+        Watch(Arc::downgrade(&self.life))
     }
 
     /// Record a dependent object for as long as the returned guard lives.
@@ -47,6 +55,29 @@ pub(crate) struct UseGuard(Arc<AtomicUsize>);
 impl Drop for UseGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Tells whether an object still exists, without keeping it alive.
+#[derive(Clone)]
+pub struct Watch(std::sync::Weak<()>);
+
+impl Watch {
+    /// The object has not been freed yet (completely: its resources included).
+    pub fn alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+
+    /// Wait (up to `limit`) until the object is freed; whether it was.
+    pub fn wait_gone(&self, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while self.alive() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        true
     }
 }
 
@@ -79,6 +110,12 @@ macro_rules! object_accessors {
             /// any do).
             pub fn users(&self) -> usize {
                 self.0.common.users()
+            }
+
+            /// A watch that tells when the object is gone (an event thread may hold it for
+            /// the moment it handles one of its events, after the consumer let go).
+            pub fn watch(&self) -> $crate::Watch {
+                self.0.common.watch()
             }
         }
     };

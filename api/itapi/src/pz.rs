@@ -22,9 +22,10 @@ pub struct Pz(pub(crate) Arc<PzInner>);
 object_accessors!(Pz);
 
 pub struct PzInner {
-    pub(crate) common: Common,
     pub(crate) ia: Ia,
     pub(crate) pd: Arc<ual::Pd>,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 impl Pz {

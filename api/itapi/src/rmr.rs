@@ -42,11 +42,12 @@ pub struct Rmr(pub(crate) Arc<RmrInner>);
 object_accessors!(Rmr);
 
 pub struct RmrInner {
-    pub(crate) common: Common,
     pz: Pz,
     mw: Arc<ual::Mw>,
     link: Mutex<Option<Link>>,
     _pz_use: UseGuard,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 /// The region an RMR is linked onto.

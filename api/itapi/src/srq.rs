@@ -35,12 +35,13 @@ pub struct Srq(pub(crate) Arc<SrqInner>);
 object_accessors!(Srq);
 
 pub struct SrqInner {
-    pub(crate) common: Common,
     pz: Pz,
     pub(crate) srq: Arc<ual::Srq>,
     pub(crate) wrs: Mutex<WrTable>,
     max_recv_segments: usize,
     _pz_use: UseGuard,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 /// What [`Srq::query`] reports (`it_srq_param_t`).

@@ -23,18 +23,46 @@ pub struct Side {
     pub remote: Option<RdmaAddr>,
 }
 
+/// How to build one side.
+#[derive(Clone)]
+pub struct Cfg {
+    pub attrs: EpAttributes,
+    pub buf_len: usize,
+    pub dto_queue: usize,
+    pub dto_flags: EvdFlags,
+}
+
+impl Default for Cfg {
+    fn default() -> Self {
+        Cfg {
+            attrs: EpAttributes::default(),
+            buf_len: 4096,
+            dto_queue: 256,
+            dto_flags: EvdFlags::empty(),
+        }
+    }
+}
+
 impl Side {
     pub fn new(door: &FrontDoor, attrs: EpAttributes, buf_len: usize) -> Side {
-        Self::with_queue(door, attrs, buf_len, 256)
+        Self::build(
+            door,
+            &Cfg {
+                attrs,
+                buf_len,
+                ..Cfg::default()
+            },
+        )
     }
 
-    pub fn with_queue(door: &FrontDoor, attrs: EpAttributes, buf_len: usize, queue: usize) -> Side {
+    pub fn build(door: &FrontDoor, cfg: &Cfg) -> Side {
         let ia = Ia::open_on(&door.target(), DEV).expect("open IA");
         let pz = Pz::create(&ia).unwrap();
-        let dto = Evd::create(&ia, EventStream::Dto, EvdFlags::empty(), queue, 1, None).unwrap();
+        let dto =
+            Evd::create(&ia, EventStream::Dto, cfg.dto_flags, cfg.dto_queue, 1, None).unwrap();
         let cm = Evd::create(&ia, EventStream::CmMessage, EvdFlags::empty(), 16, 1, None).unwrap();
-        let ep = Endpoint::create_rc(&pz, &dto, &dto, &cm, attrs, None).unwrap();
-        let buf = RegBuf::new(buf_len).unwrap();
+        let ep = Endpoint::create_rc(&pz, &dto, &dto, &cm, cfg.attrs.clone(), None).unwrap();
+        let buf = RegBuf::new(cfg.buf_len).unwrap();
         let lmr = Lmr::create(&pz, buf, MemPriv::ALL & !MemPriv::ATOMIC).unwrap();
         Side {
             ia,
@@ -133,8 +161,18 @@ impl Listening {
 
 /// A connected (server, client) pair; each knows the other's buffer.
 pub fn pair(door: &FrontDoor, attrs: EpAttributes, buf_len: usize) -> (Side, Side) {
-    let mut s = Side::new(door, attrs.clone(), buf_len);
-    let mut c = Side::new(door, attrs, buf_len);
+    let cfg = Cfg {
+        attrs,
+        buf_len,
+        ..Cfg::default()
+    };
+    pair_cfg(door, &cfg, &cfg)
+}
+
+/// A connected pair built from a configuration for each side.
+pub fn pair_cfg(door: &FrontDoor, server: &Cfg, client: &Cfg) -> (Side, Side) {
+    let mut s = Side::build(door, server);
+    let mut c = Side::build(door, client);
     let l = Listening::new(&s);
     c.ep.connect(l.addr(), &c.advert()).unwrap();
     let r = l.request();
@@ -145,4 +183,11 @@ pub fn pair(door: &FrontDoor, attrs: EpAttributes, buf_len: usize) -> (Side, Sid
     assert_eq!(ce.kind, ConnEventKind::Established);
     c.remote = RdmaAddr::decode(&ce.private_data).map(|x| x.0);
     (s, c)
+}
+
+/// Whether `fd` becomes readable within `ms` milliseconds.
+pub fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(&mut p, PollTimeout::from(ms)).unwrap() == 1
 }

@@ -92,7 +92,8 @@ pub unsafe extern "C" fn it_ep_rc_create(
             None
         };
         let ep = Endpoint::create_rc(&pz, &req, &recv, &conn, rust_attrs(&attr), srq.as_ref())?;
-        let h = handles::insert(Obj::Ep(ep.clone()), ep.id(), pz.ia().id());
+        let (id, ia) = (ep.id(), pz.ia().id());
+        let h = handles::insert(Obj::Ep(ep), id, ia);
         // SAFETY: caller's contract.
         unsafe { put(ep_handle, h) }.inspect_err(|_| {
             let _ = handles::remove_if(h, |_| Ok(()));
@@ -345,6 +346,7 @@ pub unsafe extern "C" fn it_listen_create(
             0
         };
         let l = Listener::create(&ia, spigot_id, &evd, port)?;
+        let id = l.id();
         let mut q = ConnQual::zeroed();
         q.type_ = IT_IANA_PORT;
         q.conn_qual.port = l.port().to_be();
@@ -354,7 +356,7 @@ pub unsafe extern "C" fn it_listen_create(
                 put(conn_qual, q)?;
             }
         }
-        let h = handles::insert(Obj::Listen(l.clone()), l.id(), ia.id());
+        let h = handles::insert(Obj::Listen(l), id, ia.id());
         // SAFETY: caller's contract.
         unsafe { put(listen_handle, h) }.inspect_err(|_| {
             let _ = handles::remove_if(h, |_| Ok(()));

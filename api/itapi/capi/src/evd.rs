@@ -109,6 +109,7 @@ pub extern "C" fn it_evd_free(evd_handle: Handle) -> ItStatus {
                 Obj::Aevd(a) => (a.users(), a.has_waiter()),
                 _ => return Err(Error::InvalidEvd),
             };
+            tracing::debug!(users, waiter, "it_evd_free");
             if waiter {
                 Err(Error::EvdWait)
             } else if users > 0 {

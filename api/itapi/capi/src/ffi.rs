@@ -7,9 +7,23 @@ use crate::types::{ItStatus, IT_SUCCESS};
 use krdma_itapi::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// With `RUST_LOG` set, log to stderr (once, on the first call into the library).
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
+}
+
 /// Run an entry point's body: its result as a status; a panic becomes `IT_ERR_ABORT`
 /// (it never unwinds into C).
 pub fn status(body: impl FnOnce() -> Result<()>) -> ItStatus {
+    init_logging();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => IT_SUCCESS,
         Ok(Err(e)) => {

@@ -4,7 +4,7 @@
 //! an error status instead of touching freed memory.
 
 use crate::types::Handle;
-use krdma_itapi::{Aevd, Endpoint, Error, Evd, Ia, Listener, Lmr, Pz, Result, Rmr, Srq};
+use krdma_itapi::{Aevd, Endpoint, Error, Evd, Ia, Listener, Lmr, Pz, Result, Rmr, Srq, Watch};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -35,6 +35,49 @@ impl Obj {
             Obj::Lmr(_) => 7,
             Obj::Rmr(_) => 8,
             Obj::Srq(_) => 9,
+        }
+    }
+
+    /// Objects that depend on this one.
+    pub fn users(&self) -> usize {
+        match self {
+            Obj::Ia(o) => o.users(),
+            Obj::Pz(o) => o.users(),
+            Obj::Evd(o) => o.users(),
+            Obj::Aevd(o) => o.users(),
+            Obj::Ep(o) => o.users(),
+            Obj::Listen(o) => o.users(),
+            Obj::Lmr(o) => o.users(),
+            Obj::Rmr(o) => o.users(),
+            Obj::Srq(o) => o.users(),
+        }
+    }
+
+    fn watch(&self) -> Watch {
+        match self {
+            Obj::Ia(o) => o.watch(),
+            Obj::Pz(o) => o.watch(),
+            Obj::Evd(o) => o.watch(),
+            Obj::Aevd(o) => o.watch(),
+            Obj::Ep(o) => o.watch(),
+            Obj::Listen(o) => o.watch(),
+            Obj::Lmr(o) => o.watch(),
+            Obj::Rmr(o) => o.watch(),
+            Obj::Srq(o) => o.watch(),
+        }
+    }
+
+    /// Drop the table's handle and return once the object is gone, so `it_*_free` is
+    /// synchronous even when an event thread holds the object for a moment (bounded, in
+    /// case the holder is the caller's own callback).
+    fn free(self) {
+        let (w, self_kind) = (self.watch(), self.kind());
+        drop(self);
+        if !w.wait_gone(std::time::Duration::from_secs(2)) {
+            tracing::warn!(
+                kind = self_kind,
+                "object still in use 2 s after it was freed"
+            );
         }
     }
 
@@ -119,8 +162,15 @@ pub fn remove_if(h: Handle, check: impl FnOnce(&Obj) -> Result<()>) -> Result<()
         }
         t.remove(&id)
     };
-    drop(removed);
+    if let Some(e) = removed {
+        e.obj.free();
+    }
     Ok(())
+}
+
+/// Remove `h` unless objects still depend on it (`busy`).
+pub fn remove_unused(h: Handle, busy: Error) -> Result<()> {
+    remove_if(h, |obj| if obj.users() > 0 { Err(busy) } else { Ok(()) })
 }
 
 /// Remove every object of IA `ia` (including the IA), dependents first.
@@ -139,7 +189,7 @@ pub fn remove_ia(ia: u64) {
     };
     gone.sort_by_key(Obj::free_rank);
     for obj in gone {
-        drop(obj);
+        obj.free();
     }
 }
 

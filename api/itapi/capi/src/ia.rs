@@ -94,9 +94,10 @@ pub unsafe extern "C" fn it_ia_create(
             Ok(addr) => Ia::for_address(addr)?,
             Err(_) => Ia::open(name)?,
         };
-        let h = handles::insert(Obj::Ia(ia.clone()), ia.id(), ia.id());
+        let id = ia.id();
+        let h = handles::insert(Obj::Ia(ia), id, id);
         // SAFETY: caller's contract.
-        unsafe { put(ia_handle, h) }.inspect_err(|_| handles::remove_ia(ia.id()))
+        unsafe { put(ia_handle, h) }.inspect_err(|_| handles::remove_ia(id))
     })
 }
 
@@ -104,8 +105,8 @@ pub unsafe extern "C" fn it_ia_create(
 #[no_mangle]
 pub extern "C" fn it_ia_free(ia_handle: Handle) -> ItStatus {
     status(|| {
-        let ia = handles::get_ia(ia_handle)?;
-        handles::remove_ia(ia.id());
+        let id = handles::get_ia(ia_handle)?.id();
+        handles::remove_ia(id);
         Ok(())
     })
 }

@@ -24,7 +24,8 @@ pub unsafe extern "C" fn it_pz_create(ia_handle: Handle, pz_handle: *mut Handle)
     status(|| {
         let ia = handles::get_ia(ia_handle)?;
         let pz = Pz::create(&ia)?;
-        let h = handles::insert(Obj::Pz(pz.clone()), pz.id(), ia.id());
+        let id = pz.id();
+        let h = handles::insert(Obj::Pz(pz), id, ia.id());
         // SAFETY: caller's contract.
         unsafe { put(pz_handle, h) }.inspect_err(|_| {
             let _ = handles::remove_if(h, |_| Ok(()));
@@ -32,17 +33,12 @@ pub unsafe extern "C" fn it_pz_create(ia_handle: Handle, pz_handle: *mut Handle)
     })
 }
 
-/// Free `h` unless objects still depend on it (`busy`).
-fn free_unused(h: Handle, users: usize, busy: Error) -> Result<()> {
-    handles::remove_if(h, |_| if users > 0 { Err(busy) } else { Ok(()) })
-}
-
 /// `it_pz_free`: `IT_ERR_PZ_BUSY` while endpoints, LMRs, RMRs or SRQs use it.
 #[no_mangle]
 pub extern "C" fn it_pz_free(pz_handle: Handle) -> ItStatus {
     status(|| {
-        let pz = handles::get_pz(pz_handle)?;
-        free_unused(pz_handle, pz.users(), Error::PzBusy)
+        handles::get_pz(pz_handle)?;
+        handles::remove_unused(pz_handle, Error::PzBusy)
     })
 }
 
@@ -106,11 +102,13 @@ unsafe fn lmr_create(
         // that are not mapped; the consumer keeps it mapped while the LMR lives (the
         // standard's contract for it_lmr_create).
         let lmr = unsafe { Lmr::create_raw(&pz, addr as *const u8, len, privs(privileges)?)? };
-        let h = handles::insert(Obj::Lmr(lmr.clone()), lmr.id(), pz.ia().id());
+        let context = lmr.rmr_context().unwrap_or(0);
+        let (id, ia) = (lmr.id(), pz.ia().id());
+        let h = handles::insert(Obj::Lmr(lmr), id, ia);
         // SAFETY: caller's contract.
         unsafe {
             put(lmr_handle, h)
-                .and_then(|()| put_opt(rmr_context, lmr.rmr_context().unwrap_or(0)))
+                .and_then(|()| put_opt(rmr_context, context))
                 .inspect_err(|_| {
                     let _ = handles::remove_if(h, |_| Ok(()));
                 })
@@ -220,8 +218,8 @@ pub unsafe extern "C" fn it_lmr_create21(
 #[no_mangle]
 pub extern "C" fn it_lmr_free(lmr_handle: Handle) -> ItStatus {
     status(|| {
-        let lmr = handles::get_lmr(lmr_handle)?;
-        free_unused(lmr_handle, lmr.users(), Error::LmrBusy)
+        handles::get_lmr(lmr_handle)?;
+        handles::remove_unused(lmr_handle, Error::LmrBusy)
     })
 }
 
@@ -309,7 +307,8 @@ unsafe fn rmr_create(pz_handle: Handle, kind: u32, rmr_handle: *mut Handle) -> I
             _ => return Err(Error::InvalidRmrType),
         };
         let rmr = Rmr::create(&pz, kind)?;
-        let h = handles::insert(Obj::Rmr(rmr.clone()), rmr.id(), pz.ia().id());
+        let (id, ia) = (rmr.id(), pz.ia().id());
+        let h = handles::insert(Obj::Rmr(rmr), id, ia);
         // SAFETY: caller's contract.
         unsafe { put(rmr_handle, h) }.inspect_err(|_| {
             let _ = handles::remove_if(h, |_| Ok(()));
@@ -476,7 +475,8 @@ pub unsafe extern "C" fn it_srq_create(
     status(|| {
         let pz = handles::get_pz(pz_handle)?;
         let srq = Srq::create(&pz, max_recv_segments, max_recv_dtos)?;
-        let h = handles::insert(Obj::Srq(srq.clone()), srq.id(), pz.ia().id());
+        let (id, ia) = (srq.id(), pz.ia().id());
+        let h = handles::insert(Obj::Srq(srq), id, ia);
         // SAFETY: caller's contract.
         unsafe { put(srq_handle, h) }.inspect_err(|_| {
             let _ = handles::remove_if(h, |_| Ok(()));
@@ -488,8 +488,8 @@ pub unsafe extern "C" fn it_srq_create(
 #[no_mangle]
 pub extern "C" fn it_srq_free(srq_handle: Handle) -> ItStatus {
     status(|| {
-        let srq = handles::get_srq(srq_handle)?;
-        free_unused(srq_handle, srq.users(), Error::SrqBusy)
+        handles::get_srq(srq_handle)?;
+        handles::remove_unused(srq_handle, Error::SrqBusy)
     })
 }
 

@@ -11,6 +11,7 @@ use crate::listen::{self, CnEstId};
 use crate::status::{Error, FromVerbs, Result};
 use rnicpi::{ConnParam, EventKind};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Endpoint {
@@ -80,6 +81,7 @@ impl Endpoint {
             _ => return Err(Error::InvalidEpState),
         }
         tracing::info!(ep = self.id(), abortive, "disconnecting");
+        self.0.local_close.store(true, Ordering::Release);
         match self.0.qp.disconnect(abortive) {
             // The connection ended on its own meanwhile.
             Err(rnicpi::VerbsError::BadState) => Ok(()),
@@ -122,7 +124,7 @@ impl EpInner {
             EventKind::Rejected if ev.status == libc::EPROTO => conn(ConnEventKind::NonPeerReject),
             EventKind::Rejected => conn(ConnEventKind::PeerReject),
             EventKind::Unreachable => conn(ConnEventKind::NonPeerReject),
-            EventKind::Disconnected => conn(ConnEventKind::Disconnect),
+            EventKind::Disconnected => conn(self.close_kind()),
             EventKind::ConnectionBroken | EventKind::AccessLayerDead => conn(ConnEventKind::Broken),
             EventKind::QpFatal => self.post_affiliated(EventNumber::AsyncAffEpFailure),
             EventKind::QpAccessError => {
@@ -135,9 +137,45 @@ impl EpInner {
         }
     }
 
+    /// Move the QP to Error: outstanding and later work completes flushed, a connection
+    /// is closed.
+    pub(crate) fn to_error(&self) {
+        self.set_state(EpState::NonOperational);
+        let to_error = rnicpi::QpAttr {
+            state: rnicpi::QpState::Error,
+            ..Default::default()
+        };
+        if let Err(e) = self.qp.modify(&to_error, rnicpi::QpAttrMask::STATE) {
+            tracing::warn!(ep = self.common.id, error = %e, "QP to Error failed");
+        }
+    }
+
+    /// How to report the peer's close (a TCP FIN). A close this side did not ask for
+    /// that flushed send-queue work is `Broken`: the transport cannot tell a peer's
+    /// graceful close from a peer that died, and a graceful close presumes the traffic
+    /// has completed. Completions already in the ring are taken first so they count.
+    fn close_kind(&self) -> ConnEventKind {
+        if self.local_close.load(Ordering::Acquire) {
+            return ConnEventKind::Disconnect;
+        }
+        self.request_evd.0.on_completions();
+        if self.lost_sends.load(Ordering::Relaxed) > 0 {
+            ConnEventKind::Broken
+        } else {
+            ConnEventKind::Disconnect
+        }
+    }
+
     fn post_connection(self: &Arc<Self>, kind: ConnEventKind, ev: &rnicpi::Event) {
         if kind != ConnEventKind::Established {
             self.set_state(EpState::NonOperational);
+        }
+        if matches!(
+            kind,
+            ConnEventKind::PeerReject | ConnEventKind::NonPeerReject
+        ) {
+            // Never connected: work posted from now on must flush.
+            self.to_error();
         }
         tracing::info!(
             ep = self.common.id,

@@ -20,6 +20,7 @@ use crate::status::{Error, FromVerbs, Result};
 use parking_lot::Mutex;
 use rnicpi::{wc_flags, Cqe, QpCaps};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use wr_table::queue_of;
 pub(crate) use wr_table::{Queue, WrTable};
@@ -127,7 +128,6 @@ pub struct Endpoint(pub(crate) Arc<EpInner>);
 object_accessors!(Endpoint);
 
 pub struct EpInner {
-    pub(crate) common: Common,
     pub(crate) pz: Pz,
     pub(crate) qp: Arc<ual::Qp>,
     request_evd: Evd,
@@ -138,7 +138,13 @@ pub struct EpInner {
     conn: Mutex<ConnState>,
     sends: Mutex<WrTable>,
     recvs: Mutex<WrTable>,
+    /// The consumer asked for the disconnect (or abort).
+    local_close: AtomicBool,
+    /// Send-queue requests that completed flushed: work the connection's end lost.
+    lost_sends: AtomicU32,
     _uses: Vec<UseGuard>,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 #[derive(Debug, Clone)]
@@ -225,6 +231,8 @@ impl Endpoint {
             }),
             sends: Mutex::new(WrTable::default()),
             recvs: Mutex::new(WrTable::default()),
+            local_close: AtomicBool::new(false),
+            lost_sends: AtomicU32::new(0),
             _uses: uses,
         });
         for evd in [request_evd, recv_evd] {
@@ -392,6 +400,9 @@ impl EpInner {
         }
         if !ok && status != DtoStatus::Flushed {
             tracing::info!(ep = self.common.id, ?status, kind = ?info.kind, "work request failed");
+        }
+        if status == DtoStatus::Flushed && !recv {
+            self.lost_sends.fetch_add(1, Ordering::Relaxed);
         }
         let solicited = c.flags & wc_flags::SOLICITED != 0;
         let notify = !ok

@@ -41,7 +41,6 @@ pub struct Aevd(pub(crate) Arc<AevdInner>);
 object_accessors!(Aevd);
 
 pub struct AevdInner {
-    pub(crate) common: Common,
     pub(crate) ia: Ia,
     flags: EvdFlags,
     queue_size: usize,
@@ -49,6 +48,8 @@ pub struct AevdInner {
     cv: Condvar,
     signal: Option<Signal>,
     callback: Mutex<Option<Callback>>,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 struct State {

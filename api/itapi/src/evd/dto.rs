@@ -46,6 +46,9 @@ impl DtoSource {
                     EventKind::CqNotify => s.on_completions(),
                     EventKind::CqError => {
                         s.on_ring_overflow();
+                        if let Some(d) = &s.dto {
+                            d.break_endpoints();
+                        }
                         s.on_completions();
                     }
                     EventKind::AccessLayerDead => super::Wakeable::wake_dead(s.as_ref()),
@@ -58,6 +61,19 @@ impl DtoSource {
 
     pub fn attach(&self, qp_num: u32, ep: Weak<EpInner>) {
         self.eps.write().insert(qp_num, ep);
+    }
+
+    /// The ring overflowed: completions were lost, so (the verbs rule for a CQ error)
+    /// every endpoint completing here goes to Error.
+    fn break_endpoints(&self) {
+        let eps: Vec<_> = self.eps.read().values().filter_map(Weak::upgrade).collect();
+        for ep in eps {
+            tracing::warn!(
+                qpn = ep.qp.qp_num,
+                "completion ring overflow: endpoint to Error"
+            );
+            ep.to_error();
+        }
     }
 
     pub fn detach(&self, qp_num: u32) {

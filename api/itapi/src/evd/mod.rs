@@ -112,7 +112,6 @@ pub struct Evd(pub(crate) Arc<SevdInner>);
 object_accessors!(Evd);
 
 pub struct SevdInner {
-    pub(crate) common: Common,
     pub(crate) ia: Ia,
     pub(crate) stream: EventStream,
     me: Weak<SevdInner>,
@@ -123,6 +122,8 @@ pub struct SevdInner {
     aevd: Option<(Aevd, UseGuard)>,
     pub(crate) dto: Option<DtoSource>,
     callback: Mutex<Option<Callback>>,
+    /// Last: dropped after everything else (see `Common`).
+    pub(crate) common: Common,
 }
 
 struct State {
