@@ -104,10 +104,10 @@ fn itapi_c_layouts_match_the_header() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-fn pingpong_bin() -> PathBuf {
-    let dir = scratch("pingpong");
-    let bin = dir.join("itapi_pingpong");
-    cc(&repo().join("tests/c/itapi_pingpong.c"), &bin);
+/// Build `tests/c/<name>.c`.
+fn c_program(name: &str) -> PathBuf {
+    let bin = scratch(name).join(name);
+    cc(&repo().join(format!("tests/c/{name}.c")), &bin);
     bin
 }
 
@@ -151,7 +151,7 @@ fn finish(
 
 #[test]
 fn itapi_c_pingpong_program() {
-    let bin = pingpong_bin();
+    let bin = c_program("itapi_pingpong");
     each_front_door(|door| {
         let env = front_door_env(door);
         let mut server = Command::new(&bin)
@@ -189,5 +189,21 @@ fn itapi_c_pingpong_program() {
             "server output:\n{server_out}"
         );
         eprintln!("C program ok through {}", door.name());
+    });
+}
+
+#[test]
+fn itapi_c_api_calls_and_hostile_input() {
+    let bin = c_program("itapi_api");
+    each_front_door(|door| {
+        let mut child = Command::new(&bin)
+            .env("KRDMA_DEVICE", front_door_env(door))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let out = finish(child, out, "C API program", Duration::from_secs(60));
+        assert!(out.contains("API OK"), "output:\n{out}");
     });
 }

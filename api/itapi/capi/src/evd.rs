@@ -1,7 +1,7 @@
 //! Event dispatchers: `it_evd_*`.
 
 use crate::event::to_c;
-use crate::ffi::{get, put, put_opt, status};
+use crate::ffi::{get, put, put_opt, status, usable};
 use crate::handles::{self, Obj};
 use crate::types::*;
 use bytemuck::Zeroable;
@@ -139,9 +139,7 @@ unsafe fn deliver(evd: &AnyEvd, ev: &Event, event: *mut ItEvent) -> Result<()> {
 pub unsafe extern "C" fn it_evd_dequeue(evd_handle: Handle, event: *mut ItEvent) -> ItStatus {
     status(|| {
         let evd = any_evd(evd_handle)?;
-        if event.is_null() {
-            return Err(Error::Fault);
-        }
+        usable(event)?;
         let ev = match &evd {
             AnyEvd::Simple(e) => e.dequeue()?,
             AnyEvd::Aggregate(a) => a.dequeue()?,
@@ -165,9 +163,7 @@ pub unsafe extern "C" fn it_evd_wait(
 ) -> ItStatus {
     status(|| {
         let evd = any_evd(evd_handle)?;
-        if event.is_null() {
-            return Err(Error::Fault);
-        }
+        usable(event)?;
         let t = (timeout != IT_TIMEOUT_INFINITE).then(|| Duration::from_micros(timeout));
         let (ev, more) = match &evd {
             AnyEvd::Simple(e) => e.wait(t)?,

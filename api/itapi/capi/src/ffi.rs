@@ -37,7 +37,9 @@ pub fn status(body: impl FnOnce() -> Result<()>) -> ItStatus {
     }
 }
 
-fn usable<T>(p: *const T) -> Result<()> {
+/// Check a pointer before doing work whose result goes there (null or misaligned:
+/// `IT_ERR_FAULT`).
+pub fn usable<T>(p: *const T) -> Result<()> {
     if p.is_null() || !p.is_aligned() {
         Err(Error::Fault)
     } else {
