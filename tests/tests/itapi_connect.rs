@@ -153,7 +153,7 @@ fn graceful(closer: &Side, other: &Side) {
     assert_eq!(r.transferred_length, 10);
     let flushed = other.dto_event();
     assert_eq!((flushed.cookie, flushed.status), (9, DtoStatus::Flushed));
-    let mut events = vec![closer.dto_event(), closer.dto_event()];
+    let mut events = [closer.dto_event(), closer.dto_event()];
     events.sort_by_key(|e| e.cookie);
     assert_eq!(
         (events[0].cookie, events[0].status),

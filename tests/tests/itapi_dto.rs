@@ -137,12 +137,10 @@ fn itapi_completions_in_order_with_cookies() {
         assert_eq!(got, want);
         assert!(c.dto.dequeue().is_err(), "nothing else");
         // The messages carry the data in the order it was sent.
-        let mut k = 0;
-        for i in (0..N).filter(|i| i % 4 != 0) {
+        for (k, i) in (0..N).filter(|i| i % 4 != 0).enumerate() {
             let mut b = [0u8; 8];
-            s.buf().read((k * 64) as usize, &mut b);
+            s.buf().read(k * 64, &mut b);
             assert_eq!(u64::from_le_bytes(b), i);
-            k += 1;
         }
         assert_eq!(c.ep.outstanding(), (0, 0));
     });

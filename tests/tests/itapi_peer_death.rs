@@ -118,7 +118,6 @@ fn itapi_peer_killed_mid_transfer() {
             );
             if !killed && ok >= 64 {
                 child.kill().unwrap();
-                child.wait().unwrap();
                 killed = true;
             }
             if let Ok(Event::Connection(c)) = s.cm.dequeue() {
@@ -140,6 +139,8 @@ fn itapi_peer_killed_mid_transfer() {
                 _ => failed += 1,
             }
         }
+        let _ = child.kill();
+        child.wait().unwrap();
         eprintln!(
             "{}: {ok} writes done, {flushed} flushed, {failed} failed, {ended:?}",
             door.name()

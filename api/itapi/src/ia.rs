@@ -97,7 +97,7 @@ pub struct IaInfo {
 /// An interface adapter: one RDMA device (`siw0`, `rxe0`, …) opened in its own uAL
 /// context. Every other object is created under an IA.
 ///
-/// ```no_run
+/// ```
 /// use krdma_itapi::{interface_list, Ia, Transport};
 ///
 /// for i in interface_list()? {

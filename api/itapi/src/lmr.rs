@@ -117,7 +117,7 @@ impl Segment {
 
 /// A local memory region.
 ///
-/// ```no_run
+/// ```
 /// use krdma_itapi::{Ia, Lmr, MemPriv, Pz};
 /// use ual::RegBuf;
 ///

@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// A protection zone: endpoints, LMRs, RMRs and SRQs of one zone may work together;
 /// those of different zones may not.
 ///
-/// ```no_run
+/// ```
 /// use krdma_itapi::{Ia, Pz};
 ///
 /// let ia = Ia::open("siw0")?;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// A shared receive queue (`it_srq_create`). Endpoints created with it take their
 /// receives from it; completions still go to each endpoint's receive SEVD.
 ///
-/// ```no_run
+/// ```
 /// use krdma_itapi::*;
 /// use ual::RegBuf;
 ///

@@ -203,7 +203,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_follow_the_standard_numbering() {
+    fn itapi_status_codes_follow_the_standard_numbering() {
         assert_eq!(Error::ALL.len(), 106);
         for (i, e) in Error::ALL.iter().enumerate() {
             assert_eq!(e.code() as usize, i + 1);

@@ -82,7 +82,7 @@ mod tests {
     }
 
     #[test]
-    fn slots_are_reused_and_tagged() {
+    fn itapi_wr_slots_are_reused_and_tagged() {
         let mut t = WrTable::default();
         let a = t.insert(Queue::Recv, info(1));
         let b = t.insert(Queue::Recv, info(2));

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// a time from each ready SEVD in turn; with it they return
 /// [`Event::AevdNotification`]s naming a ready SEVD, to be drained by the consumer.
 ///
-/// ```no_run
+/// ```
 /// use krdma_itapi::{Aevd, EventStream, Evd, EvdFlags, Ia};
 /// use std::time::Duration;
 ///

@@ -93,7 +93,7 @@ pub struct EvdParams {
 
 /// A simple event dispatcher (SEVD) for one event stream.
 ///
-/// ```no_run
+/// ```
 /// use krdma_itapi::{EventStream, Evd, EvdFlags, Ia};
 /// use std::time::Duration;
 ///
