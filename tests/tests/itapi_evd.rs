@@ -22,6 +22,30 @@ fn data(ev: &Event) -> u64 {
     }
 }
 
+/// The IA's affiliated async EVD.
+fn affiliated(ia: &Ia) -> Evd {
+    Evd::create(
+        ia,
+        EventStream::AsyncAffiliated,
+        EvdFlags::empty(),
+        8,
+        1,
+        None,
+    )
+    .unwrap()
+}
+
+/// The affiliated async EVD `aff` reports that `evd` overflowed.
+fn expect_overflow_report(aff: &Evd, evd: &Evd) {
+    match aff.wait(T).unwrap().0 {
+        Event::Affiliated(a) => {
+            assert_eq!(a.number, EventNumber::AsyncAffSevdEnqueueFailure);
+            assert!(matches!(a.cause, AffiliatedCause::Sevd(ref s) if s.id == evd.id()));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 fn local_ia(door: &FrontDoor) -> Ia {
     Ia::open_on(&door.target(), DEV).unwrap()
 }
@@ -189,15 +213,7 @@ fn itapi_callback_runs_when_ready() {
 fn itapi_async_evds_one_per_ia() {
     each_front_door(|door| {
         let ia = local_ia(door);
-        let aff = Evd::create(
-            &ia,
-            EventStream::AsyncAffiliated,
-            EvdFlags::empty(),
-            8,
-            1,
-            None,
-        )
-        .unwrap();
+        let aff = affiliated(&ia);
         assert_eq!(
             Evd::create(
                 &ia,
@@ -258,15 +274,7 @@ fn itapi_async_evds_one_per_ia() {
 fn itapi_evd_overflow() {
     each_front_door(|door| {
         let ia = local_ia(door);
-        let aff = Evd::create(
-            &ia,
-            EventStream::AsyncAffiliated,
-            EvdFlags::empty(),
-            8,
-            1,
-            None,
-        )
-        .unwrap();
+        let aff = affiliated(&ia);
         let evd = software(&ia, EvdFlags::empty(), 4, 1, None);
         for i in 0..4 {
             evd.post_software(i).unwrap();
@@ -275,13 +283,7 @@ fn itapi_evd_overflow() {
         assert_eq!(evd.post_software(5), Err(Error::EvdQueueFull));
         assert!(evd.query().overflowed);
         // One async event per overflow, naming the SEVD.
-        match aff.wait(Some(Duration::from_secs(1))).unwrap().0 {
-            Event::Affiliated(a) => {
-                assert_eq!(a.number, EventNumber::AsyncAffSevdEnqueueFailure);
-                assert!(matches!(a.cause, AffiliatedCause::Sevd(ref s) if s.id == evd.id()));
-            }
-            other => panic!("{other:?}"),
-        }
+        expect_overflow_report(&aff, &evd);
         assert_eq!(aff.dequeue().err(), Some(Error::QueueEmpty));
         // The events that fit are intact; the mark stays until reset.
         let got: Vec<u64> = (0..4).map(|_| data(&evd.dequeue().unwrap())).collect();
@@ -377,13 +379,7 @@ fn itapi_dto_evd_overflow_never_hangs() {
             c.ep.post_send(&[c.seg(0, 8)], i, DtoFlags::SIGNALED)
                 .unwrap();
         }
-        match aff.wait(Some(Duration::from_secs(10))).unwrap().0 {
-            Event::Affiliated(a) => {
-                assert_eq!(a.number, EventNumber::AsyncAffSevdEnqueueFailure);
-                assert!(matches!(a.cause, AffiliatedCause::Sevd(ref e) if e.id == c.dto.id()));
-            }
-            other => panic!("{other:?}"),
-        }
+        expect_overflow_report(&aff, &c.dto);
         assert!(c.dto.query().overflowed);
         let mut got = Vec::new();
         while let Ok(Event::Dto(d)) = c.dto.dequeue() {

@@ -22,6 +22,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use ual::RegBuf;
 
+/// IT-API many connections served from one aggregate EVD, with set-up rate and memory.
 #[derive(Parser, Clone)]
 struct Args {
     #[arg(long, default_value = "siw0")]

@@ -15,21 +15,15 @@ mod common;
 
 use clap::Parser;
 use common::{percentile, Peer};
-use krdma_itapi::{DtoFlags, Error, Result};
+use krdma_itapi::{DtoFlags, Result};
 use std::net::SocketAddr;
 use std::time::Instant;
 
+/// IT-API ping-pong: Send/Receive round trips over an RC connection.
 #[derive(Parser, Clone)]
 struct Args {
-    /// Interface adapter (siw0, rxe0, ...).
-    #[arg(long, default_value = "siw0")]
-    device: String,
-    /// Serve on this port (0 picks one).
-    #[arg(long, conflicts_with = "client")]
-    server: Option<u16>,
-    /// Connect to a server at ADDR:PORT.
-    #[arg(long)]
-    client: Option<SocketAddr>,
+    #[command(flatten)]
+    roles: common::Roles,
     /// Message size in bytes.
     #[arg(long, default_value_t = 64)]
     size: u32,
@@ -57,8 +51,8 @@ fn send(p: &Peer, size: u32) -> Result<()> {
     }
 }
 
-fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
-    let p = Peer::new(&a.device, a.size as usize, 64)?;
+fn serve(a: &Args, port: u16, on_listen: common::OnListen) -> Result<()> {
+    let p = Peer::new(&a.roles.device, a.size as usize, 64)?;
     post_recv(&p, a.size)?;
     p.accept_one(port, b"", on_listen)?;
     for _ in 0..a.iters {
@@ -71,7 +65,7 @@ fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
 }
 
 fn ping(a: &Args, server: SocketAddr) -> Result<()> {
-    let p = Peer::new(&a.device, a.size as usize, 64)?;
+    let p = Peer::new(&a.roles.device, a.size as usize, 64)?;
     p.buf().write(0, &common::pattern(1, a.size as usize));
     post_recv(&p, a.size)?;
     p.connect(server, b"")?;
@@ -86,7 +80,7 @@ fn ping(a: &Args, server: SocketAddr) -> Result<()> {
     lat.sort_by(f64::total_cmp);
     println!(
         "pingpong over {} ({:?}), {} B, {} round trips, {}: one-way latency median {:.1} µs, p99 {:.1} µs",
-        a.device,
+        a.roles.device,
         p.ia.transport(),
         a.size,
         a.iters,
@@ -100,23 +94,5 @@ fn ping(a: &Args, server: SocketAddr) -> Result<()> {
 fn main() -> Result<()> {
     common::init_logging();
     let a = Args::parse();
-    match (a.server, a.client) {
-        (Some(port), _) => serve(&a, port, |port| {
-            println!("pingpong server listening on port {port}")
-        }),
-        (None, Some(server)) => ping(&a, server),
-        (None, None) => {
-            // Both ends in this process, on loopback.
-            let (tx, rx) = std::sync::mpsc::channel();
-            let sa = a.clone();
-            let server = std::thread::spawn(move || {
-                serve(&sa, 0, |port| {
-                    let _ = tx.send(port);
-                })
-            });
-            let port = rx.recv().map_err(|_| Error::Abort)?;
-            ping(&a, SocketAddr::from(([127, 0, 0, 1], port)))?;
-            server.join().map_err(|_| Error::Abort)?
-        }
-    }
+    common::run("pingpong", &a, &a.roles, serve, ping)
 }

@@ -19,16 +19,11 @@ use krdma_itapi::{DtoFlags, DtoKind, Error, MemPriv, RdmaAddr, Result, Rmr, RmrT
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// IT-API RDMA Write and Read through an RMR, verified round after round.
 #[derive(Parser, Clone)]
 struct Args {
-    #[arg(long, default_value = "siw0")]
-    device: String,
-    /// Serve on this port (0 picks one).
-    #[arg(long, conflicts_with = "client")]
-    server: Option<u16>,
-    /// Connect to a server at ADDR:PORT.
-    #[arg(long)]
-    client: Option<SocketAddr>,
+    #[command(flatten)]
+    roles: common::Roles,
     /// Bytes per RDMA operation.
     #[arg(long, default_value_t = 4 << 20)]
     size: usize,
@@ -69,8 +64,8 @@ fn check(p: &Peer, seed: u64, len: usize) -> bool {
     got == pattern(seed, len)
 }
 
-fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
-    let p = Peer::new(&a.device, DATA as usize + a.size, 16)?;
+fn serve(a: &Args, port: u16, on_listen: common::OnListen) -> Result<()> {
+    let p = Peer::new(&a.roles.device, DATA as usize + a.size, 16)?;
     post_recv(&p)?;
     p.accept_one(port, b"", on_listen)?;
     // Expose just the data area, through an RMR when the device has memory windows.
@@ -111,7 +106,7 @@ fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
 }
 
 fn client(a: &Args, server: SocketAddr) -> Result<()> {
-    let p = Peer::new(&a.device, DATA as usize + a.size, 16)?;
+    let p = Peer::new(&a.roles.device, DATA as usize + a.size, 16)?;
     post_recv(&p)?;
     p.connect(server, b"")?;
     p.next(false)?;
@@ -148,7 +143,7 @@ fn client(a: &Args, server: SocketAddr) -> Result<()> {
     let gbps = |d: Duration| (a.rounds * a.size as u64) as f64 * 8.0 / d.as_secs_f64() / 1e9;
     println!(
         "rdma_rw over {} ({:?}): {} rounds of {} KiB verified; RDMA Write {:.2} Gbit/s, RDMA Read {:.2} Gbit/s",
-        a.device,
+        a.roles.device,
         p.ia.transport(),
         a.rounds,
         a.size / 1024,
@@ -161,22 +156,5 @@ fn client(a: &Args, server: SocketAddr) -> Result<()> {
 fn main() -> Result<()> {
     common::init_logging();
     let a = Args::parse();
-    match (a.server, a.client) {
-        (Some(port), _) => serve(&a, port, |port| {
-            println!("rdma_rw server listening on port {port}")
-        }),
-        (None, Some(server)) => client(&a, server),
-        (None, None) => {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let sa = a.clone();
-            let server = std::thread::spawn(move || {
-                serve(&sa, 0, |port| {
-                    let _ = tx.send(port);
-                })
-            });
-            let port = rx.recv().map_err(|_| Error::Abort)?;
-            client(&a, SocketAddr::from(([127, 0, 0, 1], port)))?;
-            server.join().map_err(|_| Error::Abort)?
-        }
-    }
+    common::run("rdma_rw", &a, &a.roles, serve, client)
 }

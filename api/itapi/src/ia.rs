@@ -199,18 +199,11 @@ impl Ia {
             watched: Mutex::new(Vec::new()),
             dead: AtomicBool::new(false),
         });
-        let weak = Arc::downgrade(&inner);
+        let ia = Ia(inner);
         // Handle 0: the unaffiliated events of the context.
-        inner.ctx.set_handler(
-            0,
-            Arc::new(move |ev: rnicpi::Event| {
-                if let Some(ia) = weak.upgrade() {
-                    Ia(ia).on_unaffiliated(ev.kind);
-                }
-            }),
-        );
-        tracing::info!(id = inner.common.id, device = %inner.dev.name, "IA opened");
-        Ok(Ia(inner))
+        ia.route_events(0, &ia.0, |ia, ev| Ia(ia.clone()).on_unaffiliated(ev.kind));
+        tracing::info!(id = ia.id(), device = %ia.0.dev.name, "IA opened");
+        Ok(ia)
     }
 
     pub fn name(&self) -> &str {
@@ -358,6 +351,25 @@ impl Ia {
                 "async event with no EVD to take it"
             ),
         }
+    }
+
+    /// Hand the events of the uAL object `handle` to `obj` (held weakly: events never
+    /// keep an object alive) through `f`, on the context's event threads.
+    pub(crate) fn route_events<T: Send + Sync + 'static>(
+        &self,
+        handle: u32,
+        obj: &Arc<T>,
+        f: fn(&Arc<T>, rnicpi::Event),
+    ) {
+        let weak = Arc::downgrade(obj);
+        self.0.ctx.set_handler(
+            handle,
+            Arc::new(move |ev| {
+                if let Some(o) = weak.upgrade() {
+                    f(&o, ev)
+                }
+            }),
+        );
     }
 
     /// Wake `obj` (EVDs) when the IA dies.

@@ -144,15 +144,7 @@ impl Listener {
             spigot_id,
             _evd_use: evd.0.common.use_guard(),
         });
-        let weak = Arc::downgrade(&inner);
-        ia.0.ctx.set_handler(
-            inner.listener.handle,
-            Arc::new(move |ev: rnicpi::Event| {
-                if let Some(l) = weak.upgrade() {
-                    l.on_event(ev);
-                }
-            }),
-        );
+        ia.route_events(inner.listener.handle, &inner, ListenInner::on_event);
         tracing::info!(
             id = inner.common.id,
             port = inner.listener.port,

@@ -81,15 +81,7 @@ impl Srq {
             max_recv_segments,
             _pz_use: pz.0.common.use_guard(),
         });
-        let weak = Arc::downgrade(&inner);
-        ia.0.ctx.set_handler(
-            inner.srq.handle,
-            Arc::new(move |ev: rnicpi::Event| {
-                if let Some(s) = weak.upgrade() {
-                    s.on_event(ev.kind);
-                }
-            }),
-        );
+        ia.route_events(inner.srq.handle, &inner, |s, ev| s.on_event(ev.kind));
         tracing::debug!(id = inner.common.id, max_recv_dtos, "SRQ created");
         Ok(Srq(inner))
     }

@@ -93,11 +93,8 @@ pub unsafe extern "C" fn it_ep_rc_create(
         };
         let ep = Endpoint::create_rc(&pz, &req, &recv, &conn, rust_attrs(&attr), srq.as_ref())?;
         let (id, ia) = (ep.id(), pz.ia().id());
-        let h = handles::insert(Obj::Ep(ep), id, ia);
         // SAFETY: caller's contract.
-        unsafe { put(ep_handle, h) }.inspect_err(|_| {
-            let _ = handles::remove_if(h, |_| Ok(()));
-        })
+        unsafe { handles::publish(Obj::Ep(ep), id, ia, ep_handle) }
     })
 }
 
@@ -356,11 +353,8 @@ pub unsafe extern "C" fn it_listen_create(
                 put(conn_qual, q)?;
             }
         }
-        let h = handles::insert(Obj::Listen(l), id, ia.id());
         // SAFETY: caller's contract.
-        unsafe { put(listen_handle, h) }.inspect_err(|_| {
-            let _ = handles::remove_if(h, |_| Ok(()));
-        })
+        unsafe { handles::publish(Obj::Listen(l), id, ia.id(), listen_handle) }
     })
 }
 

@@ -58,6 +58,9 @@ pub unsafe extern "C" fn it_evd_create(
 ) -> ItStatus {
     status(|| {
         let ia = handles::get_ia(ia_handle)?;
+        if !fd.is_null() {
+            usable(fd)?;
+        }
         let flags = EvdFlags::from_bits(evd_flag).ok_or(Error::InvalidFlags)?;
         let stream = EventStream::of(event_number)
             .filter(|s| *s as u32 == event_number)
@@ -88,12 +91,11 @@ pub unsafe extern "C" fn it_evd_create(
             let id = e.id();
             (Obj::Evd(e), id, raw)
         };
-        let h = handles::insert(obj, id, ia.id());
-        // SAFETY: caller's contract.
-        let stored = unsafe { put(evd_handle, h).and_then(|()| put_opt(fd, raw_fd.unwrap_or(-1))) };
-        stored.inspect_err(|_| {
-            let _ = handles::remove_if(h, |_| Ok(()));
-        })
+        // SAFETY: caller's contract (`fd` was checked first).
+        unsafe {
+            handles::publish(obj, id, ia.id(), evd_handle)?;
+            put_opt(fd, raw_fd.unwrap_or(-1))
+        }
     })
 }
 

@@ -122,7 +122,7 @@ fn decode(h: Handle) -> (u64, usize) {
 }
 
 /// Register `obj` (of IA `ia`) and return its handle.
-pub fn insert(obj: Obj, id: u64, ia: u64) -> Handle {
+fn insert(obj: Obj, id: u64, ia: u64) -> Handle {
     let h = encode(id, obj.kind());
     table().write().insert(
         id,
@@ -133,6 +133,19 @@ pub fn insert(obj: Obj, id: u64, ia: u64) -> Handle {
         },
     );
     h
+}
+
+/// Register `obj` (of IA `ia`) and store its handle through `out` (with a null or
+/// misaligned `out`, `IT_ERR_FAULT` and the object is dropped).
+///
+/// # Safety
+/// `out` is null or writable.
+pub unsafe fn publish(obj: Obj, id: u64, ia: u64, out: *mut Handle) -> Result<()> {
+    crate::ffi::usable(out)?;
+    let h = insert(obj, id, ia);
+    // SAFETY: non-null and aligned (checked); writable by the caller's contract.
+    unsafe { out.write(h) };
+    Ok(())
 }
 
 /// The object `h` names, if it names one.

@@ -95,9 +95,8 @@ pub unsafe extern "C" fn it_ia_create(
             Err(_) => Ia::open(name)?,
         };
         let id = ia.id();
-        let h = handles::insert(Obj::Ia(ia), id, id);
         // SAFETY: caller's contract.
-        unsafe { put(ia_handle, h) }.inspect_err(|_| handles::remove_ia(id))
+        unsafe { handles::publish(Obj::Ia(ia), id, id, ia_handle) }
     })
 }
 

@@ -1,6 +1,6 @@
 //! Protection zones, LMRs, RMRs and SRQs.
 
-use crate::ffi::{get, put, put_opt, slice, status};
+use crate::ffi::{get, put, put_opt, slice, status, usable};
 use crate::handles::{self, Obj};
 use crate::post::{dto_flags, segments};
 use crate::types::*;
@@ -25,11 +25,8 @@ pub unsafe extern "C" fn it_pz_create(ia_handle: Handle, pz_handle: *mut Handle)
         let ia = handles::get_ia(ia_handle)?;
         let pz = Pz::create(&ia)?;
         let id = pz.id();
-        let h = handles::insert(Obj::Pz(pz), id, ia.id());
         // SAFETY: caller's contract.
-        unsafe { put(pz_handle, h) }.inspect_err(|_| {
-            let _ = handles::remove_if(h, |_| Ok(()));
-        })
+        unsafe { handles::publish(Obj::Pz(pz), id, ia.id(), pz_handle) }
     })
 }
 
@@ -88,6 +85,9 @@ unsafe fn lmr_create(
 ) -> ItStatus {
     status(|| {
         let pz = handles::get_pz(pz_handle)?;
+        if !rmr_context.is_null() {
+            usable(rmr_context)?;
+        }
         if addr_mode != IT_ADDR_MODE_ABSOLUTE {
             return Err(Error::InvalidAddrMode);
         }
@@ -104,14 +104,10 @@ unsafe fn lmr_create(
         let lmr = unsafe { Lmr::create_raw(&pz, addr as *const u8, len, privs(privileges)?)? };
         let context = lmr.rmr_context().unwrap_or(0);
         let (id, ia) = (lmr.id(), pz.ia().id());
-        let h = handles::insert(Obj::Lmr(lmr), id, ia);
-        // SAFETY: caller's contract.
+        // SAFETY: caller's contract (`rmr_context` was checked first).
         unsafe {
-            put(lmr_handle, h)
-                .and_then(|()| put_opt(rmr_context, context))
-                .inspect_err(|_| {
-                    let _ = handles::remove_if(h, |_| Ok(()));
-                })
+            handles::publish(Obj::Lmr(lmr), id, ia, lmr_handle)?;
+            put_opt(rmr_context, context)
         }
     })
 }
@@ -308,11 +304,8 @@ unsafe fn rmr_create(pz_handle: Handle, kind: u32, rmr_handle: *mut Handle) -> I
         };
         let rmr = Rmr::create(&pz, kind)?;
         let (id, ia) = (rmr.id(), pz.ia().id());
-        let h = handles::insert(Obj::Rmr(rmr), id, ia);
         // SAFETY: caller's contract.
-        unsafe { put(rmr_handle, h) }.inspect_err(|_| {
-            let _ = handles::remove_if(h, |_| Ok(()));
-        })
+        unsafe { handles::publish(Obj::Rmr(rmr), id, ia, rmr_handle) }
     })
 }
 
@@ -476,11 +469,8 @@ pub unsafe extern "C" fn it_srq_create(
         let pz = handles::get_pz(pz_handle)?;
         let srq = Srq::create(&pz, max_recv_segments, max_recv_dtos)?;
         let (id, ia) = (srq.id(), pz.ia().id());
-        let h = handles::insert(Obj::Srq(srq), id, ia);
         // SAFETY: caller's contract.
-        unsafe { put(srq_handle, h) }.inspect_err(|_| {
-            let _ = handles::remove_if(h, |_| Ok(()));
-        })
+        unsafe { handles::publish(Obj::Srq(srq), id, ia, srq_handle) }
     })
 }
 

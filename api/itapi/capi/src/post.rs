@@ -130,6 +130,34 @@ pub unsafe extern "C" fn it_post_recv(
     })
 }
 
+/// The RDMA calls: `op` is the endpoint's read or write.
+///
+/// # Safety
+/// `local_segments` holds `num_segments` triplets.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rdma(
+    op: fn(&Endpoint, &[Segment], u64, DtoFlags, RdmaAddr) -> Result<()>,
+    ep_handle: Handle,
+    local_segments: *const LmrTriplet,
+    num_segments: usize,
+    cookie: u64,
+    flags: u32,
+    rdma_addr: u64,
+    rmr_context: u64,
+) -> ItStatus {
+    status(|| {
+        // SAFETY: caller's contract.
+        let (ep, segs) = unsafe { prepare(ep_handle, local_segments, num_segments)? };
+        op(
+            &ep,
+            &segs,
+            cookie,
+            dto_flags(flags)?,
+            remote(rdma_addr, rmr_context),
+        )
+    })
+}
+
 /// `it_post_rdma_read`
 ///
 /// # Safety
@@ -144,16 +172,19 @@ pub unsafe extern "C" fn it_post_rdma_read(
     rdma_addr: u64,
     rmr_context: u64,
 ) -> ItStatus {
-    status(|| {
-        // SAFETY: caller's contract.
-        let (ep, segs) = unsafe { prepare(ep_handle, local_segments, num_segments)? };
-        ep.post_rdma_read(
-            &segs,
+    // SAFETY: passed on.
+    unsafe {
+        rdma(
+            Endpoint::post_rdma_read,
+            ep_handle,
+            local_segments,
+            num_segments,
             cookie,
-            dto_flags(flags)?,
-            remote(rdma_addr, rmr_context),
+            flags,
+            rdma_addr,
+            rmr_context,
         )
-    })
+    }
 }
 
 /// `it_post_rdma_write`
@@ -170,14 +201,17 @@ pub unsafe extern "C" fn it_post_rdma_write(
     rdma_addr: u64,
     rmr_context: u64,
 ) -> ItStatus {
-    status(|| {
-        // SAFETY: caller's contract.
-        let (ep, segs) = unsafe { prepare(ep_handle, local_segments, num_segments)? };
-        ep.post_rdma_write(
-            &segs,
+    // SAFETY: passed on.
+    unsafe {
+        rdma(
+            Endpoint::post_rdma_write,
+            ep_handle,
+            local_segments,
+            num_segments,
             cookie,
-            dto_flags(flags)?,
-            remote(rdma_addr, rmr_context),
+            flags,
+            rdma_addr,
+            rmr_context,
         )
-    })
+    }
 }

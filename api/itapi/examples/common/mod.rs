@@ -141,6 +141,69 @@ impl Peer {
     }
 }
 
+/// The options every example takes: the adapter, and which end(s) to run.
+#[derive(clap::Args, Clone)]
+pub struct Roles {
+    /// Interface adapter (siw0, rxe0, ...).
+    #[arg(long, default_value = "siw0")]
+    pub device: String,
+    /// Serve on this port (0 picks one).
+    #[arg(long, conflicts_with = "client")]
+    pub server: Option<u16>,
+    /// Connect to a server at ADDR:PORT.
+    #[arg(long)]
+    pub client: Option<SocketAddr>,
+}
+
+/// Told the port a server listens on.
+pub type OnListen = Box<dyn FnOnce(u16) + Send>;
+
+/// Run an example as it was asked: the server only (on `server`), the client only (to
+/// `client`), or both ends in this process on loopback.
+pub fn run<A: Clone + Send + 'static>(
+    name: &'static str,
+    args: &A,
+    roles: &Roles,
+    serve: fn(&A, u16, OnListen) -> Result<()>,
+    connect: fn(&A, SocketAddr) -> Result<()>,
+) -> Result<()> {
+    match (roles.server, roles.client) {
+        (Some(port), _) => serve(
+            args,
+            port,
+            Box::new(move |port| println!("{name} server listening on port {port}")),
+        ),
+        (None, Some(addr)) => connect(args, addr),
+        (None, None) => {
+            let a = args.clone();
+            loopback(
+                move |announce| serve(&a, 0, announce),
+                |addr| connect(args, addr),
+            )
+        }
+    }
+}
+
+/// Run `serve` on a thread (it reports its port through the callback it is given) and
+/// `client` here against it on loopback.
+fn loopback(
+    serve: impl FnOnce(OnListen) -> Result<()> + Send + 'static,
+    client: impl FnOnce(SocketAddr) -> Result<()>,
+) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        serve(Box::new(move |port| {
+            let _ = tx.send(port);
+        }))
+    });
+    let port = rx.recv();
+    let client_result = port
+        .map_err(|_| Error::Abort)
+        .and_then(|port| client(SocketAddr::from(([127, 0, 0, 1], port))));
+    let server_result = server.join().map_err(|_| Error::Abort)?;
+    client_result.and(server_result)
+}
+
 /// Deterministic test data: `len` bytes for `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

@@ -228,13 +228,5 @@ fn reject_reason(kind: ConnEventKind, status: i32) -> RejectReason {
 
 /// Route the QP's events to the endpoint.
 pub(super) fn listen(ep: &Arc<EpInner>) {
-    let weak = Arc::downgrade(ep);
-    ep.ia().0.ctx.set_handler(
-        ep.qp.handle,
-        Arc::new(move |ev: rnicpi::Event| {
-            if let Some(ep) = weak.upgrade() {
-                ep.on_qp_event(ev);
-            }
-        }),
-    );
+    ep.ia().route_events(ep.qp.handle, ep, EpInner::on_qp_event);
 }

@@ -178,14 +178,7 @@ impl Endpoint {
         flags: DtoFlags,
         remote: RdmaAddr,
     ) -> Result<()> {
-        let a = self.attributes();
-        if !a.rdma_write_enable {
-            return Err(Error::InvalidEpState);
-        }
-        let (list, total) = sges(segs, a.max_rdma_write_segments)?;
-        let wqe = Wqe::new(0, WrOpcode::RdmaWrite, &list).with_remote(remote.addr, remote.rkey()?);
-        self.0
-            .post_sq(wqe, DtoKind::RdmaWrite, cookie, flags, total)
+        self.post_rdma(DtoKind::RdmaWrite, segs, cookie, flags, remote)
     }
 
     /// Read the peer's memory at `remote` into `segs`.
@@ -196,13 +189,37 @@ impl Endpoint {
         flags: DtoFlags,
         remote: RdmaAddr,
     ) -> Result<()> {
+        self.post_rdma(DtoKind::RdmaRead, segs, cookie, flags, remote)
+    }
+
+    fn post_rdma(
+        &self,
+        kind: DtoKind,
+        segs: &[Segment],
+        cookie: u64,
+        flags: DtoFlags,
+        remote: RdmaAddr,
+    ) -> Result<()> {
         let a = self.attributes();
-        if !a.rdma_read_enable {
+        let (enabled, max, opcode) = if kind == DtoKind::RdmaRead {
+            (
+                a.rdma_read_enable,
+                a.max_rdma_read_segments,
+                WrOpcode::RdmaRead,
+            )
+        } else {
+            (
+                a.rdma_write_enable,
+                a.max_rdma_write_segments,
+                WrOpcode::RdmaWrite,
+            )
+        };
+        if !enabled {
             return Err(Error::InvalidEpState);
         }
-        let (list, total) = sges(segs, a.max_rdma_read_segments)?;
-        let wqe = Wqe::new(0, WrOpcode::RdmaRead, &list).with_remote(remote.addr, remote.rkey()?);
-        self.0.post_sq(wqe, DtoKind::RdmaRead, cookie, flags, total)
+        let (list, total) = sges(segs, max)?;
+        let wqe = Wqe::new(0, opcode, &list).with_remote(remote.addr, remote.rkey()?);
+        self.0.post_sq(wqe, kind, cookie, flags, total)
     }
 
     /// Work requests posted and not yet completed (send queue, receive queue).

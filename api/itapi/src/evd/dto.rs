@@ -37,25 +37,19 @@ impl DtoSource {
 
     /// Route the CQ's events to `sevd` and arm the CQ.
     pub fn listen(&self, sevd: &Arc<SevdInner>) {
-        let weak = Arc::downgrade(sevd);
-        sevd.ia.0.ctx.set_handler(
-            self.cq.handle,
-            Arc::new(move |ev: rnicpi::Event| {
-                let Some(s) = weak.upgrade() else { return };
-                match ev.kind {
-                    EventKind::CqNotify => s.on_completions(),
-                    EventKind::CqError => {
-                        s.on_ring_overflow();
-                        if let Some(d) = &s.dto {
-                            d.break_endpoints();
-                        }
-                        s.on_completions();
+        sevd.ia
+            .route_events(self.cq.handle, sevd, |s, ev| match ev.kind {
+                EventKind::CqNotify => s.on_completions(),
+                EventKind::CqError => {
+                    s.on_ring_overflow();
+                    if let Some(d) = &s.dto {
+                        d.break_endpoints();
                     }
-                    EventKind::AccessLayerDead => super::Wakeable::wake_dead(s.as_ref()),
-                    _ => {}
+                    s.on_completions();
                 }
-            }),
-        );
+                EventKind::AccessLayerDead => super::Wakeable::wake_dead(s.as_ref()),
+                _ => {}
+            });
         self.cq.arm(false);
     }
 
