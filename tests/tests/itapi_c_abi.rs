@@ -104,6 +104,56 @@ fn itapi_c_layouts_match_the_header() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The functions `it_api.h` declares (names followed by `(` outside preprocessor lines
+/// and function-pointer typedefs).
+fn declared_functions() -> Vec<String> {
+    let header = std::fs::read_to_string(include_dir().join("it_api.h")).unwrap();
+    let mut names = Vec::new();
+    for line in header.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let bytes = line.as_bytes();
+        let mut i = 0;
+        while let Some(at) = line[i..].find("it") {
+            let start = i + at;
+            let fresh = start == 0
+                || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+            let end = start
+                + line[start..]
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(line.len() - start);
+            let name = &line[start..end];
+            let called = line[end..].trim_start().starts_with('(');
+            if fresh && called && (name.starts_with("it_") || name.starts_with("itx_")) {
+                names.push(name.to_string());
+            }
+            i = end.max(start + 2);
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn itapi_c_every_declared_function_links() {
+    let names = declared_functions();
+    assert!(names.len() >= 80, "{names:?}");
+    let mut c = String::from("#include <it_api.h>\nvoid *itapi_all[] = {\n");
+    for n in &names {
+        c += &format!("    (void *)&{n},\n");
+    }
+    c += "};\nint main(void) { return itapi_all[0] == 0; }\n";
+    let dir = scratch("symbols");
+    let (src, bin) = (dir.join("symbols.c"), dir.join("symbols"));
+    std::fs::write(&src, c).unwrap();
+    cc(&src, &bin);
+    assert!(Command::new(&bin).status().unwrap().success());
+    eprintln!(
+        "{} functions declared by it_api.h, all exported by libitapi",
+        names.len()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Build `tests/c/<name>.c`.
 fn c_program(name: &str) -> PathBuf {
     let bin = scratch(name).join(name);

@@ -153,12 +153,65 @@ impl Server {
     }
 }
 
+/// The backlog the IT-API listener asks for (as `Listener::create` does).
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A TCP listener on loopback with `backlog` (std's `bind` fixes it at 128, which makes
+/// connection bursts wait for SYN retransmissions).
+fn tcp_listener(backlog: i32) -> std::net::TcpListener {
+    use nix::sys::socket::{
+        bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn,
+    };
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    bind(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).expect("bind");
+    listen(&fd, Backlog::new(backlog).expect("backlog")).expect("listen");
+    std::net::TcpListener::from(fd)
+}
+
+/// The baseline, measured in the same run: `n` plain TCP connections on loopback
+/// (connect and accept), made by `threads` threads one after the other, as the clients
+/// make their IT-API connections. Returns connections per second.
+fn tcp_setup_rate(n: usize, threads: usize) -> f64 {
+    let listener = tcp_listener(LISTEN_BACKLOG);
+    let addr = listener.local_addr().expect("address");
+    let t = Instant::now();
+    let acceptor = std::thread::spawn(move || {
+        let conns: Vec<_> = (0..n).map_while(|_| listener.accept().ok()).collect();
+        conns.len()
+    });
+    let clients: Vec<_> = (0..threads)
+        .map(|k| {
+            let share = n / threads + usize::from(k < n % threads);
+            std::thread::spawn(move || {
+                (0..share)
+                    .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let accepted = acceptor.join().expect("acceptor");
+    let secs = t.elapsed().as_secs_f64();
+    for c in clients {
+        drop(c.join());
+    }
+    assert_eq!(accepted, n);
+    n as f64 / secs
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
 
 fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
     let n = a.connections;
+    let tcp_rate = tcp_setup_rate(n, a.threads.clamp(1, n.max(1)));
     let mut s = Server::new(a)?;
     let req = Evd::create(
         &s.ia,
@@ -219,11 +272,13 @@ fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
         s.ia.transport(),
         ual::Target::from_env().describe()
     );
+    let rate = n as f64 / setup.as_secs_f64();
     println!(
-        "  set-up:   {n} connections in {:.3} s = {:.0} connections/s ({} client threads)",
+        "  set-up:   {n} connections in {:.3} s = {rate:.0} connections/s ({} client threads); \
+         plain TCP connect+accept in the same run: {tcp_rate:.0}/s, ratio {:.2}x",
         setup.as_secs_f64(),
-        n as f64 / setup.as_secs_f64(),
-        a.threads
+        a.threads,
+        rate / tcp_rate
     );
     let per_ep = rss1.saturating_sub(rss0) / n as u64;
     println!(

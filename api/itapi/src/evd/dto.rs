@@ -1,8 +1,9 @@
 //! The DTO stream's source: a completion queue whose completions become [`DtoEvent`]s.
 //!
-//! The CQ stays armed, so each burst of completions reaches the SEVD's event thread
-//! handler ([`SevdInner::on_completions`]); dequeue and wait also poll the ring directly,
-//! so a consumer that polls never waits for that thread.
+//! Dequeue and wait poll the ring directly, so a consumer that polls never waits for the
+//! event thread. The CQ is armed only when a notification can matter — a thread is
+//! waiting, or the SEVD has a descriptor, an AEVD or a callback — and then each burst of
+//! completions reaches the SEVD's event-thread handler ([`SevdInner::on_completions`]).
 
 use super::SevdInner;
 use crate::ep::EpInner;
@@ -74,16 +75,23 @@ impl DtoSource {
         self.eps.write().remove(&qp_num);
     }
 
-    /// Take up to `room` events from the ring into `sink` (event, notifies); leaves the
-    /// CQ armed.
-    pub fn take(&self, sevd: &SevdInner, room: usize, mut sink: impl FnMut(Event, bool)) {
+    /// Take up to `room` events from the ring into `sink` (event, notifies). With `arm`
+    /// the CQ is left armed, so the next completion reaches the event thread (only worth
+    /// it when someone may be waiting for a notification).
+    pub fn take(
+        &self,
+        sevd: &SevdInner,
+        room: usize,
+        arm: bool,
+        mut sink: impl FnMut(Event, bool),
+    ) {
         let mut buf = [Cqe::default(); BATCH];
         let mut left = room;
         let mut armed = false;
         while left > 0 {
             let n = self.cq.poll(&mut buf[..left.min(BATCH)]);
             if n == 0 {
-                if armed {
+                if armed || !arm {
                     return;
                 }
                 // Arm, then look once more: a completion may have landed before the arm.
@@ -98,7 +106,9 @@ impl DtoSource {
                 }
             }
         }
-        self.cq.arm(false);
+        if arm {
+            self.cq.arm(false);
+        }
     }
 
     fn translate(&self, sevd: &SevdInner, c: &Cqe) -> Option<(Event, bool)> {

@@ -321,7 +321,10 @@ impl Evd {
     /// Run `callback` (on an event thread) whenever a notifying event makes the SEVD
     /// ready; `CallbackExists` if one is attached.
     pub fn attach_callback(&self, callback: Callback) -> Result<()> {
-        attach(&self.0.callback, callback)
+        attach(&self.0.callback, callback)?;
+        // From now on the CQ (if any) must stay armed for the callback to run.
+        self.0.on_completions();
+        Ok(())
     }
 
     pub fn detach_callback(&self) -> Result<()> {
@@ -459,12 +462,22 @@ impl SevdInner {
         Some(ev)
     }
 
+    /// Someone may be told of readiness without polling: keep the CQ armed.
+    fn watched(&self, st: &State) -> bool {
+        st.waiters > 0
+            || self.signal.is_some()
+            || self.aevd.is_some()
+            || self.callback.lock().is_some()
+    }
+
     /// Move completions from the completion ring into the queue; true when one notified.
-    fn refill(&self, st: &mut State) -> bool {
+    /// `waiting`: the caller is about to sleep for a notification.
+    fn refill(&self, st: &mut State, waiting: bool) -> bool {
         let Some(dto) = &self.dto else { return false };
         let mut notified = false;
         let room = st.capacity.saturating_sub(st.queue.len());
-        dto.take(self, room, |ev, notify| {
+        let arm = waiting || self.watched(st);
+        dto.take(self, room, arm, |ev, notify| {
             notified |= notify;
             st.queue.push_back(ev);
         });
@@ -474,7 +487,7 @@ impl SevdInner {
     /// Event thread: the completion ring has news.
     pub(crate) fn on_completions(&self) {
         let mut st = self.st.lock();
-        let notified = self.refill(&mut st);
+        let notified = self.refill(&mut st, false);
         self.finish(st, notified);
     }
 
@@ -488,7 +501,7 @@ impl SevdInner {
 
     fn dequeue(&self) -> Result<Event> {
         let mut st = self.st.lock();
-        let notified = self.refill(&mut st);
+        let notified = self.refill(&mut st, false);
         let ev = self.pop(&mut st);
         let dead = st.dead;
         self.finish(st, notified);
@@ -506,7 +519,7 @@ impl SevdInner {
             return Err(Error::WaiterLimit);
         }
         loop {
-            let notified = self.refill(&mut st);
+            let notified = self.refill(&mut st, true);
             if st.queue.len() >= st.threshold.max(1) {
                 let ev = self.pop(&mut st).expect("queue holds events");
                 let more = st.queue.len();
@@ -542,7 +555,7 @@ impl SevdInner {
     pub(crate) fn take_for_aevd(&self) -> Option<Event> {
         let mut st = self.st.lock();
         st.in_aevd = false;
-        let notified = self.refill(&mut st);
+        let notified = self.refill(&mut st, false);
         let ev = self.pop(&mut st);
         self.finish(st, notified);
         ev
