@@ -133,11 +133,14 @@ static void post_recv(const struct side *s, it_dto_cookie_t cookie)
     CHECK(it_post_recv(s->ep, &t, 1, cookie, IT_COMPLETION_FLAG | IT_NOTIFY_FLAG));
 }
 
-static void post_send(const struct side *s, it_dto_cookie_t cookie, const char *text)
+/* Send `text` from the buffer's send slot; `extra` adds flags (ITX_INLINE_FLAG: the
+ * bytes are copied at post time, krdma's extension). */
+static void post_send(const struct side *s, it_dto_cookie_t cookie, const char *text,
+                      it_dto_flags_t extra)
 {
     it_lmr_triplet_t t = seg(s, MSG, MSG);
     snprintf((char *)s->buf + MSG, MSG, "%s", text);
-    CHECK(it_post_send(s->ep, &t, 1, cookie, IT_COMPLETION_FLAG | IT_NOTIFY_FLAG));
+    CHECK(it_post_send(s->ep, &t, 1, cookie, IT_COMPLETION_FLAG | IT_NOTIFY_FLAG | extra));
 }
 
 /* The next event of the DTO EVD: the server waits in it_evd_wait, the client sleeps in
@@ -254,6 +257,7 @@ static int server(unsigned short port)
     CHECK(it_evd_wait(req, 30 * SECOND, &ev, &more));
     EXPECT(ev.event_number == IT_CM_REQ_CONN_REQUEST_EVENT);
     EXPECT(ev.conn_req.private_data_present == IT_TRUE);
+    EXPECT(itx_last_private_data_length() == sizeof(struct advert));
     take_advert(&s, ev.conn_req.private_data);
     EXPECT(s.peer.length == AREA);
 
@@ -272,7 +276,7 @@ static int server(unsigned short port)
         EXPECT(sscanf((char *)s.buf, "ping %d", &n) == 1 && n == i);
         snprintf(text, sizeof text, "pong %d", i);
         post_recv(&s, 1);
-        post_send(&s, 100 + i, text);
+        post_send(&s, 100 + i, text, ITX_INLINE_FLAG);
         /* ... and then the next message: a ping, or "written" after the last one. */
         expect_send_and_recv(&s, 0, 100 + i, 1);
     }
@@ -284,7 +288,7 @@ static int server(unsigned short port)
     /* Our own pattern for the client to RDMA-Read; tell it when it is there. */
     fill(s.buf + 2 * MSG, AREA, 9);
     post_recv(&s, 1);
-    post_send(&s, 200, "read it");
+    post_send(&s, 200, "read it", 0);
     expect_dto(&s, 0, IT_DTO_SEND_CMPL_EVENT, 200);
 
     /* The client disconnects; our posted receive completes flushed. */
@@ -336,7 +340,7 @@ static int client(const char *host, unsigned short port)
         char text[MSG];
         int n = -1;
         snprintf(text, sizeof text, "ping %d", i);
-        post_send(&s, 100 + i, text);
+        post_send(&s, 100 + i, text, 0);
         expect_send_and_recv(&s, 1, 100 + i, 1);
         EXPECT(sscanf((char *)s.buf, "pong %d", &n) == 1 && n == i);
         post_recv(&s, 1);
@@ -348,7 +352,7 @@ static int client(const char *host, unsigned short port)
     CHECK(it_post_rdma_write(s.ep, &area, 1, 300, IT_COMPLETION_FLAG | IT_NOTIFY_FLAG,
                              s.peer.addr, s.peer.context));
     expect_dto(&s, 1, IT_DTO_RDMA_WRITE_CMPL_EVENT, 300);
-    post_send(&s, 301, "written");
+    post_send(&s, 301, "written", 0);
 
     /* When told, RDMA Read the server's new pattern back. */
     expect_send_and_recv(&s, 1, 301, 1);

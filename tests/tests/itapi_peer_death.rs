@@ -154,3 +154,42 @@ fn itapi_peer_killed_mid_transfer() {
         assert_eq!(s.ep.state(), EpState::NonOperational);
     });
 }
+
+#[test]
+fn itapi_daemon_death_wakes_every_waiter() {
+    if !krdma_tests::daemon_possible() {
+        return;
+    }
+    let d = krdma_tests::Daemon::start();
+    let door = krdma_tests::FrontDoor::Daemon(d);
+    let (s, c) = pair(&door, EpAttributes::default(), 4096);
+    let sw = Evd::create(&s.ia, EventStream::Software, EvdFlags::empty(), 8, 1, None).unwrap();
+    s.ep.post_recv(&[s.seg(0, 64)], 1, DtoFlags::SIGNALED)
+        .unwrap();
+    let (sw2, dto) = (sw.clone(), s.dto.clone());
+    let waiters = [
+        std::thread::spawn(move || sw2.wait(None).err()),
+        std::thread::spawn(move || dto.wait(None).err()),
+    ];
+    std::thread::sleep(Duration::from_millis(200));
+    let krdma_tests::FrontDoor::Daemon(d) = &door else {
+        unreachable!()
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t = Instant::now();
+    for w in waiters {
+        assert_eq!(w.join().unwrap(), Some(Error::IaCatastrophe));
+    }
+    eprintln!("waiters woken {:?} after the daemon died", t.elapsed());
+    assert!(s.ia.is_dead());
+    assert_eq!(
+        s.ep.post_send(&[], 2, DtoFlags::SIGNALED),
+        Err(Error::IaCatastrophe)
+    );
+    assert_eq!(Pz::create(&s.ia).err(), Some(Error::IaCatastrophe));
+    drop((s, c));
+}

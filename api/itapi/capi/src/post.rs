@@ -31,14 +31,24 @@ fn remote(rdma_addr: u64, rmr_context: u64) -> RdmaAddr {
 
 /// The bytes of validated segments, copied now (for inline sends).
 fn gather(segs: &[Segment]) -> Vec<u8> {
-    let mut data = Vec::with_capacity(segs.iter().map(|s| s.len() as usize).sum());
+    let total = segs.iter().map(|s| s.len() as usize).sum();
+    let mut data = vec![0u8; total];
+    let mut at = 0;
     for s in segs {
+        let len = s.len() as usize;
         // SAFETY: `segments` checked that the bytes lie inside a live LMR; registration
         // checked they are mapped and readable in this process, and the consumer keeps
-        // them so while the LMR lives (the contract of it_lmr_create).
-        let bytes =
-            unsafe { std::slice::from_raw_parts(s.addr() as usize as *const u8, s.len() as usize) };
-        data.extend_from_slice(bytes);
+        // them so while the LMR lives (the contract of it_lmr_create). A raw copy: no
+        // reference is made to memory the device may be writing. `data` has room for
+        // `total` bytes, `at + len <= total`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                s.addr() as usize as *const u8,
+                data.as_mut_ptr().add(at),
+                len,
+            )
+        };
+        at += len;
     }
     data
 }
