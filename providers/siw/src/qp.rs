@@ -293,13 +293,14 @@ impl SiwQp {
                     r
                 }
                 Work::Response { rr, crc, mtu } => {
-                    let sent = self
-                        .emit_read_response(&mut out, &rr, crc, mtu, &mut flush)
-                        .map(|r| r.and_then(|_| flush(&mut out)));
+                    let sent = self.emit_read_response(&mut out, &rr, crc, mtu, &mut flush);
+                    // The IRD slot frees before the last FPDUs leave: the peer may send its
+                    // next Read Request the moment it has them.
                     {
                         let mut st = self.st.lock();
                         st.responding = st.responding.saturating_sub(1);
                     }
+                    let sent = sent.map(|r| r.and_then(|_| flush(&mut out)));
                     match sent {
                         Ok(r) => r,
                         Err(code) => {

@@ -1,0 +1,232 @@
+//! The connection model of an RC endpoint: active connect with private data, passive
+//! accept of a request a listener delivered, graceful and abortive disconnect, and the
+//! translation of the QP's events into connection messages and affiliated async events.
+
+use super::{Endpoint, EpInner, EpState};
+use crate::event::{
+    AffiliatedCause, AffiliatedEvent, ConnEventKind, ConnectionEvent, EpRef, Event, EventNumber,
+    RejectReason,
+};
+use crate::listen::{self, CnEstId};
+use crate::status::{Error, FromVerbs, Result};
+use rnicpi::{ConnParam, EventKind};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Endpoint {
+    /// Connect to a listener at `peer` (address and port — the connection qualifier),
+    /// offering `private_data`. The outcome arrives on the endpoint's connection SEVD:
+    /// `Established` (with the accept's private data), `PeerReject` (with the reject's),
+    /// or `NonPeerReject`.
+    pub fn connect(&self, peer: SocketAddr, private_data: &[u8]) -> Result<()> {
+        let ia = self.0.ia();
+        ia.check_alive()?;
+        if private_data.len() > ia.private_data_limits().0 {
+            return Err(Error::InvalidPdataLength);
+        }
+        self.0.begin(EpState::Active1ConnectionPending)?;
+        self.0.conn.lock().peer = Some(peer);
+        let param = self.0.conn_param(private_data);
+        tracing::info!(ep = self.id(), %peer, "connecting");
+        self.0
+            .qp
+            .connect(peer, &param)
+            .it(Error::InvalidAddress)
+            .inspect_err(|_| {
+                self.0.set_state(EpState::Unconnected);
+            })
+    }
+
+    /// Accept the connection request `cn_est_id` on this (unconnected) endpoint,
+    /// answering with `private_data`. `Established` follows on the connection SEVD.
+    pub fn accept(&self, cn_est_id: CnEstId, private_data: &[u8]) -> Result<()> {
+        let ia = self.0.ia();
+        ia.check_alive()?;
+        if private_data.len() > ia.private_data_limits().1 {
+            return Err(Error::InvalidPdataLength);
+        }
+        let pending = listen::take(cn_est_id)?;
+        self.0.begin(EpState::PassiveConnectionPending)?;
+        self.0.conn.lock().peer = pending.peer;
+        let param = self.0.conn_param(private_data);
+        tracing::info!(ep = self.id(), cn_est_id = cn_est_id.0, "accepting");
+        pending
+            .listener
+            .accept(pending.conn_id, &self.0.qp, &param)
+            .it(Error::InvalidCnEstId)
+            .inspect_err(|_| {
+                self.0.set_state(EpState::NonOperational);
+            })
+    }
+
+    /// Graceful disconnect: outstanding sends complete, then the connection closes;
+    /// `Disconnect` arrives on both sides and receives still posted complete flushed.
+    /// Disconnect private data is not supported by the transports (`PdataNotSupported`
+    /// from the C interface when some is given).
+    pub fn disconnect(&self) -> Result<()> {
+        self.close(false)
+    }
+
+    /// Abortive disconnect: the connection is reset at once; everything outstanding
+    /// completes flushed and the peer sees `Broken`.
+    pub fn abort(&self) -> Result<()> {
+        self.close(true)
+    }
+
+    fn close(&self, abortive: bool) -> Result<()> {
+        match self.state() {
+            EpState::Connected => {}
+            EpState::NonOperational => return Ok(()),
+            _ => return Err(Error::InvalidEpState),
+        }
+        tracing::info!(ep = self.id(), abortive, "disconnecting");
+        self.0.local_close.store(true, Ordering::Release);
+        match self.0.qp.disconnect(abortive) {
+            // The connection ended on its own meanwhile.
+            Err(rnicpi::VerbsError::BadState) => Ok(()),
+            r => r.it(Error::InvalidEpState),
+        }
+    }
+}
+
+impl EpInner {
+    /// Move from Unconnected to `to` (`InvalidEpState` from any other state).
+    fn begin(&self, to: EpState) -> Result<()> {
+        let mut c = self.conn.lock();
+        if c.state != EpState::Unconnected {
+            return Err(Error::InvalidEpState);
+        }
+        c.state = to;
+        c.active = to == EpState::Active1ConnectionPending;
+        Ok(())
+    }
+
+    fn conn_param(&self, private_data: &[u8]) -> ConnParam {
+        let a = self.attrs.lock();
+        ConnParam {
+            private_data: private_data.to_vec(),
+            ird: a.rdma_read_ird,
+            ord: a.rdma_read_ord,
+        }
+    }
+
+    fn on_qp_event(self: &Arc<Self>, ev: rnicpi::Event) {
+        let conn = |kind| self.post_connection(kind, &ev);
+        match ev.kind {
+            EventKind::Established => {
+                let mut c = self.conn.lock();
+                c.state = EpState::Connected;
+                c.peer = ev.peer.or(c.peer);
+                drop(c);
+                conn(ConnEventKind::Established)
+            }
+            EventKind::Rejected if ev.status == libc::EPROTO => conn(ConnEventKind::NonPeerReject),
+            EventKind::Rejected => conn(ConnEventKind::PeerReject),
+            EventKind::Unreachable => conn(ConnEventKind::NonPeerReject),
+            EventKind::Disconnected => conn(self.close_kind()),
+            EventKind::ConnectionBroken | EventKind::AccessLayerDead => conn(ConnEventKind::Broken),
+            EventKind::QpFatal => self.post_affiliated(EventNumber::AsyncAffEpFailure),
+            EventKind::QpAccessError => {
+                self.post_affiliated(EventNumber::AsyncAffEpLocalAccessViolation)
+            }
+            EventKind::QpRequestError => {
+                self.post_affiliated(EventNumber::AsyncAffEpLocalTransportError)
+            }
+            _ => tracing::debug!(ep = self.common.id, kind = ?ev.kind, "QP event ignored"),
+        }
+    }
+
+    /// Move the QP to Error: outstanding and later work completes flushed, a connection
+    /// is closed.
+    pub(crate) fn to_error(&self) {
+        self.set_state(EpState::NonOperational);
+        let to_error = rnicpi::QpAttr {
+            state: rnicpi::QpState::Error,
+            ..Default::default()
+        };
+        if let Err(e) = self.qp.modify(&to_error, rnicpi::QpAttrMask::STATE) {
+            tracing::warn!(ep = self.common.id, error = %e, "QP to Error failed");
+        }
+    }
+
+    /// How to report the peer's close (a TCP FIN). A close this side did not ask for
+    /// that flushed send-queue work is `Broken`: the transport cannot tell a peer's
+    /// graceful close from a peer that died, and a graceful close presumes the traffic
+    /// has completed. Completions already in the ring are taken first so they count.
+    fn close_kind(&self) -> ConnEventKind {
+        if self.local_close.load(Ordering::Acquire) {
+            return ConnEventKind::Disconnect;
+        }
+        self.request_evd.0.on_completions();
+        if self.lost_sends.load(Ordering::Relaxed) > 0 {
+            ConnEventKind::Broken
+        } else {
+            ConnEventKind::Disconnect
+        }
+    }
+
+    fn post_connection(self: &Arc<Self>, kind: ConnEventKind, ev: &rnicpi::Event) {
+        if kind != ConnEventKind::Established {
+            self.set_state(EpState::NonOperational);
+        }
+        if matches!(
+            kind,
+            ConnEventKind::PeerReject | ConnEventKind::NonPeerReject
+        ) {
+            // Never connected: work posted from now on must flush.
+            self.to_error();
+        }
+        tracing::info!(
+            ep = self.common.id,
+            ?kind,
+            status = ev.status,
+            "connection event"
+        );
+        // The passive side's Established carries the request's data, which the consumer
+        // already had in the request event; the standard reports none.
+        let passive_established = kind == ConnEventKind::Established && !self.conn.lock().active;
+        let private_data = match kind {
+            ConnEventKind::Established | ConnEventKind::PeerReject if !passive_established => {
+                ev.private_data.clone()
+            }
+            _ => Vec::new(),
+        };
+        let event = Event::Connection(ConnectionEvent {
+            kind,
+            evd: self.connect_evd.0.obj_ref(),
+            ep: EpRef::new(self.common.id, self),
+            ird: ev.ird,
+            ord: ev.ord,
+            peer: ev.peer.or(self.conn.lock().peer),
+            private_data,
+            reject_reason: reject_reason(kind, ev.status),
+        });
+        self.connect_evd.0.push(event, true);
+    }
+
+    fn post_affiliated(self: &Arc<Self>, number: EventNumber) {
+        tracing::warn!(ep = self.common.id, ?number, "endpoint failure");
+        self.set_state(EpState::NonOperational);
+        let cause = AffiliatedCause::Ep(EpRef::new(self.common.id, self));
+        self.ia()
+            .post_affiliated(|evd| Event::Affiliated(AffiliatedEvent { number, evd, cause }));
+    }
+}
+
+fn reject_reason(kind: ConnEventKind, status: i32) -> RejectReason {
+    if kind != ConnEventKind::NonPeerReject {
+        return RejectReason::Other;
+    }
+    match status {
+        libc::ETIMEDOUT => RejectReason::Timeout,
+        libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL => RejectReason::BadPath,
+        libc::EPROTO => RejectReason::BadConnParms,
+        _ => RejectReason::Other,
+    }
+}
+
+/// Route the QP's events to the endpoint.
+pub(super) fn listen(ep: &Arc<EpInner>) {
+    ep.ia().route_events(ep.qp.handle, ep, EpInner::on_qp_event);
+}

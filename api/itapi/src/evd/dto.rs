@@ -1,0 +1,136 @@
+//! The DTO stream's source: a completion queue whose completions become [`DtoEvent`]s.
+//!
+//! Dequeue and wait poll the ring directly, so a consumer that polls never waits for the
+//! event thread. The CQ is armed only when a notification can matter — a thread is
+//! waiting, or the SEVD has a descriptor, an AEVD or a callback — and then each burst of
+//! completions reaches the SEVD's event-thread handler ([`SevdInner::on_completions`]).
+
+use super::SevdInner;
+use crate::ep::EpInner;
+use crate::event::{DtoEvent, EpRef, Event};
+use crate::ia::Ia;
+use crate::status::{FromVerbs, Result};
+use parking_lot::RwLock;
+use rnicpi::{Cqe, EventKind};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+pub(crate) struct DtoSource {
+    pub(crate) cq: Arc<ual::Cq>,
+    /// The endpoints completing here, by QP number.
+    eps: RwLock<HashMap<u32, Weak<EpInner>>>,
+}
+
+const BATCH: usize = 16;
+
+impl DtoSource {
+    pub fn new(ia: &Ia, queue_size: usize) -> Result<DtoSource> {
+        let depth = u32::try_from(queue_size).map_err(|_| crate::Error::InvalidQueueSize)?;
+        let cq =
+            ia.0.ctx
+                .create_cq(ia.dev_index(), depth)
+                .it(crate::Error::ResourceQueueSize)?;
+        Ok(DtoSource {
+            cq,
+            eps: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Route the CQ's events to `sevd` and arm the CQ.
+    pub fn listen(&self, sevd: &Arc<SevdInner>) {
+        sevd.ia
+            .route_events(self.cq.handle, sevd, |s, ev| match ev.kind {
+                EventKind::CqNotify => s.on_completions(),
+                EventKind::CqError => {
+                    s.on_ring_overflow();
+                    if let Some(d) = &s.dto {
+                        d.break_endpoints();
+                    }
+                    s.on_completions();
+                }
+                EventKind::AccessLayerDead => super::Wakeable::wake_dead(s.as_ref()),
+                _ => {}
+            });
+        self.cq.arm(false);
+    }
+
+    pub fn attach(&self, qp_num: u32, ep: Weak<EpInner>) {
+        self.eps.write().insert(qp_num, ep);
+    }
+
+    /// The ring overflowed: completions were lost, so (the verbs rule for a CQ error)
+    /// every endpoint completing here goes to Error.
+    fn break_endpoints(&self) {
+        let eps: Vec<_> = self.eps.read().values().filter_map(Weak::upgrade).collect();
+        for ep in eps {
+            tracing::warn!(
+                qpn = ep.qp.qp_num,
+                "completion ring overflow: endpoint to Error"
+            );
+            ep.to_error();
+        }
+    }
+
+    pub fn detach(&self, qp_num: u32) {
+        self.eps.write().remove(&qp_num);
+    }
+
+    /// Take up to `room` events from the ring into `sink` (event, notifies). With `arm`
+    /// the CQ is left armed, so the next completion reaches the event thread (only worth
+    /// it when someone may be waiting for a notification).
+    pub fn take(
+        &self,
+        sevd: &SevdInner,
+        room: usize,
+        arm: bool,
+        mut sink: impl FnMut(Event, bool),
+    ) {
+        let mut buf = [Cqe::default(); BATCH];
+        let mut left = room;
+        let mut armed = false;
+        while left > 0 {
+            let n = self.cq.poll(&mut buf[..left.min(BATCH)]);
+            if n == 0 {
+                if armed || !arm {
+                    return;
+                }
+                // Arm, then look once more: a completion may have landed before the arm.
+                self.cq.arm(false);
+                armed = true;
+                continue;
+            }
+            for c in &buf[..n] {
+                if let Some((ev, notify)) = self.translate(sevd, c) {
+                    sink(ev, notify);
+                    left -= 1;
+                }
+            }
+        }
+        if arm {
+            self.cq.arm(false);
+        }
+    }
+
+    fn translate(&self, sevd: &SevdInner, c: &Cqe) -> Option<(Event, bool)> {
+        let ep = self.eps.read().get(&c.qp_num).and_then(Weak::upgrade);
+        let Some(ep) = ep else {
+            tracing::debug!(
+                qpn = c.qp_num,
+                wr_id = c.wr_id,
+                "completion of a freed endpoint"
+            );
+            return None;
+        };
+        let done = ep.complete(c)?;
+        let ev = DtoEvent {
+            kind: done.kind,
+            evd: sevd.obj_ref(),
+            ep: EpRef::new(ep.common.id, &ep),
+            cookie: done.cookie,
+            status: done.status,
+            transferred_length: done.length,
+            solicited: done.solicited,
+        };
+        Some((Event::Dto(ev), done.notify))
+    }
+}

@@ -1,0 +1,259 @@
+//! The C interface: `include/it_api.h` compiled by the system C compiler, programs linked
+//! against the `libitapi.so` built with the tests.
+//!
+//! * every structure libitapi reads or writes has the size and member offsets the C
+//!   compiler gives it;
+//! * `tests/c/itapi_pingpong.c`, a plain IT-API program, connects, ping-pongs Sends, does
+//!   an RDMA Write and an RDMA Read with verification, and disconnects — server and client
+//!   in separate processes, through both front doors.
+
+use krdma_tests::{each_front_door, FrontDoor};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use ual::Target;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn include_dir() -> PathBuf {
+    repo().join("api/itapi/include")
+}
+
+/// The directory holding `libitapi.so` (built as a dependency of these tests).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    for dir in [deps, deps.parent().unwrap()] {
+        if dir.join("libitapi.so").exists() {
+            return dir.to_path_buf();
+        }
+    }
+    panic!("libitapi.so not found next to {}", exe.display());
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("krdma-itapi-c-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compile `src` (C) into `out` against the header and libitapi; panics with the
+/// compiler's output on failure.
+fn cc(src: &Path, out: &Path) {
+    let lib = lib_dir();
+    let o = Command::new("cc")
+        .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(include_dir())
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-litapi")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .output()
+        .expect("run cc (the C compiler)");
+    assert!(
+        o.status.success(),
+        "cc failed on {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn itapi_c_layouts_match_the_header() {
+    let rows = itapi::layout();
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <it_api.h>\nint main(void) {\n",
+    );
+    for (name, _) in &rows {
+        match name.split_once('.') {
+            Some((ty, member)) => {
+                c += &format!("  printf(\"%zu\\n\", offsetof({ty}, {member}));\n")
+            }
+            None => c += &format!("  printf(\"%zu\\n\", sizeof({name}));\n"),
+        }
+    }
+    c += "  return 0;\n}\n";
+    let dir = scratch("layout");
+    let (src, bin) = (dir.join("layout.c"), dir.join("layout"));
+    std::fs::write(&src, c).unwrap();
+    cc(&src, &bin);
+    let out = Command::new(&bin).output().unwrap();
+    let got: Vec<usize> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(got.len(), rows.len());
+    let wrong: Vec<String> = rows
+        .iter()
+        .zip(&got)
+        .filter(|((_, rust), c)| rust != *c)
+        .map(|((name, rust), c)| format!("{name}: Rust {rust}, C {c}"))
+        .collect();
+    assert!(wrong.is_empty(), "layouts differ:\n{}", wrong.join("\n"));
+    eprintln!("{} sizes and offsets agree", rows.len());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The functions `it_api.h` declares (names followed by `(` outside preprocessor lines
+/// and function-pointer typedefs).
+fn declared_functions() -> Vec<String> {
+    let header = std::fs::read_to_string(include_dir().join("it_api.h")).unwrap();
+    let mut names = Vec::new();
+    for line in header.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let bytes = line.as_bytes();
+        let mut i = 0;
+        while let Some(at) = line[i..].find("it") {
+            let start = i + at;
+            let fresh = start == 0
+                || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+            let end = start
+                + line[start..]
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(line.len() - start);
+            let name = &line[start..end];
+            let called = line[end..].trim_start().starts_with('(');
+            if fresh && called && (name.starts_with("it_") || name.starts_with("itx_")) {
+                names.push(name.to_string());
+            }
+            i = end.max(start + 2);
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn itapi_c_every_declared_function_links() {
+    let names = declared_functions();
+    assert!(names.len() >= 80, "{names:?}");
+    let mut c = String::from("#include <it_api.h>\nvoid *itapi_all[] = {\n");
+    for n in &names {
+        c += &format!("    (void *)&{n},\n");
+    }
+    c += "};\nint main(void) { return itapi_all[0] == 0; }\n";
+    let dir = scratch("symbols");
+    let (src, bin) = (dir.join("symbols.c"), dir.join("symbols"));
+    std::fs::write(&src, c).unwrap();
+    cc(&src, &bin);
+    assert!(Command::new(&bin).status().unwrap().success());
+    eprintln!(
+        "{} functions declared by it_api.h, all exported by libitapi",
+        names.len()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Build `tests/c/<name>.c`.
+fn c_program(name: &str) -> PathBuf {
+    let bin = scratch(name).join(name);
+    cc(&repo().join(format!("tests/c/{name}.c")), &bin);
+    bin
+}
+
+fn front_door_env(door: &FrontDoor) -> String {
+    match door.target() {
+        Target::Embedded => "embedded".into(),
+        Target::Device(p) => p.display().to_string(),
+    }
+}
+
+/// Wait for `child` up to `limit` (kill it and fail if it runs longer), collecting what
+/// `output` (its stdout, or the rest of it) says.
+fn finish(
+    mut child: Child,
+    output: impl Read + Send + 'static,
+    what: &str,
+    limit: Duration,
+) -> String {
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let mut output = output;
+        let _ = output.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = reader.join().unwrap();
+    assert!(status.success(), "{what} failed ({status}); output:\n{out}");
+    out
+}
+
+#[test]
+fn itapi_c_pingpong_program() {
+    let bin = c_program("itapi_pingpong");
+    each_front_door(|door| {
+        let env = front_door_env(door);
+        let mut server = Command::new(&bin)
+            .arg("server")
+            .env("KRDMA_DEVICE", &env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(server.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let port = first
+            .trim()
+            .strip_prefix("LISTENING ")
+            .unwrap_or_else(|| panic!("server said {first:?}"))
+            .to_string();
+        let mut client = Command::new(&bin)
+            .args(["client", "127.0.0.1", &port])
+            .env("KRDMA_DEVICE", &env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let client_out = client.stdout.take().unwrap();
+        let limit = Duration::from_secs(60);
+        let client_out = finish(client, client_out, "C client", limit);
+        assert!(
+            client_out.contains("CLIENT OK"),
+            "client output:\n{client_out}"
+        );
+        let server_out = finish(server, out, "C server", limit);
+        assert!(
+            server_out.contains("SERVER OK"),
+            "server output:\n{server_out}"
+        );
+        eprintln!("C program ok through {}", door.name());
+    });
+}
+
+#[test]
+fn itapi_c_api_calls_and_hostile_input() {
+    let bin = c_program("itapi_api");
+    each_front_door(|door| {
+        let mut child = Command::new(&bin)
+            .env("KRDMA_DEVICE", front_door_env(door))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let out = finish(child, out, "C API program", Duration::from_secs(60));
+        assert!(out.contains("API OK"), "output:\n{out}");
+    });
+}

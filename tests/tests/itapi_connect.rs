@@ -1,0 +1,219 @@
+//! IT-API connection management over siw0, both front doors: connect/accept/reject with
+//! private data, endpoint states, graceful and abortive disconnect in both directions.
+
+mod itapi_common;
+
+use itapi_common::*;
+use krdma_itapi::*;
+use krdma_tests::each_front_door;
+
+#[test]
+fn itapi_connect_accept_with_private_data() {
+    each_front_door(|door| {
+        let s = Side::new(door, EpAttributes::default(), 4096);
+        let c = Side::new(door, EpAttributes::default(), 4096);
+        let l = Listening::new(&s);
+        assert_eq!(c.ep.state(), EpState::Unconnected);
+        c.ep.connect(l.addr(), b"hello from the client").unwrap();
+        assert!(matches!(
+            c.ep.state(),
+            EpState::Active1ConnectionPending | EpState::Connected
+        ));
+        assert_eq!(c.ep.connect(l.addr(), b""), Err(Error::InvalidEpState));
+
+        let r = l.request();
+        assert_eq!(r.private_data, b"hello from the client");
+        assert_eq!(r.port, l.listener.port());
+        assert_eq!(r.source.unwrap().ip(), l.addr().ip());
+        s.ep.accept(r.cn_est_id, b"welcome").unwrap();
+        assert!(matches!(
+            s.ep.state(),
+            EpState::PassiveConnectionPending | EpState::Connected
+        ));
+        // A request is answered once.
+        assert_eq!(r.cn_est_id.reject(b""), Err(Error::InvalidCnEstId));
+
+        let se = s.conn_event();
+        assert_eq!(se.kind, ConnEventKind::Established);
+        assert!(
+            se.private_data.is_empty(),
+            "passive side gets no private data"
+        );
+        let ce = c.conn_event();
+        assert_eq!(ce.kind, ConnEventKind::Established);
+        assert_eq!(ce.private_data, b"welcome");
+        assert!(ce.ird >= 1 && ce.ord >= 1);
+        assert_eq!(ce.ep.endpoint().unwrap().id(), c.ep.id());
+        assert_eq!(
+            (s.ep.state(), c.ep.state()),
+            (EpState::Connected, EpState::Connected)
+        );
+        assert_eq!(c.ep.query().peer, Some(l.addr()));
+        // Accepting on a connected endpoint is refused.
+        assert_eq!(s.ep.accept(r.cn_est_id, b""), Err(Error::InvalidCnEstId));
+    });
+}
+
+#[test]
+fn itapi_reject_with_private_data() {
+    each_front_door(|door| {
+        let s = Side::new(door, EpAttributes::default(), 4096);
+        let c = Side::new(door, EpAttributes::default(), 4096);
+        let l = Listening::new(&s);
+        c.ep.connect(l.addr(), b"may I?").unwrap();
+        let r = l.request();
+        assert_eq!(r.private_data, b"may I?");
+        r.cn_est_id.reject(b"no, sorry").unwrap();
+        let ce = c.conn_event();
+        assert_eq!(ce.kind, ConnEventKind::PeerReject);
+        assert_eq!(ce.private_data, b"no, sorry");
+        assert_eq!(c.ep.state(), EpState::NonOperational);
+        // The passive endpoint was never used and can still accept another request.
+        assert_eq!(s.ep.accept(r.cn_est_id, b""), Err(Error::InvalidCnEstId));
+        assert_eq!(s.ep.state(), EpState::Unconnected);
+    });
+}
+
+#[test]
+fn itapi_connect_without_listener_is_rejected() {
+    each_front_door(|door| {
+        let c = Side::new(door, EpAttributes::default(), 4096);
+        // A port nobody listens on (bound and closed at once).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        c.ep.connect(([127, 0, 0, 1], port).into(), b"anyone?")
+            .unwrap();
+        let ce = c.conn_event();
+        // siw cannot tell a refused TCP connection from a consumer's reject without
+        // private data: either reject kind is right here, never Established.
+        assert!(
+            matches!(
+                ce.kind,
+                ConnEventKind::PeerReject | ConnEventKind::NonPeerReject
+            ),
+            "{ce:?}"
+        );
+        assert!(ce.private_data.is_empty());
+        assert_eq!(c.ep.state(), EpState::NonOperational);
+        assert_eq!(
+            c.ep.post_send(&[], 1, DtoFlags::SIGNALED),
+            Ok(()),
+            "posting after failure flushes"
+        );
+        assert_eq!(c.dto_event().status, DtoStatus::Flushed);
+    });
+}
+
+#[test]
+fn itapi_private_data_limits() {
+    each_front_door(|door| {
+        let c = Side::new(door, EpAttributes::default(), 4096);
+        let (connect, accept, reject) = c.ia.private_data_limits();
+        assert_eq!(
+            (connect, accept, reject),
+            (508, 508, 508),
+            "iWARP/MPA limits"
+        );
+        let too_long = vec![0u8; connect + 1];
+        assert_eq!(
+            c.ep.connect("127.0.0.1:1".parse().unwrap(), &too_long),
+            Err(Error::InvalidPdataLength)
+        );
+        assert_eq!(c.ep.state(), EpState::Unconnected);
+    });
+}
+
+/// Disconnect from `closer`; both sides see Disconnect and their posted receives flush.
+fn graceful(closer: &Side, other: &Side) {
+    closer
+        .ep
+        .post_recv(&[closer.seg(0, 64)], 7, DtoFlags::SIGNALED)
+        .unwrap();
+    other
+        .ep
+        .post_recv(&[other.seg(0, 64)], 8, DtoFlags::SIGNALED)
+        .unwrap();
+    // A send queued before the disconnect still goes out.
+    other
+        .ep
+        .post_recv(&[other.seg(64, 64)], 9, DtoFlags::SIGNALED)
+        .unwrap();
+    closer.buf().write(128, b"last words");
+    closer
+        .ep
+        .post_send(&[closer.seg(128, 10)], 1, DtoFlags::SIGNALED)
+        .unwrap();
+    closer.ep.disconnect().unwrap();
+    assert_eq!(other.conn_event().kind, ConnEventKind::Disconnect);
+    assert_eq!(closer.conn_event().kind, ConnEventKind::Disconnect);
+    let r = other.expect(DtoKind::Recv, 8);
+    assert_eq!(r.transferred_length, 10);
+    let flushed = other.dto_event();
+    assert_eq!((flushed.cookie, flushed.status), (9, DtoStatus::Flushed));
+    let mut events = [closer.dto_event(), closer.dto_event()];
+    events.sort_by_key(|e| e.cookie);
+    assert_eq!(
+        (events[0].cookie, events[0].status),
+        (1, DtoStatus::Success)
+    );
+    assert_eq!(
+        (events[1].cookie, events[1].status),
+        (7, DtoStatus::Flushed)
+    );
+    assert_eq!(closer.ep.state(), EpState::NonOperational);
+    assert_eq!(other.ep.state(), EpState::NonOperational);
+    // Disconnecting again is harmless.
+    assert_eq!(closer.ep.disconnect(), Ok(()));
+}
+
+#[test]
+fn itapi_graceful_disconnect_by_client() {
+    each_front_door(|door| {
+        let (s, c) = pair(door, EpAttributes::default(), 4096);
+        graceful(&c, &s);
+    });
+}
+
+#[test]
+fn itapi_graceful_disconnect_by_server() {
+    each_front_door(|door| {
+        let (s, c) = pair(door, EpAttributes::default(), 4096);
+        graceful(&s, &c);
+    });
+}
+
+#[test]
+fn itapi_abortive_disconnect() {
+    each_front_door(|door| {
+        let (s, c) = pair(door, EpAttributes::default(), 4096);
+        s.ep.post_recv(&[s.seg(0, 64)], 1, DtoFlags::SIGNALED)
+            .unwrap();
+        c.ep.post_recv(&[c.seg(0, 64)], 2, DtoFlags::SIGNALED)
+            .unwrap();
+        c.ep.abort().unwrap();
+        // The peer sees the connection end at once. (siw closes an aborted connection
+        // with a FIN, so the peer, with no work of its own lost, sees Disconnect.)
+        let ended = [ConnEventKind::Disconnect, ConnEventKind::Broken];
+        assert!(ended.contains(&s.conn_event().kind));
+        assert!(ended.contains(&c.conn_event().kind));
+        assert_eq!(s.dto_event().status, DtoStatus::Flushed);
+        assert_eq!(c.dto_event().status, DtoStatus::Flushed);
+    });
+}
+
+#[test]
+fn itapi_free_connected_endpoint_ends_the_connection() {
+    each_front_door(|door| {
+        let (s, c) = pair(door, EpAttributes::default(), 4096);
+        s.ep.post_recv(&[s.seg(0, 64)], 1, DtoFlags::SIGNALED)
+            .unwrap();
+        let Side { ep, lmr, .. } = c;
+        drop((ep, lmr));
+        let ended = [ConnEventKind::Disconnect, ConnEventKind::Broken];
+        assert!(ended.contains(&s.conn_event().kind));
+        assert_eq!(s.dto_event().status, DtoStatus::Flushed);
+    });
+}

@@ -1,0 +1,459 @@
+//! IT-API event dispatchers: solicited events, thresholds, the pollable descriptor,
+//! overflow, aggregate EVDs, waiting, callbacks. The connected cases run over siw0
+//! through both front doors.
+
+mod itapi_common;
+
+use itapi_common::*;
+use krdma_itapi::*;
+use krdma_tests::{each_front_door, FrontDoor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn software(ia: &Ia, flags: EvdFlags, queue: usize, threshold: usize, aevd: Option<&Aevd>) -> Evd {
+    Evd::create(ia, EventStream::Software, flags, queue, threshold, aevd).unwrap()
+}
+
+fn data(ev: &Event) -> u64 {
+    match ev {
+        Event::Software(s) => s.data,
+        other => panic!("not a software event: {other:?}"),
+    }
+}
+
+/// The IA's affiliated async EVD.
+fn affiliated(ia: &Ia) -> Evd {
+    Evd::create(
+        ia,
+        EventStream::AsyncAffiliated,
+        EvdFlags::empty(),
+        8,
+        1,
+        None,
+    )
+    .unwrap()
+}
+
+/// The affiliated async EVD `aff` reports that `evd` overflowed.
+fn expect_overflow_report(aff: &Evd, evd: &Evd) {
+    match aff.wait(T).unwrap().0 {
+        Event::Affiliated(a) => {
+            assert_eq!(a.number, EventNumber::AsyncAffSevdEnqueueFailure);
+            assert!(matches!(a.cause, AffiliatedCause::Sevd(ref s) if s.id == evd.id()));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn local_ia(door: &FrontDoor) -> Ia {
+    Ia::open_on(&door.target(), DEV).unwrap()
+}
+
+#[test]
+fn itapi_solicited_events() {
+    each_front_door(|door| {
+        let fd_cfg = Cfg {
+            dto_flags: EvdFlags::CREATE_FD,
+            ..Cfg::default()
+        };
+        let (s, c) = pair_cfg(door, &fd_cfg, &Cfg::default());
+        let fd = s.dto.fd().unwrap();
+        for i in 0..4 {
+            s.ep.post_recv(&[s.seg(i * 64, 64)], i, DtoFlags::SOLICITED_WAIT)
+                .unwrap();
+        }
+        // An unsolicited message is queued but does not make the SEVD ready.
+        c.ep.post_send(&[c.seg(0, 8)], 10, DtoFlags::SIGNALED)
+            .unwrap();
+        c.expect(DtoKind::Send, 10);
+        assert!(!readable(fd, 300), "unsolicited message must not notify");
+        match s.dto.dequeue().unwrap() {
+            Event::Dto(d) => assert_eq!((d.cookie, d.solicited), (0, false)),
+            other => panic!("{other:?}"),
+        }
+        // A solicited one does.
+        c.ep.post_send(
+            &[c.seg(0, 8)],
+            11,
+            DtoFlags::SIGNALED | DtoFlags::SOLICITED_WAIT,
+        )
+        .unwrap();
+        assert!(readable(fd, 5000), "solicited message notifies");
+        match s.dto.dequeue().unwrap() {
+            Event::Dto(d) => assert_eq!((d.cookie, d.solicited), (1, true)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!readable(fd, 0), "drained: not ready");
+
+        // A sleeping waiter is not woken by an unsolicited message...
+        let dto = s.dto.clone();
+        let waiter = std::thread::spawn(move || {
+            let t = Instant::now();
+            (dto.wait(Some(Duration::from_millis(800))), t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        c.ep.post_send(&[c.seg(0, 8)], 12, DtoFlags::SIGNALED)
+            .unwrap();
+        let (r, waited) = waiter.join().unwrap();
+        assert_eq!(r.err(), Some(Error::TimeoutExpired));
+        assert!(
+            waited >= Duration::from_millis(750),
+            "woken early: {waited:?}"
+        );
+        assert!(matches!(s.dto.dequeue().unwrap(), Event::Dto(d) if d.cookie == 2));
+        // ...and is woken at once by a solicited one.
+        let dto = s.dto.clone();
+        let waiter = std::thread::spawn(move || {
+            let t = Instant::now();
+            (dto.wait(Some(Duration::from_secs(10))), t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        c.ep.post_send(
+            &[c.seg(0, 8)],
+            13,
+            DtoFlags::SIGNALED | DtoFlags::SOLICITED_WAIT,
+        )
+        .unwrap();
+        let (r, waited) = waiter.join().unwrap();
+        assert!(matches!(r.unwrap().0, Event::Dto(d) if d.cookie == 3 && d.solicited));
+        assert!(waited < Duration::from_secs(5));
+    });
+}
+
+#[test]
+fn itapi_threshold_and_descriptor() {
+    each_front_door(|door| {
+        let ia = local_ia(door);
+        let evd = software(&ia, EvdFlags::CREATE_FD, 16, 3, None);
+        let fd = evd.fd().unwrap();
+        evd.post_software(1).unwrap();
+        evd.post_software(2).unwrap();
+        assert!(!readable(fd, 50), "below the threshold");
+        assert_eq!(
+            evd.wait(Some(Duration::from_millis(100))).err(),
+            Some(Error::TimeoutExpired)
+        );
+        evd.post_software(3).unwrap();
+        assert!(readable(fd, 0));
+        let (ev, more) = evd.wait(Some(Duration::ZERO)).unwrap();
+        assert_eq!((data(&ev), more), (1, 2));
+        assert!(!readable(fd, 0), "two left: below the threshold again");
+        assert_eq!(
+            data(&evd.dequeue().unwrap()),
+            2,
+            "dequeue ignores the threshold"
+        );
+        assert_eq!(data(&evd.dequeue().unwrap()), 3);
+        assert_eq!(evd.dequeue().err(), Some(Error::QueueEmpty));
+        evd.set_threshold(1).unwrap();
+        evd.post_software(4).unwrap();
+        assert!(readable(fd, 0));
+        evd.set_enabled(false);
+        assert!(!readable(fd, 0), "disabled: not ready");
+        assert_eq!(evd.set_threshold(17), Err(Error::InvalidThreshold));
+        assert_eq!(
+            Evd::create(&ia, EventStream::Software, EvdFlags::empty(), 0, 0, None).err(),
+            Some(Error::InvalidQueueSize)
+        );
+    });
+}
+
+#[test]
+fn itapi_wait_timeout_waiter_limit_and_wakeup() {
+    each_front_door(|door| {
+        let ia = local_ia(door);
+        let evd = software(&ia, EvdFlags::empty(), 16, 1, None);
+        let t = Instant::now();
+        assert_eq!(
+            evd.wait(Some(Duration::from_millis(200))).err(),
+            Some(Error::TimeoutExpired)
+        );
+        assert!(t.elapsed() >= Duration::from_millis(190));
+        let e2 = evd.clone();
+        let waiter = std::thread::spawn(move || e2.wait(None));
+        while !evd.has_waiter() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            evd.wait(Some(Duration::ZERO)).err(),
+            Some(Error::WaiterLimit)
+        );
+        evd.post_software(42).unwrap();
+        assert_eq!(data(&waiter.join().unwrap().unwrap().0), 42);
+    });
+}
+
+#[test]
+fn itapi_callback_runs_when_ready() {
+    each_front_door(|door| {
+        let ia = local_ia(door);
+        let evd = software(&ia, EvdFlags::empty(), 16, 1, None);
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        evd.attach_callback(Arc::new(move || {
+            h.fetch_add(1, Ordering::SeqCst);
+        }))
+        .unwrap();
+        assert_eq!(
+            evd.attach_callback(Arc::new(|| {})),
+            Err(Error::CallbackExists)
+        );
+        evd.post_software(1).unwrap();
+        evd.post_software(2).unwrap();
+        assert_eq!(hits.load(Ordering::SeqCst), 2);
+        assert!(evd.query().callback);
+        evd.detach_callback().unwrap();
+        evd.post_software(3).unwrap();
+        assert_eq!(hits.load(Ordering::SeqCst), 2);
+    });
+}
+
+#[test]
+fn itapi_async_evds_one_per_ia() {
+    each_front_door(|door| {
+        let ia = local_ia(door);
+        let aff = affiliated(&ia);
+        assert_eq!(
+            Evd::create(
+                &ia,
+                EventStream::AsyncAffiliated,
+                EvdFlags::empty(),
+                8,
+                1,
+                None
+            )
+            .err(),
+            Some(Error::AsyncAffEvdExists)
+        );
+        let unaff = Evd::create(
+            &ia,
+            EventStream::AsyncUnaffiliated,
+            EvdFlags::empty(),
+            8,
+            1,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            Evd::create(
+                &ia,
+                EventStream::AsyncUnaffiliated,
+                EvdFlags::empty(),
+                8,
+                1,
+                None
+            )
+            .err(),
+            Some(Error::AsyncUnaffEvdExists)
+        );
+        let info = ia.query();
+        assert_eq!(
+            (info.affiliated_evd, info.unaffiliated_evd),
+            (Some(aff.id()), Some(unaff.id()))
+        );
+        drop(aff);
+        assert!(Evd::create(
+            &ia,
+            EventStream::AsyncAffiliated,
+            EvdFlags::empty(),
+            8,
+            1,
+            None
+        )
+        .is_ok());
+        assert_eq!(
+            software(&ia, EvdFlags::empty(), 8, 1, None).post_software(1),
+            Ok(())
+        );
+        assert_eq!(unaff.post_software(1), Err(Error::InvalidEvdType));
+    });
+}
+
+#[test]
+fn itapi_evd_overflow() {
+    each_front_door(|door| {
+        let ia = local_ia(door);
+        let aff = affiliated(&ia);
+        let evd = software(&ia, EvdFlags::empty(), 4, 1, None);
+        for i in 0..4 {
+            evd.post_software(i).unwrap();
+        }
+        assert_eq!(evd.post_software(4), Err(Error::EvdQueueFull));
+        assert_eq!(evd.post_software(5), Err(Error::EvdQueueFull));
+        assert!(evd.query().overflowed);
+        // One async event per overflow, naming the SEVD.
+        expect_overflow_report(&aff, &evd);
+        assert_eq!(aff.dequeue().err(), Some(Error::QueueEmpty));
+        // The events that fit are intact; the mark stays until reset.
+        let got: Vec<u64> = (0..4).map(|_| data(&evd.dequeue().unwrap())).collect();
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        assert!(evd.query().overflowed);
+        evd.reset_overflow();
+        assert!(!evd.query().overflowed);
+
+        // With auto-reset the mark clears at the next dequeue.
+        let auto = software(&ia, EvdFlags::OVERFLOW_AUTO_RESET, 1, 1, None);
+        auto.post_software(1).unwrap();
+        assert_eq!(auto.post_software(2), Err(Error::EvdQueueFull));
+        assert!(auto.query().overflowed);
+        auto.dequeue().unwrap();
+        assert!(!auto.query().overflowed);
+    });
+}
+
+#[test]
+fn itapi_connection_request_overflow_rejects() {
+    each_front_door(|door| {
+        let s = Side::new(door, EpAttributes::default(), 4096);
+        let req = Evd::create(
+            &s.ia,
+            EventStream::CmRequest,
+            EvdFlags::CREATE_FD,
+            1,
+            1,
+            None,
+        )
+        .unwrap();
+        let l = Listener::create(&s.ia, 0, &req, 0).unwrap();
+        let addr = ([127, 0, 0, 1], l.port()).into();
+        let a = Side::new(door, EpAttributes::default(), 4096);
+        let b = Side::new(door, EpAttributes::default(), 4096);
+        a.ep.connect(addr, b"first").unwrap();
+        assert!(readable(req.fd().unwrap(), 5000), "first request queued");
+        // The SEVD holds one request: the second is lost, and refused rather than left
+        // waiting.
+        b.ep.connect(addr, b"second").unwrap();
+        let refused = b.conn_event();
+        assert!(matches!(
+            refused.kind,
+            ConnEventKind::PeerReject | ConnEventKind::NonPeerReject
+        ));
+        assert!(req.query().overflowed);
+        match req.dequeue().unwrap() {
+            Event::ConnRequest(r) => {
+                assert_eq!(r.private_data, b"first");
+                s.ep.accept(r.cn_est_id, b"").unwrap();
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(a.conn_event().kind, ConnEventKind::Established);
+    });
+}
+
+#[test]
+fn itapi_dto_evd_overflow_never_hangs() {
+    each_front_door(|door| {
+        let attrs = EpAttributes {
+            max_request_dtos: 32,
+            ..EpAttributes::default()
+        };
+        let small = Cfg {
+            attrs: attrs.clone(),
+            dto_queue: 4,
+            ..Cfg::default()
+        };
+        let (s, c) = pair_cfg(
+            door,
+            &Cfg {
+                attrs,
+                ..Cfg::default()
+            },
+            &small,
+        );
+        let aff = Evd::create(
+            &c.ia,
+            EventStream::AsyncAffiliated,
+            EvdFlags::empty(),
+            8,
+            1,
+            None,
+        )
+        .unwrap();
+        // The SEVD holds 4 events and its completion ring 4 more; 24 do not fit.
+        for i in 0..24 {
+            s.ep.post_recv(&[s.seg(0, 64)], i, DtoFlags::SIGNALED)
+                .unwrap();
+        }
+        for i in 0..24 {
+            c.ep.post_send(&[c.seg(0, 8)], i, DtoFlags::SIGNALED)
+                .unwrap();
+        }
+        expect_overflow_report(&aff, &c.dto);
+        assert!(c.dto.query().overflowed);
+        let mut got = Vec::new();
+        while let Ok(Event::Dto(d)) = c.dto.dequeue() {
+            got.push(d.cookie);
+        }
+        // What fitted is kept in order; what found the ring full was lost.
+        assert!((4..24).contains(&got.len()), "{got:?}");
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "in order: {got:?}");
+        // The endpoint whose completion was lost is broken, like on any device.
+        let ended = c.conn_event();
+        assert!(matches!(
+            ended.kind,
+            ConnEventKind::Broken | ConnEventKind::Disconnect
+        ));
+    });
+}
+
+#[test]
+fn itapi_aevd_fans_in_simple_evds() {
+    each_front_door(|door| {
+        let ia = local_ia(door);
+        let aevd = Aevd::create(&ia, EvdFlags::CREATE_FD, 64).unwrap();
+        let fd = aevd.fd().unwrap();
+        let a = software(&ia, EvdFlags::empty(), 8, 1, Some(&aevd));
+        let b = software(&ia, EvdFlags::empty(), 8, 1, Some(&aevd));
+        let quiet = software(&ia, EvdFlags::empty(), 8, 1, Some(&aevd));
+        assert_eq!(aevd.users(), 3);
+        assert!(!readable(fd, 0));
+        a.post_software(1).unwrap();
+        a.post_software(2).unwrap();
+        b.post_software(3).unwrap();
+        assert!(readable(fd, 0));
+        assert_eq!(aevd.ready_count(), 2);
+        // Direct mode: the SEVDs' own events, one ready SEVD after the other.
+        let got: Vec<(u64, u64)> = (0..3)
+            .map(|_| {
+                let ev = aevd.wait(Some(Duration::from_secs(1))).unwrap().0;
+                (ev.evd_id(), data(&ev))
+            })
+            .collect();
+        assert_eq!(got, vec![(a.id(), 1), (b.id(), 3), (a.id(), 2)]);
+        assert!(!readable(fd, 0), "all drained");
+        assert_eq!(aevd.dequeue().err(), Some(Error::QueueEmpty));
+        assert_eq!(
+            aevd.wait(Some(Duration::from_millis(50))).err(),
+            Some(Error::TimeoutExpired)
+        );
+
+        // A waiter on the AEVD wakes when any of its SEVDs gets an event.
+        let a2 = aevd.clone();
+        let waiter = std::thread::spawn(move || a2.wait(Some(Duration::from_secs(10))));
+        std::thread::sleep(Duration::from_millis(50));
+        quiet.post_software(9).unwrap();
+        let (ev, _) = waiter.join().unwrap().unwrap();
+        assert_eq!((ev.evd_id(), data(&ev)), (quiet.id(), 9));
+
+        // Notification mode: the AEVD names the ready SEVD; the consumer drains it.
+        let notes = Aevd::create(&ia, EvdFlags::DEQUEUE_NOTIFICATIONS, 8).unwrap();
+        let c = software(&ia, EvdFlags::empty(), 8, 1, Some(&notes));
+        c.post_software(5).unwrap();
+        c.post_software(6).unwrap();
+        match notes.wait(Some(Duration::from_secs(1))).unwrap().0 {
+            Event::AevdNotification(n) => {
+                assert_eq!((n.aevd, n.sevd.id), (notes.id(), c.id()));
+                let sevd = n.sevd.evd().unwrap();
+                assert_eq!(data(&sevd.dequeue().unwrap()), 5);
+                assert_eq!(data(&sevd.dequeue().unwrap()), 6);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            notes.dequeue().err(),
+            Some(Error::QueueEmpty),
+            "drained: no notification left"
+        );
+    });
+}

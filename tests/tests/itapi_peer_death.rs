@@ -1,0 +1,195 @@
+//! A peer process killed mid-transfer, through both front doors: the survivor gets a
+//! broken-connection event and flushed completions for everything outstanding, and
+//! never hangs.
+
+mod itapi_common;
+
+use itapi_common::*;
+use krdma_itapi::*;
+use krdma_tests::each_front_door;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use ual::{RegBuf, Target};
+
+const CHILD_BUF: usize = 4 << 20;
+const CHUNK: u32 = 256 * 1024;
+const WINDOW: u64 = 8;
+
+/// Child mode: connect to the survivor named by `ITAPI_PEER`, offer a buffer, and wait
+/// to be killed.
+#[test]
+#[ignore = "run as a child process by itapi_peer_killed_mid_transfer"]
+fn itapi_child_peer() {
+    let Ok(peer) = std::env::var("ITAPI_PEER") else {
+        return;
+    };
+    let peer: SocketAddr = peer.parse().unwrap();
+    let ia = Ia::open_on(&Target::from_env(), DEV).unwrap();
+    let pz = Pz::create(&ia).unwrap();
+    let dto = Evd::create(&ia, EventStream::Dto, EvdFlags::empty(), 64, 1, None).unwrap();
+    let cm = Evd::create(&ia, EventStream::CmMessage, EvdFlags::empty(), 8, 1, None).unwrap();
+    let ep = Endpoint::create_rc(&pz, &dto, &dto, &cm, EpAttributes::default(), None).unwrap();
+    let lmr = Lmr::create(
+        &pz,
+        RegBuf::new(CHILD_BUF).unwrap(),
+        MemPriv::LOCAL | MemPriv::REMOTE,
+    )
+    .unwrap();
+    for i in 0..8 {
+        ep.post_recv(&[lmr.segment(i * 64, 64).unwrap()], i, DtoFlags::SIGNALED)
+            .unwrap();
+    }
+    let advert = lmr.rdma_addr(0).unwrap().encode(lmr.len());
+    ep.connect(peer, &advert).unwrap();
+    match cm.wait(T).unwrap().0 {
+        Event::Connection(c) if c.kind == ConnEventKind::Established => {}
+        other => panic!("child not connected: {other:?}"),
+    }
+    println!("CONNECTED");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn itapi_peer_killed_mid_transfer() {
+    each_front_door(|door| {
+        let attrs = EpAttributes {
+            max_request_dtos: 32,
+            ..EpAttributes::default()
+        };
+        let s = Side::new(door, attrs, CHUNK as usize);
+        let l = Listening::new(&s);
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["itapi_child_peer", "--exact", "--ignored", "--nocapture"])
+            .env("ITAPI_PEER", l.addr().to_string())
+            .env(
+                "KRDMA_DEVICE",
+                match door.target() {
+                    Target::Embedded => "embedded".to_string(),
+                    Target::Device(p) => p.display().to_string(),
+                },
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let r = l.request();
+        let (target, len) = RdmaAddr::decode(&r.private_data).unwrap();
+        assert_eq!(len, CHILD_BUF as u64);
+        s.ep.accept(r.cn_est_id, b"").unwrap();
+        assert_eq!(s.conn_event().kind, ConnEventKind::Established);
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert!(
+            out.any(|l| l.is_ok_and(|l| l == "CONNECTED")),
+            "child did not connect"
+        );
+
+        // Receives that will never be matched, and a window of RDMA Writes kept full.
+        for i in 0..4 {
+            s.ep.post_recv(&[s.seg(0, 64)], 1000 + i, DtoFlags::SIGNALED)
+                .unwrap();
+        }
+        let slots = CHILD_BUF as u64 / CHUNK as u64;
+        let write = |n: u64| {
+            let at = RdmaAddr {
+                addr: target.addr + (n % slots) * CHUNK as u64,
+                ..target
+            };
+            s.ep.post_rdma_write(&[s.seg(0, CHUNK)], n, DtoFlags::SIGNALED, at)
+        };
+        let mut posted = 0u64;
+        while posted < WINDOW {
+            write(posted).unwrap();
+            posted += 1;
+        }
+        let (mut ok, mut flushed, mut failed) = (0u64, 0u64, 0u64);
+        let mut killed = false;
+        let mut ended = None;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // Stream until the connection ends and every request has completed (a request
+        // leaves `outstanding` when its completion is queued on the SEVD, so the queue is
+        // drained to the end).
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "survivor hung: ok {ok} flushed {flushed}"
+            );
+            if !killed && ok >= 64 {
+                child.kill().unwrap();
+                killed = true;
+            }
+            if let Ok(Event::Connection(c)) = s.cm.dequeue() {
+                ended = Some(c.kind);
+            }
+            let d = match s.dto.wait(Some(Duration::from_millis(100))) {
+                Ok((Event::Dto(d), _)) => d,
+                _ if ended.is_some() && s.ep.outstanding() == (0, 0) => break,
+                _ => continue,
+            };
+            match d.status {
+                DtoStatus::Success => {
+                    ok += 1;
+                    if ended.is_none() && write(posted).is_ok() {
+                        posted += 1;
+                    }
+                }
+                DtoStatus::Flushed => flushed += 1,
+                _ => failed += 1,
+            }
+        }
+        let _ = child.kill();
+        child.wait().unwrap();
+        eprintln!(
+            "{}: {ok} writes done, {flushed} flushed, {failed} failed, {ended:?}",
+            door.name()
+        );
+        assert!(killed, "the child was killed mid-transfer");
+        assert_eq!(ended, Some(ConnEventKind::Broken));
+        assert!(
+            flushed >= 4,
+            "the posted receives (and writes in flight) flush"
+        );
+        assert_eq!(s.ep.state(), EpState::NonOperational);
+    });
+}
+
+#[test]
+fn itapi_daemon_death_wakes_every_waiter() {
+    if !krdma_tests::daemon_possible() {
+        return;
+    }
+    let d = krdma_tests::Daemon::start();
+    let door = krdma_tests::FrontDoor::Daemon(d);
+    let (s, c) = pair(&door, EpAttributes::default(), 4096);
+    let sw = Evd::create(&s.ia, EventStream::Software, EvdFlags::empty(), 8, 1, None).unwrap();
+    s.ep.post_recv(&[s.seg(0, 64)], 1, DtoFlags::SIGNALED)
+        .unwrap();
+    let (sw2, dto) = (sw.clone(), s.dto.clone());
+    let waiters = [
+        std::thread::spawn(move || sw2.wait(None).err()),
+        std::thread::spawn(move || dto.wait(None).err()),
+    ];
+    std::thread::sleep(Duration::from_millis(200));
+    let krdma_tests::FrontDoor::Daemon(d) = &door else {
+        unreachable!()
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t = Instant::now();
+    for w in waiters {
+        assert_eq!(w.join().unwrap(), Some(Error::IaCatastrophe));
+    }
+    eprintln!("waiters woken {:?} after the daemon died", t.elapsed());
+    assert!(s.ia.is_dead());
+    assert_eq!(
+        s.ep.post_send(&[], 2, DtoFlags::SIGNALED),
+        Err(Error::IaCatastrophe)
+    );
+    assert_eq!(Pz::create(&s.ia).err(), Some(Error::IaCatastrophe));
+    drop((s, c));
+}
