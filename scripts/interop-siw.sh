@@ -15,107 +15,8 @@
 # project (../shared/interop relative to the project's parent by default); its build.sh
 # installs qemu and downloads the guest kernel and rdma-core on first use.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-INTEROP=${INTEROP:-$ROOT/../shared/interop}
-OUT=${OUT:-/tmp/krdma-interop}
-[ -x "$INTEROP/guest-peer.sh" ] || { echo "interop: no guest tooling at $INTEROP (set INTEROP=)" >&2; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "interop: needs root" >&2; exit 2; }
-command -v tshark >/dev/null || apt-get install -y -qq tshark >/dev/null
-
-PROFILE=${PROFILE:-release}
-cargo build --profile "$PROFILE" --bin krdma --bin krdmad >&2 || exit 1
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-KRDMA=$TARGET/$PROFILE/krdma
-KRDMAD=$TARGET/$PROFILE/krdmad
-mkdir -p "$OUT"
-NS=rdmavm HOST=10.77.0.1 GUEST=10.77.0.11
-# Enter only the network namespace (`ip netns exec` would also give each process its own
-# mount namespace, hiding krdmad's FUSE mount from its clients).
-IN_NS="nsenter --net=/run/netns/$NS"
-pass=0 fail=0
-results=()
-
-# A krdmad inside the namespace, for the cases run through the daemon front door.
-DAEMON_DEV=$OUT/dev/krdma
-start_daemon() {
-    mkdir -p "$OUT/dev"
-    $IN_NS "$KRDMAD" --device "$DAEMON_DEV" "$@" >"$OUT/krdmad.log" 2>&1 &
-    DAEMON=$!
-    for _ in $(seq 50); do grep -q ready "$OUT/krdmad.log" 2>/dev/null && return 0; sleep 0.1; done
-    echo "interop: krdmad did not start" >&2; return 1
-}
-stop_daemon() { [ -n "${DAEMON:-}" ] && kill -TERM "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null; DAEMON=; }
-
-# check NAME PCAP: tshark must decode iWARP with no malformed frames and no bad CRCs.
-check_pcap() {
-    local report
-    report=$(bash "$INTEROP/check-pcaps.sh" "$2" 2>&1)
-    echo "$report" >"$OUT/$1.pcap-check"
-    echo "$report" | grep -q iwarp_ddp_rdmap || { echo "  $1: no iWARP frames decoded"; return 1; }
-    echo "$report" | grep -qi malformed && { echo "  $1: malformed frames"; return 1; }
-    echo "$report" | grep -Eq "bad [1-9]" && { echo "  $1: CRC errors"; return 1; }
-    return 0
-}
-
-# run NAME GUESTFLAGS 'GUEST CMD' 'HOST ARGS' guest-first|host-first [daemon]
-run_case() {
-    local name=$1 gflags=$2 gcmd=$3 hargs=$4 order=$5 front=${6:-embedded}
-    local pcap=$OUT/$name.pcap hlog=$OUT/$name.host.log glog=$OUT/$name.guest.log
-    local kal=embedded hcrc=""
-    # CRC cases: both sides require MPA CRC (the guest with --siwcrc, krdma by its option).
-    [ -n "$gflags" ] && hcrc=required
-    echo "== $name ($front)" >&2
-    "$INTEROP/netns.sh" up >/dev/null 2>&1
-    if [ "$front" = daemon ]; then
-        start_daemon ${hcrc:+--siw-crc-required} || return 1
-        kal=$DAEMON_DEV
-    fi
-    rm -f /tmp/vm/guest-peer.ready
-    local hrc grc
-    if [ "$order" = guest-first ]; then
-        bash "$INTEROP/guest-peer.sh" --rdma siw $gflags --timeout 300 --pcap "$pcap" -- "$gcmd" >"$glog" 2>&1 &
-        local gp=$!
-        for _ in $(seq 240); do [ -f /tmp/vm/guest-peer.ready ] && break; sleep 0.5; done
-        sleep 2
-        KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 240 $IN_NS $KRDMA $hargs >"$hlog" 2>&1; hrc=$?
-        wait $gp; grc=$?
-    else
-        KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 300 $IN_NS $KRDMA $hargs >"$hlog" 2>&1 &
-        local hp=$!
-        bash "$INTEROP/guest-peer.sh" --rdma siw $gflags --timeout 300 --pcap "$pcap" -- "retry 30 $gcmd" >"$glog" 2>&1; grc=$?
-        wait $hp; hrc=$?
-    fi
-    [ "$front" = daemon ] && stop_daemon
-    local ok=1
-    [ $hrc = 0 ] || { echo "  host side failed (rc=$hrc): $hlog"; ok=0; }
-    [ $grc = 0 ] || { echo "  guest side failed (rc=$grc): $glog"; ok=0; }
-    check_pcap "$name" "$pcap" || ok=0
-    if [ -n "$hcrc" ] && ! grep -q "CRC negotiated" "$OUT/$name.pcap-check"; then
-        echo "  $name: CRC was not negotiated"; ok=0
-    fi
-    [ $ok = 1 ]
-}
-
-# Kernel siw 6.1 as the responder under TCG sometimes never transmits its first Read
-# Request when the initiator's first FPDU follows the MPA Reply within about a millisecond
-# (docs/interop.md). Cases with the guest as server get up to three attempts; the report
-# says how many were needed.
-record() {
-    local name=$1 tries=$2; shift 2
-    [[ "$name" =~ ${ONLY:-.} ]] || return 0
-    local n
-    for n in $(seq "$tries"); do
-        if run_case "$name" "$@"; then
-            pass=$((pass + 1)); results+=("PASS $name (attempt $n of $tries)"); return
-        fi
-        # Keep the failed attempt's logs and capture next to the final ones.
-        for f in "$OUT/$name".{pcap,pcap-check,host.log,guest.log}; do
-            [ -e "$f" ] && mv "$f" "${f/$name./$name.failed$n.}"
-        done
-    done
-    fail=$((fail + 1)); results+=("FAIL $name ($tries attempts)")
-}
+RDMA=siw
+. "$(dirname "$0")/interop-lib.sh"
 
 for crc in "" "--siwcrc"; do
     tag=${crc:+-crc}
@@ -144,7 +45,4 @@ for crc in "" "--siwcrc"; do
     done
 done
 
-echo
-printf '%s\n' "${results[@]}"
-echo "interop: $pass passed, $fail failed (logs and captures in $OUT)"
-[ $fail = 0 ]
+summary

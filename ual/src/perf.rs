@@ -446,6 +446,71 @@ pub fn tcp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
     Ok(lat)
 }
 
+/// Raw UDP on loopback: bytes per second received when `total` bytes are sent as
+/// datagrams of `size` bytes (UDP has no flow control: what the receiver gets in the time
+/// from the first to the last datagram it sees).
+pub fn udp_bandwidth(size: usize, total: u64) -> std::io::Result<f64> {
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let addr = rx.local_addr()?;
+    rx.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let count = total.div_ceil(size as u64);
+    let srv = std::thread::spawn(move || -> std::io::Result<(u64, f64)> {
+        let mut buf = vec![0u8; size.max(1)];
+        let (mut got, mut first, mut last) = (0u64, None, Instant::now());
+        for _ in 0..count {
+            match rx.recv(&mut buf) {
+                Ok(n) => {
+                    first.get_or_insert_with(Instant::now);
+                    last = Instant::now();
+                    got += n as u64;
+                }
+                Err(_) => break, // the rest was dropped
+            }
+        }
+        let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+        Ok((got, secs))
+    });
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let buf = vec![7u8; size];
+    for _ in 0..count {
+        tx.send_to(&buf, addr)?;
+    }
+    let (got, secs) = srv
+        .join()
+        .map_err(|_| std::io::Error::other("receiver panicked"))??;
+    Ok(if secs > 0.0 { got as f64 / secs } else { 0.0 })
+}
+
+/// Raw UDP ping-pong on loopback; one-way latencies in microseconds, sorted.
+pub fn udp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
+    let a = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let b = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    a.connect(b.local_addr()?)?;
+    b.connect(a.local_addr()?)?;
+    b.set_read_timeout(Some(Duration::from_secs(5)))?;
+    a.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let srv = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut m = vec![0u8; size];
+        for _ in 0..iters {
+            let n = b.recv(&mut m)?;
+            b.send(&m[..n])?;
+        }
+        Ok(())
+    });
+    let mut m = vec![0u8; size];
+    let mut lat = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        let t = Instant::now();
+        a.send(&m)?;
+        a.recv(&mut m)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    srv.join()
+        .map_err(|_| std::io::Error::other("server panicked"))??;
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok(lat)
+}
+
 /// The value at percentile `p` (0..=100) of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -29,7 +29,9 @@ enum Cmd {
     Stat,
     /// Run RDMA traffic over loopback and compare it with raw TCP measured in the same run.
     Demo {
-        #[arg(long, default_value = "siw0")]
+        /// Device to run on; `all` runs every device (siw0 against raw TCP, rxe0 against
+        /// raw UDP with datagrams of its path MTU).
+        #[arg(long, default_value = "all")]
         device: String,
         /// Bytes per bandwidth test.
         #[arg(long, default_value_t = 256 << 20)]
@@ -420,49 +422,96 @@ fn demo(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let server = Context::open_target(target)?;
     let client = Context::open_target(target)?;
+    let devices: Vec<ual::DeviceInfo> = match device {
+        "all" => server.devices()?,
+        name => vec![server.device(name)?],
+    };
+    for dev in &devices {
+        demo_device(target, &server, &client, dev, bytes, iters)?;
+    }
+    stat(&server)?;
+    Ok(())
+}
+
+/// The baseline a device's figures are measured against, in the same run.
+enum Baseline {
+    /// iWARP runs over TCP.
+    Tcp,
+    /// RoCEv2 runs over UDP: datagrams of the path MTU.
+    Udp { datagram: usize },
+}
+
+impl Baseline {
+    fn name(&self) -> &'static str {
+        match self {
+            Baseline::Tcp => "raw TCP (same run)",
+            Baseline::Udp { .. } => "raw UDP (same run)",
+        }
+    }
+    fn bandwidth(&self, msg: usize, total: u64) -> std::io::Result<f64> {
+        match self {
+            Baseline::Tcp => perf::tcp_bandwidth(msg, total),
+            Baseline::Udp { datagram } => perf::udp_bandwidth(*datagram, total),
+        }
+    }
+    fn pingpong(&self, size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
+        match self {
+            Baseline::Tcp => perf::tcp_pingpong(size, iters),
+            Baseline::Udp { .. } => perf::udp_pingpong(size, iters),
+        }
+    }
+}
+
+fn demo_device(
+    target: &Target,
+    server: &Arc<Context>,
+    client: &Arc<Context>,
+    dev: &ual::DeviceInfo,
+    bytes: u64,
+    iters: u32,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let device = dev.name.as_str();
+    let base = match dev.transport {
+        ual::Transport::Iwarp => Baseline::Tcp,
+        ual::Transport::Ib => Baseline::Udp {
+            datagram: server.query_port(dev.index, 1)?.active_mtu as usize,
+        },
+    };
     println!(
-        "krdma demo: {device} over loopback, kAL front door: {}",
+        "krdma demo: {device} ({}) over loopback, kAL front door: {}",
+        dev.transport.name(),
         target.describe()
     );
-    let mut t = table(&["test", "krdma", "raw TCP (same run)", "ratio"]);
+    let mut t = table(&["test", "krdma", base.name(), "ratio"]);
     for msg in [64u32 << 10, 1 << 20] {
-        let (s, c) = perf::connect_pair(&server, &client, device, msg as usize, 4096)?;
+        let (s, c) = perf::connect_pair(server, client, device, msg as usize, 4096)?;
         for (op, name) in [
             (Op::Write, "RDMA Write"),
             (Op::Send, "Send"),
             (Op::Read, "RDMA Read"),
         ] {
             let rdma = perf::bandwidth(&s, &c, op, msg, bytes, 16)?;
-            let tcp = perf::tcp_bandwidth(msg as usize, bytes)?;
+            let raw = base.bandwidth(msg as usize, bytes)?;
             t.add_row(vec![
                 format!("{name} BW, {} KiB", msg >> 10),
                 gbits(rdma),
-                gbits(tcp),
-                format!("{:.2}x", rdma / tcp),
+                gbits(raw),
+                format!("{:.2}x", rdma / raw),
             ]);
         }
     }
-    let (s, c) = perf::connect_pair(&server, &client, device, 4096, 32)?;
+    let (s, c) = perf::connect_pair(server, client, device, 4096, 32)?;
     let lat = perf::pingpong(&s, &c, 8, iters)?;
-    let tcp = perf::tcp_pingpong(8, iters)?;
-    let (l50, t50) = (perf::percentile(&lat, 50.0), perf::percentile(&tcp, 50.0));
-    t.add_row(vec![
-        "8 B Send ping-pong, one-way (median)".into(),
-        format!("{l50:.2} µs"),
-        format!("{t50:.2} µs"),
-        format!("{:+.2} µs", l50 - t50),
-    ]);
-    t.add_row(vec![
-        "8 B Send ping-pong, one-way (p99)".into(),
-        format!("{:.2} µs", perf::percentile(&lat, 99.0)),
-        format!("{:.2} µs", perf::percentile(&tcp, 99.0)),
-        format!(
-            "{:+.2} µs",
-            perf::percentile(&lat, 99.0) - perf::percentile(&tcp, 99.0)
-        ),
-    ]);
+    let raw = base.pingpong(8, iters)?;
+    for (label, p) in [("median", 50.0), ("p99", 99.0)] {
+        let (l, r) = (perf::percentile(&lat, p), perf::percentile(&raw, p));
+        t.add_row(vec![
+            format!("8 B Send ping-pong, one-way ({label})"),
+            format!("{l:.2} µs"),
+            format!("{r:.2} µs"),
+            format!("{:+.2} µs", l - r),
+        ]);
+    }
     println!("{t}");
-    drop((s, c));
-    stat(&server)?;
     Ok(())
 }
