@@ -54,6 +54,7 @@ macro_rules! counters {
 counters!(
     tx_packets,
     rx_packets,
+    rx_not_ours,
     tx_bytes,
     rx_bytes,
     rx_bad_icrc,
@@ -91,6 +92,7 @@ pub(crate) struct Shared {
     pub cm: Cm,
     tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
     stop: AtomicBool,
+    gid_cache: parking_lot::Mutex<(std::time::Instant, Vec<Ipv4Addr>)>,
 }
 
 impl Shared {
@@ -136,6 +138,21 @@ impl Shared {
             Some(a) => vec![a],
             None => host_ipv4(),
         }
+    }
+
+    /// Whether a datagram to `dst` is ours. A raw socket sees every RoCEv2 datagram of
+    /// the network namespace, also those for another rxe instance bound to an address
+    /// the host does not list (tests use 127.x.y.z); those are left alone, answered by
+    /// nobody here. The host's list is cached for a second.
+    fn serves(&self, dst: Ipv4Addr) -> bool {
+        if let Some(a) = self.config.addr {
+            return a == dst;
+        }
+        let mut cache = self.gid_cache.lock();
+        if cache.0.elapsed() > std::time::Duration::from_secs(1) {
+            *cache = (std::time::Instant::now(), host_ipv4());
+        }
+        cache.1.contains(&dst)
     }
 
     /// Path MTU the port offers (an IB MTU that fits the link with every header).
@@ -257,6 +274,7 @@ impl RxeDevice {
             cm: Cm::new(),
             tx_queue: tx,
             stop: AtomicBool::new(false),
+            gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), host_ipv4())),
         });
         spawn("rxe-rx", {
             let s = Arc::downgrade(&shared);
@@ -323,6 +341,9 @@ fn rx_loop(shared: Weak<Shared>) {
 /// Hand one verified datagram to its QP (or the CM for QP1).
 fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
     let c = &s.counters;
+    if !s.serves(d.dst) {
+        return s.count(&c.rx_not_ours);
+    }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(d.roce.len() as u64, Ordering::Relaxed);
     let repr = match RocePacket::new_checked(d.roce).and_then(|p| RoceRepr::parse(&p)) {
