@@ -433,7 +433,8 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
         (None, false) => c.peer.memlock_limit(),
     };
     kal.pins.charge(c.caller.uid, span, limit)?;
-    let region = match dev.reg_mr(pd, a.addr, a.length, access, c.memory.clone()) {
+    let memory = c.peer.memory_for(a.addr, a.length);
+    let region = match dev.reg_mr(pd, a.addr, a.length, access, memory) {
         Ok(r) => r,
         Err(e) => {
             kal.pins.release(c.caller.uid, span);

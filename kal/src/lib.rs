@@ -21,6 +21,7 @@ mod dispatch;
 pub mod doorbell;
 pub mod events;
 pub mod fuse;
+pub mod mapped;
 pub mod peer;
 pub mod pin;
 pub mod process;

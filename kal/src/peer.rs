@@ -19,6 +19,11 @@ pub trait Peer: Send + Sync + 'static {
     fn take_fd(&self, fd: i32) -> Result<OwnedFd>;
     /// Access to the caller's memory (for registered memory regions).
     fn memory(&self) -> Arc<dyn MemoryAccess>;
+    /// The best access to the caller's range `[addr, addr+len)` (a registration): by
+    /// default [`memory`](Self::memory).
+    fn memory_for(&self, _addr: u64, _len: u64) -> Arc<dyn MemoryAccess> {
+        self.memory()
+    }
     /// The caller's RLIMIT_MEMLOCK soft limit in bytes (`None` = unlimited).
     fn memlock_limit(&self) -> Option<u64>;
     /// Whether the caller may pin without limit (CAP_IPC_LOCK; uid 0 counts as having it).

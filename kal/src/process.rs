@@ -46,6 +46,13 @@ impl ProcessPeer {
 }
 
 impl Peer for ProcessPeer {
+    fn memory_for(&self, addr: u64, len: u64) -> Arc<dyn MemoryAccess> {
+        match crate::mapped::MappedMemory::open(self.tgid, addr, len) {
+            Some(m) => Arc::new(m),
+            None => self.memory.clone(),
+        }
+    }
+
     fn take_fd(&self, fd: i32) -> Result<OwnedFd> {
         if fd < 0 {
             return Err(VerbsError::Invalid);

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-/// An anonymous page-aligned mapping to register with [`Context::reg_mr`](crate::Context::reg_mr).
+/// A page-aligned shared mapping (of a sealed memfd) to register with
+/// [`Context::reg_mr`](crate::Context::reg_mr).
 pub struct RegBuf {
     map: memmap2::MmapRaw,
 }
@@ -16,11 +17,29 @@ impl std::fmt::Debug for RegBuf {
 }
 
 impl RegBuf {
+    /// Page-aligned memory of `len` bytes, zero-filled. It is a shared mapping of a
+    /// memfd sealed against shrinking, so `krdmad` can map the same pages and move data
+    /// with one copy instead of `process_vm_*` (`kal::mapped`); any memory can be
+    /// registered, this is only the fast kind.
     pub fn new(len: usize) -> std::io::Result<Arc<RegBuf>> {
-        let map = memmap2::MmapOptions::new()
-            .len(len.max(1))
-            .map_anon()?
-            .into();
+        let len = len.max(1);
+        let name = std::ffi::CString::new("krdma-buf").map_err(std::io::Error::other)?;
+        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
+        let fd = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.set_len(len as u64)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS on a descriptor we own.
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = memmap2::MmapOptions::new().len(len).map_raw(&file)?;
         Ok(Arc::new(RegBuf { map }))
     }
 
