@@ -9,6 +9,8 @@ need_apt=()
 command -v tshark >/dev/null || need_apt+=(tshark)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v cc >/dev/null || need_apt+=(gcc)
+command -v ethtool >/dev/null || need_apt+=(ethtool)
+command -v ip >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

@@ -36,7 +36,10 @@ fn covering_mapping(pid: u32, addr: u64, len: u64) -> Option<(u64, u64, String, 
     maps.lines().find_map(|line| {
         let mut cols = line.split_whitespace();
         let (lo, hi) = cols.next()?.split_once('-')?;
-        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).ok()?,
+            u64::from_str_radix(hi, 16).ok()?,
+        );
         let perms = cols.next()?.to_string();
         let offset = u64::from_str_radix(cols.next()?, 16).ok()?;
         (lo <= addr && end <= hi).then_some((lo, hi, perms, offset))
@@ -74,7 +77,12 @@ impl MappedMemory {
             .len(span as usize)
             .map_raw(&file)
             .ok()?;
-        tracing::debug!(pid, base = format_args!("{lo:#x}"), span, "consumer memory mapped directly");
+        tracing::debug!(
+            pid,
+            base = format_args!("{lo:#x}"),
+            span,
+            "consumer memory mapped directly"
+        );
         Some(MappedMemory { map, base: lo })
     }
 
@@ -135,14 +143,19 @@ mod tests {
     fn sealed_memfd(len: usize, seal: bool) -> memmap2::MmapRaw {
         let name = std::ffi::CString::new("t").unwrap();
         // SAFETY: memfd_create with a valid name; the result is checked.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        let fd = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor nobody else owns.
         let file = unsafe { std::fs::File::from_raw_fd(fd) };
         file.set_len(len as u64).unwrap();
         if seal {
             // SAFETY: F_ADD_SEALS on a descriptor we own.
-            assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) }, 0);
+            assert_eq!(
+                unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+                0
+            );
         }
         memmap2::MmapOptions::new().len(len).map_raw(&file).unwrap()
     }
@@ -158,9 +171,15 @@ mod tests {
         let mapped = MappedMemory::open(me, base + 100, 1000).expect("sealed memfd mapped");
         mapped.write(base + 100, b"abc").unwrap();
         // SAFETY: reading our own mapping.
-        assert_eq!(unsafe { std::slice::from_raw_parts(m.as_ptr().add(100), 3) }, b"abc");
+        assert_eq!(
+            unsafe { std::slice::from_raw_parts(m.as_ptr().add(100), 3) },
+            b"abc"
+        );
         assert_eq!(mapped.atomic(base + 8, &mut |v| v + 5).unwrap(), 0);
-        assert_eq!(mapped.read(base + 8190, &mut [0u8; 4]), Err(VerbsError::BadAddress));
+        assert_eq!(
+            mapped.read(base + 8190, &mut [0u8; 4]),
+            Err(VerbsError::BadAddress)
+        );
         let unsealed = sealed_memfd(4096, false);
         assert!(MappedMemory::open(me, unsealed.as_ptr() as u64, 10).is_none());
         let private = vec![0u8; 100_000];

@@ -12,7 +12,7 @@
 //! connection is already gone).
 
 use crate::device::Shared;
-use crate::net::{v4, Datagram};
+use crate::net::{canonical, Datagram};
 use crate::qp::RxeQp;
 use crate::timer::Target;
 use crate::wire::cm::{self, rej_reason, CmMad, CmMessage, CmPath};
@@ -20,7 +20,7 @@ use crate::wire::{cma, icrc, RoceRepr};
 use parking_lot::Mutex;
 use rnicpi::*;
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -51,8 +51,8 @@ struct Conn {
     phase: Phase,
     local_id: u32,
     remote_id: u32,
-    local: Ipv4Addr,
-    peer: Ipv4Addr,
+    local: IpAddr,
+    peer: IpAddr,
     qp: Weak<RxeQp>,
     /// The peer's QP number (from its REQ or REP).
     remote_qpn: u32,
@@ -69,7 +69,7 @@ struct Conn {
 }
 
 struct ListenEntry {
-    addr: Option<Ipv4Addr>,
+    addr: Option<IpAddr>,
     sink: Arc<dyn EventSink>,
     id: u64,
 }
@@ -141,8 +141,8 @@ fn pad<const N: usize>(data: &[u8]) -> [u8; N] {
     a
 }
 
-fn gid(ip: Ipv4Addr) -> [u8; 16] {
-    ip_to_gid(IpAddr::V4(ip))
+fn gid(ip: IpAddr) -> [u8; 16] {
+    ip_to_gid(ip)
 }
 
 /// The IB MTU code (1 = 256 … 5 = 4096) of a byte count.
@@ -157,7 +157,7 @@ fn mtu_code(bytes: u32) -> u8 {
 }
 
 /// Send one MAD from our QP1 to `peer`'s.
-fn send_mad(s: &Shared, src: Ipv4Addr, peer: Ipv4Addr, mad: &[u8; crate::wire::mad::MAD_LEN]) {
+fn send_mad(s: &Shared, src: IpAddr, peer: IpAddr, mad: &[u8; crate::wire::mad::MAD_LEN]) {
     let psn = {
         let mut i = s.cm.inner.lock();
         let p = i.gsi_psn;
@@ -181,8 +181,8 @@ fn arm(s: &Shared, c: &mut Conn) {
 
 /// What a connection fixes for its QP.
 struct Link {
-    peer: Ipv4Addr,
-    local: Ipv4Addr,
+    peer: IpAddr,
+    local: IpAddr,
     remote_qpn: u32,
     rq_psn: u32,
     sq_psn: u32,
@@ -255,7 +255,7 @@ pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnPa
     if !matches!(qp.state(), QpState::Reset | QpState::Init) {
         return Err(VerbsError::BadState);
     }
-    let dst = v4(peer).ok_or(VerbsError::Unsupported)?;
+    let dst = canonical(peer.ip());
     let src = s.source_for(dst)?;
     let mut i = s.cm.inner.lock();
     if i.conns
@@ -268,11 +268,7 @@ pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnPa
     let rq_psn = (i.random() as u32) & crate::wire::PSN_MASK;
     let src_port = 0xc000 | (i.random() as u16 & 0x3fff);
     let mut pdata = [0u8; cm::REQ_PRIVATE_DATA_LEN];
-    let hdr = cma::CmaHdr {
-        src_port,
-        src: IpAddr::V4(src),
-        dst: IpAddr::V4(dst),
-    };
+    let hdr = cma::CmaHdr { src_port, src, dst };
     hdr.emit(&mut pdata).map_err(|_| VerbsError::Invalid)?;
     pdata[cma::HEADER_LEN..cma::HEADER_LEN + param.private_data.len()]
         .copy_from_slice(&param.private_data);
@@ -398,13 +394,9 @@ pub fn listen(
     addr: SocketAddr,
     sink: Arc<dyn EventSink>,
 ) -> Result<Arc<dyn ProviderListener>> {
-    let ip = match addr.ip() {
-        IpAddr::V4(a) if a.is_unspecified() => None,
-        IpAddr::V6(a) if a.is_unspecified() => None,
-        other => Some(v4(SocketAddr::new(other, 0)).ok_or(VerbsError::Unsupported)?),
-    };
-    if let (Some(a), Some(mine)) = (ip, s.config.addr) {
-        if a != mine {
+    let ip = Some(canonical(addr.ip())).filter(|a| !a.is_unspecified());
+    if let Some(a) = ip {
+        if !s.addrs().contains(&a) {
             return Err(VerbsError::Unreachable);
         }
     }
@@ -431,11 +423,7 @@ pub fn listen(
     tracing::info!(port, ?ip, "rxe CM: listening");
     Ok(Arc::new(RxeListener {
         shared: Arc::downgrade(s),
-        addr: SocketAddr::new(
-            ip.map(IpAddr::V4)
-                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-            port,
-        ),
+        addr: SocketAddr::new(ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), port),
         id,
     }))
 }
@@ -697,8 +685,8 @@ impl Cm {
         let ev = Event::new(EventKind::ConnectRequest)
             .with_conn(local_id as u64)
             .with_addrs(
-                Some(SocketAddr::V4(SocketAddrV4::new(d.dst, port))),
-                Some(SocketAddr::V4(SocketAddrV4::new(d.src, peer_port))),
+                Some(SocketAddr::new(d.dst, port)),
+                Some(SocketAddr::new(d.src, peer_port)),
             )
             .with_param(&ConnParam {
                 private_data: req.private_data[cma::HEADER_LEN..].to_vec(),
@@ -774,10 +762,7 @@ impl Cm {
         send_mad(s, src, dst, &rtu);
         tracing::info!(qpn = qp.qpn, "rxe CM: established (active)");
         let ev = Event::new(EventKind::Established)
-            .with_addrs(
-                Some(SocketAddr::V4(SocketAddrV4::new(src, 0))),
-                Some(SocketAddr::V4(SocketAddrV4::new(dst, 0))),
-            )
+            .with_addrs(Some(SocketAddr::new(src, 0)), Some(SocketAddr::new(dst, 0)))
             .with_param(&ConnParam {
                 private_data: rep.private_data.to_vec(),
                 ird: param.ird,
@@ -803,8 +788,8 @@ impl Cm {
             tracing::info!(qpn = qp.qpn, "rxe CM: established (passive)");
             qp.sink
                 .deliver(Event::new(EventKind::Established).with_addrs(
-                    Some(SocketAddr::V4(SocketAddrV4::new(local, port))),
-                    Some(SocketAddr::V4(SocketAddrV4::new(peer, 0))),
+                    Some(SocketAddr::new(local, port)),
+                    Some(SocketAddr::new(peer, 0)),
                 ));
         }
     }

@@ -92,7 +92,7 @@ pub(crate) struct Shared {
     pub cm: Cm,
     tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
     stop: AtomicBool,
-    gid_cache: parking_lot::Mutex<(std::time::Instant, Vec<Ipv4Addr>)>,
+    gid_cache: parking_lot::Mutex<(std::time::Instant, Vec<IpAddr>)>,
 }
 
 impl Shared {
@@ -112,7 +112,7 @@ impl Shared {
     }
 
     /// Send one packet (`roce` has room for the ICRC, which is filled in).
-    pub fn send(&self, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, roce: &mut [u8]) {
+    pub fn send(&self, src: IpAddr, dst: IpAddr, sport: u16, roce: &mut [u8]) {
         match self.net.send(src, dst, sport, self.config.port, roce) {
             Ok(()) => {
                 self.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
@@ -125,18 +125,18 @@ impl Shared {
     }
 
     /// Emit `repr` into a fresh buffer and send it.
-    pub fn send_repr(&self, src: Ipv4Addr, dst: Ipv4Addr, sport: u16, repr: &RoceRepr<'_>) {
+    pub fn send_repr(&self, src: IpAddr, dst: IpAddr, sport: u16, repr: &RoceRepr<'_>) {
         match repr.to_vec() {
             Ok(mut v) => self.send(src, dst, sport, &mut v),
             Err(e) => tracing::warn!(error = %e, "rxe: cannot emit packet"),
         }
     }
 
-    /// The IPv4 addresses this device serves.
-    pub fn addrs(&self) -> Vec<Ipv4Addr> {
+    /// The addresses this device serves: its GID table, in order.
+    pub fn addrs(&self) -> Vec<IpAddr> {
         match self.config.addr {
-            Some(a) => vec![a],
-            None => host_ipv4(),
+            Some(a) => vec![a.into()],
+            None => host_addrs(),
         }
     }
 
@@ -144,13 +144,13 @@ impl Shared {
     /// the network namespace, also those for another rxe instance bound to an address
     /// the host does not list (tests use 127.x.y.z); those are left alone, answered by
     /// nobody here. The host's list is cached for a second.
-    fn serves(&self, dst: Ipv4Addr) -> bool {
+    fn serves(&self, dst: IpAddr) -> bool {
         if let Some(a) = self.config.addr {
-            return a == dst;
+            return IpAddr::V4(a) == dst;
         }
         let mut cache = self.gid_cache.lock();
         if cache.0.elapsed() > std::time::Duration::from_secs(1) {
-            *cache = (std::time::Instant::now(), host_ipv4());
+            *cache = (std::time::Instant::now(), host_addrs());
         }
         cache.1.contains(&dst)
     }
@@ -162,8 +162,9 @@ impl Shared {
         let link = self
             .config
             .addr
-            .or_else(|| host_ipv4().first().copied())
-            .and_then(|a| ifname_of(IpAddr::V4(a)))
+            .map(IpAddr::V4)
+            .or_else(|| host_addrs().first().copied())
+            .and_then(ifname_of)
             .and_then(|n| link_mtu(&n))
             .unwrap_or(1500);
         [4096, 2048, 1024, 512, 256]
@@ -173,27 +174,35 @@ impl Shared {
     }
 
     /// Source address for traffic to `peer` (the host's route), if this device serves it.
-    pub fn source_for(&self, peer: Ipv4Addr) -> Result<Ipv4Addr> {
-        if let Some(a) = self.config.addr {
-            return Ok(a);
+    pub fn source_for(&self, peer: IpAddr) -> Result<IpAddr> {
+        let src = match self.config.addr {
+            Some(a) => IpAddr::V4(a),
+            None => self.services.route(peer)?.source,
+        };
+        if src.is_ipv4() != peer.is_ipv4() || (peer.is_ipv6() && !self.net.has_ipv6()) {
+            return Err(VerbsError::Unreachable);
         }
-        match self.services.route(IpAddr::V4(peer))?.source {
-            IpAddr::V4(v4) => Ok(v4),
-            IpAddr::V6(_) => Err(VerbsError::Unreachable),
-        }
+        Ok(src)
     }
 }
 
-/// The host's IPv4 addresses, the ones that reach other hosts first (so GID index 0 is
-/// the address a peer elsewhere would use), loopback last.
-pub(crate) fn host_ipv4() -> Vec<Ipv4Addr> {
-    let mut v: Vec<Ipv4Addr> = nix::ifaddrs::getifaddrs()
+/// The host's addresses as a GID table: IPv4 that reaches other hosts first (so GID index
+/// 0 is the address a peer elsewhere would use), then IPv6 (not link-local: it needs a
+/// scope), loopback last.
+pub(crate) fn host_addrs() -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
         .map(|it| {
-            it.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|s| s.ip())))
-                .collect()
+            it.filter_map(|a| {
+                let sa = a.address?;
+                sa.as_sockaddr_in()
+                    .map(|s| IpAddr::V4(s.ip()))
+                    .or_else(|| sa.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))
+            })
+            .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+            .collect()
         })
         .unwrap_or_default();
-    v.sort_by_key(|a| a.is_loopback());
+    v.sort_by_key(|a| (a.is_loopback(), a.is_ipv6()));
     v.dedup();
     v
 }
@@ -236,7 +245,12 @@ impl RxeDevice {
         })?;
         let guid_src = config
             .addr
-            .or_else(|| host_ipv4().into_iter().find(|a| !a.is_loopback()))
+            .or_else(|| {
+                host_addrs().into_iter().find_map(|a| match a {
+                    IpAddr::V4(v4) if !v4.is_loopback() => Some(v4),
+                    _ => None,
+                })
+            })
             .unwrap_or(Ipv4Addr::LOCALHOST);
         let node_guid = 0x0200_5eff_fe00_0000u64 | u32::from(guid_src) as u64 & 0xff_ffff;
         let attr = DeviceAttr {
@@ -274,7 +288,7 @@ impl RxeDevice {
             cm: Cm::new(),
             tx_queue: tx,
             stop: AtomicBool::new(false),
-            gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), host_ipv4())),
+            gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), host_addrs())),
         });
         spawn("rxe-rx", {
             let s = Arc::downgrade(&shared);
@@ -407,10 +421,7 @@ impl Provider for RxeDevice {
                 PortState::Active
             },
             active_mtu: self.shared.active_mtu(),
-            gids: addrs
-                .into_iter()
-                .map(|a| ip_to_gid(IpAddr::V4(a)))
-                .collect(),
+            gids: addrs.into_iter().map(ip_to_gid).collect(),
             netdev,
         })
     }

@@ -17,11 +17,16 @@
 //!   rdma_rxe, krdma with raw sockets) fails it and is dropped and counted. Interop with
 //!   kernel rxe therefore needs the raw mode.
 //!
-//! IPv4 only for now.
+//! **IPv6** needs none of this: its header has no identification, and every field the
+//! ICRC covers (addresses, payload length, next header) is known from `recvmsg` with
+//! `IPV6_PKTINFO`, so a plain UDP socket computes and verifies every ICRC exactly. It
+//! serves the host's IPv6 addresses when the device serves every address; datagrams leave
+//! from the RoCEv2 port itself rather than from a per-QP source port. Link-local
+//! addresses (which need a scope) are not used.
 
 use crate::wire::icrc;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
@@ -29,8 +34,8 @@ use std::time::Duration;
 /// One received RoCEv2 datagram (ICRC already verified).
 #[derive(Debug)]
 pub struct Datagram<'a> {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub sport: u16,
     /// The UDP payload: BTH .. ICRC.
     pub roce: &'a [u8],
@@ -50,6 +55,8 @@ const RAW_TX_TTL: u8 = 64;
 
 pub struct Net {
     udp: UdpSocket,
+    /// IPv6 (wildcard devices only).
+    udp6: Option<UdpSocket>,
     raw_rx: Option<OwnedFd>,
     raw_tx: Option<OwnedFd>,
     port: u16,
@@ -155,15 +162,27 @@ impl Net {
             setsockopt(rx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
         }
         let port = udp.local_addr()?.port();
-        tracing::info!(%sa, port, raw = raw_rx.is_some(), "rxe network up");
+        let udp6 = match bind {
+            None => open_udp6(port)
+                .map_err(|e| tracing::info!(error = %e, "rxe: no IPv6"))
+                .ok(),
+            Some(_) => None,
+        };
+        tracing::info!(%sa, port, raw = raw_rx.is_some(), ipv6 = udp6.is_some(), "rxe network up");
         Ok(Net {
             udp,
+            udp6,
             raw_rx,
             raw_tx,
             port,
             bound: bind,
             ip_id: AtomicU16::new(1),
         })
+    }
+
+    /// Whether IPv6 datagrams can be sent and received.
+    pub fn has_ipv6(&self) -> bool {
+        self.udp6.is_some()
     }
 
     /// Whether ICRCs are computed and verified over real IP headers.
@@ -177,6 +196,51 @@ impl Net {
 
     /// Send one RoCEv2 packet (`roce`: BTH .. ICRC slot; the ICRC is filled here).
     pub fn send(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        dport: u16,
+        roce: &mut [u8],
+    ) -> io::Result<()> {
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => self.send4(s, d, sport, dport, roce),
+            (IpAddr::V6(s), IpAddr::V6(d)) => self.send6(s, d, dport, roce),
+            _ => Err(io::ErrorKind::InvalidInput.into()),
+        }
+    }
+
+    fn send6(&self, src: Ipv6Addr, dst: Ipv6Addr, dport: u16, roce: &mut [u8]) -> io::Result<()> {
+        let sock = self.udp6.as_ref().ok_or(io::ErrorKind::AddrNotAvailable)?;
+        let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
+        let ip = icrc::ipv6_header_for(src, dst, 0, 0, RAW_TX_TTL, udp_len);
+        let udp = set_dport(icrc::udp_header_for(self.port, udp_len), dport);
+        fill(&ip, &udp, roce)?;
+        // SAFETY: sockaddr_in6 is plain data; all-zero is valid before the fields are set.
+        let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sa.sin6_port = dport.to_be();
+        sa.sin6_addr.s6_addr = dst.octets();
+        let info = libc::in6_pktinfo {
+            ipi6_addr: libc::in6_addr {
+                s6_addr: src.octets(),
+            },
+            ipi6_ifindex: 0,
+        };
+        let cmsg = Cmsg {
+            level: libc::IPPROTO_IPV6,
+            kind: libc::IPV6_PKTINFO,
+            data: as_bytes(&info),
+        };
+        sendmsg(
+            sock.as_raw_fd(),
+            as_bytes(&sa),
+            &[io_slice(roce)],
+            Some(cmsg),
+        )
+    }
+
+    fn send4(
         &self,
         src: Ipv4Addr,
         dst: Ipv4Addr,
@@ -199,7 +263,7 @@ impl Net {
                 fill(&ip, &udp, roce)?;
                 let dst_sa = sockaddr_in(SocketAddrV4::new(dst, 0));
                 let iov = [io_slice(&ip), io_slice(&udp), io_slice(roce)];
-                sendmsg(tx.as_raw_fd(), &dst_sa, &iov, None)
+                sendmsg(tx.as_raw_fd(), as_bytes(&dst_sa), &iov, None)
             }
             None => {
                 let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
@@ -213,14 +277,49 @@ impl Net {
                     },
                     ipi_addr: libc::in_addr { s_addr: 0 },
                 };
-                let iov = [io_slice(roce)];
-                sendmsg(self.udp.as_raw_fd(), &dst_sa, &iov, Some(&pktinfo))
+                let cmsg = Cmsg {
+                    level: libc::IPPROTO_IP,
+                    kind: libc::IP_PKTINFO,
+                    data: as_bytes(&pktinfo),
+                };
+                sendmsg(
+                    self.udp.as_raw_fd(),
+                    as_bytes(&dst_sa),
+                    &[io_slice(roce)],
+                    Some(cmsg),
+                )
             }
         }
     }
 
     /// Wait up to 200 ms for the next datagram; `Ok(None)` on timeout.
     pub fn recv<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
+        let v4 = self
+            .raw_rx
+            .as_ref()
+            .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd());
+        if let Some(u6) = &self.udp6 {
+            let mut fds = [
+                libc::pollfd {
+                    fd: v4,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: u6.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds for the duration of the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 200) };
+            if n <= 0 {
+                return Ok(None);
+            }
+            if fds[1].revents & libc::POLLIN != 0 && fds[0].revents & libc::POLLIN == 0 {
+                return self.recv_udp6(u6, buf);
+            }
+        }
         match &self.raw_rx {
             Some(rx) => {
                 // SAFETY: recv writes at most buf.len() bytes into buf.
@@ -253,8 +352,8 @@ impl Net {
         }
         icrc::verify_ipv4(ip, udp).map_err(|_| RxDrop::BadIcrc)?;
         Ok(Datagram {
-            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-            dst,
+            src: IpAddr::V4(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15])),
+            dst: IpAddr::V4(dst),
             sport: u16::from_be_bytes([udp[0], udp[1]]),
             roce: &udp[icrc::UDP_HEADER_LEN..],
         })
@@ -262,26 +361,11 @@ impl Net {
 
     fn recv_udp<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
         let mut from: libc::sockaddr_in = unsafe_zeroed();
-        let mut cmsg = [0u64; 8];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-            iov_len: buf.len(),
+        let (n, dst) = match recvmsg(self.udp.as_raw_fd(), &mut from, buf)? {
+            Some(r) => r,
+            None => return Ok(None),
         };
-        // SAFETY: msghdr is plain data; every pointer set below outlives the call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = &mut from as *mut _ as *mut libc::c_void;
-        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cmsg.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = std::mem::size_of_val(&cmsg);
-        // SAFETY: msg describes valid buffers for the kernel to fill.
-        let n = unsafe { libc::recvmsg(self.udp.as_raw_fd(), &mut msg, 0) };
-        if n < 0 {
-            return timeout_or(io::Error::last_os_error());
-        }
-        let n = n as usize;
-        let Some(dst) = pktinfo_dst(&msg) else {
+        let Some(IpAddr::V4(dst)) = dst else {
             return Ok(Some(Err(RxDrop::Malformed)));
         };
         let src = Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr));
@@ -296,11 +380,43 @@ impl Net {
             None => return Ok(Some(Err(RxDrop::Malformed))),
         }
         Ok(Some(Ok(Datagram {
-            src,
-            dst,
+            src: src.into(),
+            dst: dst.into(),
             sport,
             roce,
         })))
+    }
+
+    fn recv_udp6<'b>(
+        &self,
+        sock: &UdpSocket,
+        buf: &'b mut [u8],
+    ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
+        // SAFETY: sockaddr_in6 is plain data; all-zero is valid.
+        let mut from: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        let (n, dst) = match recvmsg(sock.as_raw_fd(), &mut from, buf)? {
+            Some(r) => r,
+            None => return Ok(None),
+        };
+        let Some(IpAddr::V6(dst)) = dst else {
+            return Ok(Some(Err(RxDrop::Malformed)));
+        };
+        let src = Ipv6Addr::from(from.sin6_addr.s6_addr);
+        let sport = u16::from_be(from.sin6_port);
+        let roce = &buf[..n];
+        let udp_len = (icrc::UDP_HEADER_LEN + n) as u16;
+        let ip = icrc::ipv6_header_for(src, dst, 0, 0, RAW_TX_TTL, udp_len);
+        let udp = set_dport(icrc::udp_header_for(sport, udp_len), self.port);
+        match icrc_of(&ip, &udp, roce) {
+            Some(c) if roce[n - 4..] == c.to_le_bytes() => Ok(Some(Ok(Datagram {
+                src: src.into(),
+                dst: dst.into(),
+                sport,
+                roce,
+            }))),
+            Some(_) => Ok(Some(Err(RxDrop::BadIcrc))),
+            None => Ok(Some(Err(RxDrop::Malformed))),
+        }
     }
 }
 
@@ -324,6 +440,65 @@ fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
         )
     })?;
     Ok(UdpSocket::from(owned))
+}
+
+/// The IPv6 socket of a wildcard device: `[::]:port`, IPv6 only, with the destination of
+/// each datagram reported.
+fn open_udp6(port: u16) -> io::Result<UdpSocket> {
+    // SAFETY: plain socket(2); checked before it is owned.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a fresh descriptor nobody else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let on: libc::c_int = 1;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
+    setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on)?;
+    setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)?;
+    let sa = SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0);
+    // SAFETY: sockaddr_in6 is plain data; all-zero is valid before the fields are set.
+    let mut addr: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    addr.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    addr.sin6_port = sa.port().to_be();
+    // SAFETY: addr is a valid sockaddr_in6 of the size passed.
+    check(unsafe {
+        libc::bind(
+            fd,
+            &addr as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in6>() as u32,
+        )
+    })?;
+    grow_buffers(fd);
+    let sock = UdpSocket::from(owned);
+    sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    Ok(sock)
+}
+
+/// Receive one datagram with its destination address (IP_PKTINFO / IPV6_PKTINFO);
+/// `None` on timeout.
+fn recvmsg<A>(
+    fd: RawFd,
+    from: &mut A,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Option<IpAddr>)>> {
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = from as *mut A as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<A>() as u32;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg describes valid buffers for the kernel to fill.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return timeout_or(io::Error::last_os_error());
+    }
+    Ok(Some((n as usize, pktinfo_dst(&msg))))
 }
 
 fn grow_buffers(fd: RawFd) {
@@ -360,7 +535,11 @@ fn icrc_of(ip: &[u8], udp: &[u8; icrc::UDP_HEADER_LEN], roce: &[u8]) -> Option<u
     if n < 12 + 4 {
         return None;
     }
-    let mut c = icrc::Icrc::ipv4(ip, &[&udp[..], &roce[..12]].concat()).ok()?;
+    let head = [&udp[..], &roce[..12]].concat();
+    let mut c = match ip.len() {
+        20 => icrc::Icrc::ipv4(ip, &head).ok()?,
+        _ => icrc::Icrc::ipv6(ip, &head).ok()?,
+    };
     c.update(&roce[12..n - 4]);
     Some(c.finish())
 }
@@ -402,32 +581,44 @@ fn io_slice(b: &[u8]) -> libc::iovec {
     }
 }
 
-fn sendmsg(
-    fd: RawFd,
-    dst: &libc::sockaddr_in,
-    iov: &[libc::iovec],
-    pktinfo: Option<&libc::in_pktinfo>,
-) -> io::Result<()> {
-    let mut cmsg = [0u64; 8];
+/// One control message to send along.
+struct Cmsg<'a> {
+    level: libc::c_int,
+    kind: libc::c_int,
+    data: &'a [u8],
+}
+
+/// The bytes of a plain-data C struct.
+fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: T is a `Copy` libc struct (plain data, no padding the kernel would read as
+    // meaningful); the slice covers exactly its bytes and lives as long as the borrow.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}
+
+fn sendmsg(fd: RawFd, name: &[u8], iov: &[libc::iovec], cmsg: Option<Cmsg<'_>>) -> io::Result<()> {
+    let mut control = [0u64; 8];
     // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
     // iovecs point at slices the caller keeps alive.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = dst as *const _ as *mut libc::c_void;
-    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    msg.msg_name = name.as_ptr() as *mut libc::c_void;
+    msg.msg_namelen = name.len() as u32;
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len();
-    if let Some(info) = pktinfo {
-        let space = unsafe_cmsg_space(std::mem::size_of::<libc::in_pktinfo>());
-        msg.msg_control = cmsg.as_mut_ptr() as *mut libc::c_void;
+    if let Some(c) = cmsg {
+        let space = unsafe_cmsg_space(c.data.len());
+        if space > std::mem::size_of_val(&control) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
         msg.msg_controllen = space;
-        // SAFETY: the control buffer (64 bytes) holds one cmsg header plus an in_pktinfo,
-        // and CMSG_FIRSTHDR points into it.
+        // SAFETY: the control buffer holds one cmsg header plus the data (checked above),
+        // and CMSG_FIRSTHDR/CMSG_DATA point into it.
         unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::IPPROTO_IP;
-            (*c).cmsg_type = libc::IP_PKTINFO;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::in_pktinfo, *info);
+            let h = libc::CMSG_FIRSTHDR(&msg);
+            (*h).cmsg_level = c.level;
+            (*h).cmsg_type = c.kind;
+            (*h).cmsg_len = libc::CMSG_LEN(c.data.len() as u32) as _;
+            std::ptr::copy_nonoverlapping(c.data.as_ptr(), libc::CMSG_DATA(h), c.data.len());
         }
     }
     loop {
@@ -452,14 +643,23 @@ fn unsafe_cmsg_space(len: usize) -> usize {
     unsafe { libc::CMSG_SPACE(len as u32) as usize }
 }
 
-fn pktinfo_dst(msg: &libc::msghdr) -> Option<Ipv4Addr> {
+fn pktinfo_dst(msg: &libc::msghdr) -> Option<IpAddr> {
     // SAFETY: the kernel filled msg's control buffer; CMSG_* walk it within its length.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(msg);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
-                let info = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
-                return Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let info =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                    return Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)).into());
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let info =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in6_pktinfo);
+                    return Some(Ipv6Addr::from(info.ipi6_addr.s6_addr).into());
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(msg, c);
         }
@@ -467,12 +667,9 @@ fn pktinfo_dst(msg: &libc::msghdr) -> Option<Ipv4Addr> {
     None
 }
 
-/// Address of the peer for `SocketAddr` APIs.
-pub fn v4(sa: SocketAddr) -> Option<Ipv4Addr> {
-    match sa {
-        SocketAddr::V4(v) => Some(*v.ip()),
-        SocketAddr::V6(v) => v.ip().to_ipv4_mapped(),
-    }
+/// An address in its canonical form: IPv4-mapped IPv6 addresses become IPv4.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    rnicpi::gid_to_ip(rnicpi::ip_to_gid(ip))
 }
 
 #[cfg(test)]
@@ -489,7 +686,7 @@ mod tests {
         .to_vec()
         .unwrap();
         let lo = Ipv4Addr::LOCALHOST;
-        a.send(lo, lo, 0, a.port(), &mut pkt).unwrap();
+        a.send(lo.into(), lo.into(), 0, a.port(), &mut pkt).unwrap();
         let mut buf = vec![0u8; 9000];
         let d = loop {
             if let Some(d) = a.recv(&mut buf).unwrap() {
@@ -509,6 +706,32 @@ mod tests {
             }
         };
         assert_eq!(r.unwrap_err(), RxDrop::BadIcrc);
+    }
+
+    #[test]
+    fn ipv6_round_trip_verifies_icrc() {
+        let Ok(a) = Net::open(None, 0, false) else {
+            return;
+        };
+        if !a.has_ipv6() {
+            return; // no IPv6 on this host
+        }
+        let mut pkt = crate::wire::RoceRepr::new(
+            crate::wire::BthRepr::new(crate::wire::Opcode::RcSendOnly, 0x11, 5),
+            b"hello6",
+        )
+        .to_vec()
+        .unwrap();
+        let lo: IpAddr = Ipv6Addr::LOCALHOST.into();
+        a.send(lo, lo, 0, a.port(), &mut pkt).unwrap();
+        let mut buf = vec![0u8; 9000];
+        let d = loop {
+            if let Some(d) = a.recv(&mut buf).unwrap() {
+                break d.unwrap();
+            }
+        };
+        assert_eq!((d.src, d.dst), (lo, lo));
+        assert_eq!(d.roce, &pkt[..]);
     }
 
     #[test]

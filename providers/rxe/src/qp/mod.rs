@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use requester::Requester;
 use responder::Responder;
 use rnicpi::*;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -51,8 +51,8 @@ impl ProviderSrq for RxeSrq {
 /// Where the QP's packets go: the address vector resolved at RTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Av {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     /// UDP source port (entropy, from the flow label or the QP numbers).
     pub sport: u16,
 }
@@ -367,13 +367,10 @@ impl RxeQp {
     /// Resolve the address vector from the QP attributes (destination GID, source GID
     /// index) and the device's GID table.
     fn resolve_av(&self, st: &State) -> Result<Av> {
-        let dst = match gid_to_ip(st.attr.dgid) {
-            std::net::IpAddr::V4(v4) => v4,
-            std::net::IpAddr::V6(_) => return Err(VerbsError::Unsupported),
-        };
+        let dst = gid_to_ip(st.attr.dgid);
         let gids = self.dev.addrs();
         let src = match gids.get(st.attr.sgid_index as usize) {
-            Some(a) if self.dev.config.addr.is_some() || !a.is_unspecified() => *a,
+            Some(a) if a.is_ipv4() == dst.is_ipv4() && !a.is_unspecified() => *a,
             _ => self.dev.source_for(dst)?,
         };
         let src = if dst.is_loopback() && !src.is_loopback() {
