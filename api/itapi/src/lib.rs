@@ -81,7 +81,7 @@ mod rmr;
 mod srq;
 mod status;
 
-pub use ep::{DtoFlags, Endpoint, EpAttributes, EpChange, EpParams, EpState};
+pub use ep::{AtomicOp, DtoFlags, Endpoint, EpAttributes, EpChange, EpParams, EpState};
 pub use evd::{Aevd, Callback, Evd, EvdFlags, EvdParams, MAX_QUEUE_SIZE};
 pub use event::{
     AevdNotification, AffiliatedCause, AffiliatedEvent, ConnEventKind, ConnRequestEvent,
