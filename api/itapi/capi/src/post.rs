@@ -140,13 +140,13 @@ pub unsafe extern "C" fn it_post_recv(
     })
 }
 
-/// The RDMA calls: `op` is the endpoint's read or write.
+/// The calls on remote memory: `op` is the endpoint's read, write or atomic.
 ///
 /// # Safety
 /// `local_segments` holds `num_segments` triplets.
 #[allow(clippy::too_many_arguments)]
 unsafe fn rdma(
-    op: fn(&Endpoint, &[Segment], u64, DtoFlags, RdmaAddr) -> Result<()>,
+    op: impl FnOnce(&Endpoint, &[Segment], u64, DtoFlags, RdmaAddr) -> Result<()>,
     ep_handle: Handle,
     local_segments: *const LmrTriplet,
     num_segments: usize,
@@ -248,23 +248,28 @@ pub unsafe extern "C" fn it_post_atomic(
     rdma_addr: u64,
     rmr_context: u64,
 ) -> ItStatus {
-    status(|| {
-        // SAFETY: caller's contract (one triplet).
-        let (ep, segs) = unsafe { prepare(ep_handle, result, 1)? };
-        let op = match op {
-            IT_COMPARE_AND_SWAP => AtomicOp::CompareAndSwap {
-                compare,
-                swap: swap_or_add,
-            },
-            IT_FETCH_AND_ADD => AtomicOp::FetchAndAdd { add: swap_or_add },
-            _ => return Err(Error::InvalidAtomicOp),
-        };
-        ep.post_atomic(
-            op,
-            &segs[0],
+    let op = match op {
+        IT_COMPARE_AND_SWAP => Ok(AtomicOp::CompareAndSwap {
+            compare,
+            swap: swap_or_add,
+        }),
+        IT_FETCH_AND_ADD => Ok(AtomicOp::FetchAndAdd { add: swap_or_add }),
+        _ => Err(Error::InvalidAtomicOp),
+    };
+    let atomic = |ep: &Endpoint, segs: &[Segment], cookie, flags, at| {
+        ep.post_atomic(op?, &segs[0], cookie, flags, at)
+    };
+    // SAFETY: passed on (`result` is one triplet).
+    unsafe {
+        rdma(
+            atomic,
+            ep_handle,
+            result,
+            1,
             cookie,
-            dto_flags(flags)?,
-            remote(rdma_addr, rmr_context),
+            flags,
+            rdma_addr,
+            rmr_context,
         )
-    })
+    }
 }

@@ -251,7 +251,7 @@ impl Endpoint {
         if result.len() != 8 {
             return Err(Error::InvalidLength);
         }
-        if remote.addr % 8 != 0 {
+        if !remote.addr.is_multiple_of(8) {
             return Err(Error::InvalidAtomicOp);
         }
         let (opcode, kind, compare_add, swap) = match op {
