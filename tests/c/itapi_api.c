@@ -199,6 +199,7 @@ int main(void)
     OK(it_ep_query(ep, IT_EP_PARAM_ALL, &epq));
     EXPECT(epq.ep_state.rc == IT_EP_STATE_UNCONNECTED && epq.pz == pz && epq.connect_sevd == cm);
     EXPECT(epq.attr.max_request_dtos == 8 && epq.service_type == IT_RC_SERVICE);
+    EXPECT(epq.attr.srv.rc.atomics_enable == (atomics ? IT_TRUE : IT_FALSE));
     attr.srv.rc.rdma_read_ird = 2;
     OK(it_ep_modify(ep, IT_EP_PARAM_MAX_IRD, &attr));
     EXPECT_STATUS(it_ep_modify(ep, IT_EP_PARAM_MAX_REQ_DTO, &attr), IT_ERR_INVALID_MASK);

@@ -61,6 +61,10 @@ fn cc(src: &Path, out: &Path) {
         .arg(format!("-L{}", lib.display()))
         .arg("-litapi")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
+        // An RPATH, not a RUNPATH: it wins over LD_LIBRARY_PATH, which cargo and nextest
+        // set with the profile directory in it — whose uplifted libitapi.so is a copy
+        // that only `cargo build -p krdma-itapi-capi` refreshes, not a test build.
+        .arg("-Wl,--disable-new-dtags")
         .output()
         .expect("run cc (the C compiler)");
     assert!(
