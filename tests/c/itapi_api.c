@@ -5,7 +5,8 @@
  * support, and hostile input (garbage, stale and NULL handles and pointers), which must
  * come back as error statuses.
  *
- * Prints "API OK" and exits 0 on success. The adapter is $ITAPI_IA (default "siw0").
+ * Prints "API OK" and exits 0 on success. The adapter is $ITAPI_IA (default "siw0"):
+ * siw0 (iWARP) or rxe0 (RoCEv2); what the transport decides is checked per transport.
  */
 #include <it_api.h>
 
@@ -60,9 +61,27 @@ static void adapters(const char *name)
     EXPECT_STATUS(it_ia_create(name, 2, 9, &ia), IT_ERR_INVALID_MINOR_VERSION);
     EXPECT_STATUS(it_ia_create(NULL, 2, 1, &ia), IT_ERR_INVALID_NAME);
     EXPECT_STATUS(it_ia_create(name, 2, 1, NULL), IT_ERR_FAULT);
-    /* krdma extension: an adapter by the address it serves. */
-    OK(it_ia_create("127.0.0.1", 2, 1, &ia));
+    /* krdma extension: an adapter by an address it serves (its spigot's first; an
+     * address two adapters serve names the first listed). */
+    it_ia_info_t *info = NULL;
+    char addr[INET6_ADDRSTRLEN] = "";
+    OK(it_ia_create(name, 2, 1, &ia));
+    OK(it_ia_query(ia, &info));
+    EXPECT(info->num_spigots >= 1 && info->spigot_info[0].num_net_addr >= 1);
+    const it_net_addr_t *a = &info->spigot_info[0].net_addr[0];
+    if (a->addr_type == IT_IPV4)
+        inet_ntop(AF_INET, &a->addr.ipv4, addr, sizeof addr);
+    else
+        inet_ntop(AF_INET6, &a->addr.ipv6, addr, sizeof addr);
+    it_ia_info_free(info);
     OK(it_ia_free(ia));
+    OK(it_ia_create(addr, 2, 1, &ia));
+    OK(it_ia_query(ia, &info));
+    /* (The tests give rxe0 an address of its own; siw0 is listed first.) */
+    EXPECT(strcmp(info->ia_name, name) == 0);
+    it_ia_info_free(info);
+    OK(it_ia_free(ia));
+    EXPECT_STATUS(it_ia_create("192.0.2.1", 2, 1, &ia), IT_ERR_INVALID_NETADDR);
 }
 
 int main(void)
@@ -88,6 +107,17 @@ int main(void)
     EXPECT(info->transport_type == IT_IWARP_TCP_TRANSPORT || info->transport_type == IT_IB_TRANSPORT);
     EXPECT(info->num_spigots >= 1 && info->spigot_info[0].num_net_addr >= 1);
     EXPECT(info->private_data_support == IT_TRUE && info->connect_private_data_len > 0);
+    /* What the transport decides. */
+    int atomics = info->atomic_support == IT_TRUE;
+    if (info->transport_type == IT_IB_TRANSPORT) {
+        EXPECT(info->connect_private_data_len == 56 && info->accept_private_data_len == 196 &&
+               info->reject_private_data_len == 148);
+        EXPECT(atomics);
+    } else {
+        EXPECT(info->connect_private_data_len == 256); /* 508, as far as the C events carry */
+        EXPECT(!atomics);
+    }
+    EXPECT(info->rmr_types_supported == IT_RMR_TYPE_NARROW);
     EXPECT(info->affiliated_err_evd == IT_NULL_HANDLE);
     it_ia_info_free(info);
     it_ia_info_free((it_ia_info_t *)0x1234); /* not ours: ignored */
@@ -169,6 +199,7 @@ int main(void)
     OK(it_ep_query(ep, IT_EP_PARAM_ALL, &epq));
     EXPECT(epq.ep_state.rc == IT_EP_STATE_UNCONNECTED && epq.pz == pz && epq.connect_sevd == cm);
     EXPECT(epq.attr.max_request_dtos == 8 && epq.service_type == IT_RC_SERVICE);
+    EXPECT(epq.attr.srv.rc.atomics_enable == (atomics ? IT_TRUE : IT_FALSE));
     attr.srv.rc.rdma_read_ird = 2;
     OK(it_ep_modify(ep, IT_EP_PARAM_MAX_IRD, &attr));
     EXPECT_STATUS(it_ep_modify(ep, IT_EP_PARAM_MAX_REQ_DTO, &attr), IT_ERR_INVALID_MASK);
@@ -234,7 +265,19 @@ int main(void)
 
     /* What krdma does not support says so. */
     EXPECT_STATUS(it_ep_reset(ep), IT_ERR_OP_NOT_SUPPORTED);
-    EXPECT_STATUS(it_post_atomic(ep, IT_FETCH_AND_ADD, 1, 0, &seg, 0, 0, 0, 0), IT_ERR_OP_NOT_SUPPORTED);
+    if (atomics) {
+        /* rxe0: checked like any post (an 8-byte result; a connected endpoint). */
+        it_lmr_triplet_t word = { .lmr = lmr, .addr.abs = buf, .length = 8 };
+        EXPECT_STATUS(it_post_atomic(ep, IT_FETCH_AND_ADD, 1, 0, &seg, 0, 0, 0, 0), IT_ERR_INVALID_LENGTH);
+        EXPECT_STATUS(it_post_atomic(ep, 7, 1, 0, &word, 0, 0, 0, 0), IT_ERR_INVALID_ATOMIC_OP);
+        EXPECT_STATUS(it_post_atomic(ep, IT_FETCH_AND_ADD, 1, 0, &word, 0, 0, 0, 0),
+                      IT_ERR_INVALID_EP_STATE);
+        EXPECT_STATUS(it_post_atomic(ep, IT_COMPARE_AND_SWAP, 1, 0, NULL, 0, 0, 0, 0), IT_ERR_FAULT);
+    } else {
+        /* siw0: iWARP has no atomics. */
+        EXPECT_STATUS(it_post_atomic(ep, IT_FETCH_AND_ADD, 1, 0, &seg, 0, 0, 0, 0),
+                      IT_ERR_OP_NOT_SUPPORTED);
+    }
     EXPECT_STATUS(it_ep_ud_create(pz, dto, dto, &attr, 0, &ep), IT_ERR_OP_NOT_SUPPORTED);
     EXPECT_STATUS(it_handoff(NULL, 0, 0), IT_ERR_OP_NOT_SUPPORTED);
     EXPECT_STATUS(it_mem_map(ia, buf, 0, 64, NULL, NULL), IT_ERR_OP_NOT_SUPPORTED);

@@ -2,11 +2,14 @@
  * itapi_pingpong.c -- an IT-API v2.1 program: connect, ping-pong Sends, an RDMA Write
  * and an RDMA Read with verification, then disconnect.
  *
- *   itapi_pingpong server [port]        (port 0 or absent: pick one, print it)
+ *   itapi_pingpong server [port]        (port 0 or absent: pick one; prints
+ *                                        "LISTENING <port> <address>")
  *   itapi_pingpong client <ipv4> <port>
  *
- * The interface adapter is $ITAPI_IA (default "siw0"). Each side prints "<ROLE> OK" and
- * exits 0 on success; any failure prints what failed and exits 1.
+ * The interface adapter is $ITAPI_IA (default "siw0"; rxe0 for RoCEv2). The server's
+ * address is the one its adapter's spigot serves on loopback (what the client connects
+ * to from the same host). Each side prints "<ROLE> OK" and exits 0 on success; any
+ * failure prints what failed and exits 1.
  *
  * Written against the standard's interface only (plus <it_api.h>), with the v2.1
  * bindings; the server waits with it_evd_wait, the client polls the DTO EVD's file
@@ -61,6 +64,7 @@ struct side {
     int dto_fd;
     it_ep_handle_t ep;
     unsigned char *buf;
+    int ib; /* InfiniBand transport (rxe0) */
     it_lmr_handle_t lmr;
     it_rmr_context_t ctx;
     struct advert peer;
@@ -72,7 +76,12 @@ static void setup(struct side *s)
     int fd;
     it_ep_attributes_t attr;
 
+    it_ia_info_t *info;
+
     CHECK(it_ia_create(name, 2, 1, &s->ia));
+    CHECK(it_ia_query(s->ia, &info));
+    s->ib = info->transport_type == IT_IB_TRANSPORT;
+    it_ia_info_free(info);
     CHECK(it_pz_create(s->ia, &s->pz));
     CHECK(it_evd_create(s->ia, IT_DTO_EVENT_STREAM, IT_EVD_CREATE_FD, 64, 1,
                         IT_NULL_HANDLE, &s->dto, &s->dto_fd));
@@ -99,6 +108,29 @@ static void setup(struct side *s)
     memset(s->buf, 0, BUF);
     CHECK(it_lmr_create(s->pz, s->buf, NULL, BUF, IT_ADDR_MODE_ABSOLUTE,
                         IT_PRIV_LOCAL | IT_PRIV_REMOTE, IT_LMR_FLAG_NONE, 0, &s->lmr, &s->ctx));
+}
+
+/* The IPv4 address of spigot 0 that a process on this host connects to: a loopback one
+ * (siw0: 127.0.0.1; rxe0: the address it is bound to), else the first. */
+static const char *local_address(const struct side *s)
+{
+    static char text[INET_ADDRSTRLEN];
+    it_ia_info_t *info;
+    const char *found = NULL;
+
+    CHECK(it_ia_query(s->ia, &info));
+    EXPECT(info->num_spigots >= 1);
+    for (size_t i = 0; i < info->spigot_info[0].num_net_addr && !found; i++) {
+        const it_net_addr_t *a = &info->spigot_info[0].net_addr[i];
+        if (a->addr_type != IT_IPV4)
+            continue;
+        inet_ntop(AF_INET, &a->addr.ipv4, text, sizeof text);
+        if (strncmp(text, "127.", 4) == 0 || i + 1 == info->spigot_info[0].num_net_addr)
+            found = text;
+    }
+    it_ia_info_free(info);
+    EXPECT(found != NULL);
+    return found;
 }
 
 static struct advert my_advert(const struct side *s)
@@ -251,13 +283,14 @@ static int server(unsigned short port)
     qual.conn_qual.port = htons(port);
     CHECK(it_listen_create(s.ia, 0, req, port ? IT_LISTEN_CONN_QUAL_INPUT : IT_LISTEN_NO_FLAG,
                            &qual, &listener));
-    printf("LISTENING %u\n", ntohs(qual.conn_qual.port));
+    printf("LISTENING %u %s\n", ntohs(qual.conn_qual.port), local_address(&s));
     fflush(stdout);
 
     CHECK(it_evd_wait(req, 30 * SECOND, &ev, &more));
     EXPECT(ev.event_number == IT_CM_REQ_CONN_REQUEST_EVENT);
     EXPECT(ev.conn_req.private_data_present == IT_TRUE);
-    EXPECT(itx_last_private_data_length() == sizeof(struct advert));
+    /* iWARP carries the length; the IB CM a whole field (the advert, then zeros). */
+    EXPECT(itx_last_private_data_length() == (s.ib ? 56 : sizeof(struct advert)));
     take_advert(&s, ev.conn_req.private_data);
     EXPECT(s.peer.length == AREA);
 
@@ -333,6 +366,7 @@ static int client(const char *host, unsigned short port)
                         (const unsigned char *)&mine, sizeof mine));
     EXPECT(next_cm(&s, &ev) == IT_CM_MSG_CONN_ESTABLISHED_EVENT);
     EXPECT(ev.conn.private_data_present == IT_TRUE);
+    EXPECT(itx_last_private_data_length() == (s.ib ? 196 : sizeof(struct advert)));
     take_advert(&s, ev.conn.private_data);
     EXPECT(s.peer.length == AREA);
 

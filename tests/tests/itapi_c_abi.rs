@@ -5,14 +5,18 @@
 //!   compiler gives it;
 //! * `tests/c/itapi_pingpong.c`, a plain IT-API program, connects, ping-pongs Sends, does
 //!   an RDMA Write and an RDMA Read with verification, and disconnects — server and client
-//!   in separate processes, through both front doors.
+//!   in separate processes, over siw0 and rxe0 (`ITAPI_IA`), through both front doors;
+//! * `tests/c/itapi_api.c`: the calls that need no peer, and hostile input, on each
+//!   device.
 
-use krdma_tests::{each_front_door, FrontDoor};
+#[macro_use]
+mod itapi_common;
+
+use itapi_common::*;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use ual::Target;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -57,6 +61,10 @@ fn cc(src: &Path, out: &Path) {
         .arg(format!("-L{}", lib.display()))
         .arg("-litapi")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
+        // An RPATH, not a RUNPATH: it wins over LD_LIBRARY_PATH, which cargo and nextest
+        // set with the profile directory in it — whose uplifted libitapi.so is a copy
+        // that only `cargo build -p krdma-itapi-capi` refreshes, not a test build.
+        .arg("-Wl,--disable-new-dtags")
         .output()
         .expect("run cc (the C compiler)");
     assert!(
@@ -161,11 +169,19 @@ fn c_program(name: &str) -> PathBuf {
     bin
 }
 
-fn front_door_env(door: &FrontDoor) -> String {
-    match door.target() {
-        Target::Embedded => "embedded".into(),
-        Target::Device(p) => p.display().to_string(),
-    }
+/// A C program on `case`'s device and front door. In embedded mode each process has its
+/// own kAL, whose rxe0 needs an address no other process uses (`n` tells them apart).
+fn c_command(bin: &Path, case: &Case, n: u8) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env("KRDMA_DEVICE", case.device_env())
+        .env("ITAPI_IA", case.dev)
+        .env(
+            "KRDMA_RXE_ADDR",
+            krdma_tests::private_loopback(150 + n).to_string(),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd
 }
 
 /// Wait for `child` up to `limit` (kill it and fail if it runs longer), collecting what
@@ -199,31 +215,21 @@ fn finish(
     out
 }
 
-#[test]
-fn itapi_c_pingpong_program() {
-    let bin = c_program("itapi_pingpong");
-    each_front_door(|door| {
-        let env = front_door_env(door);
-        let mut server = Command::new(&bin)
-            .arg("server")
-            .env("KRDMA_DEVICE", &env)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+itapi_tests! {
+    fn itapi_c_pingpong_program(case) {
+        let bin = c_program("itapi_pingpong");
+        let mut server = c_command(&bin, case, 0).arg("server").spawn().unwrap();
         let mut out = BufReader::new(server.stdout.take().unwrap());
         let mut first = String::new();
         out.read_line(&mut first).unwrap();
-        let port = first
+        let (port, addr) = first
             .trim()
             .strip_prefix("LISTENING ")
-            .unwrap_or_else(|| panic!("server said {first:?}"))
-            .to_string();
-        let mut client = Command::new(&bin)
-            .args(["client", "127.0.0.1", &port])
-            .env("KRDMA_DEVICE", &env)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .and_then(|rest| rest.split_once(' '))
+            .unwrap_or_else(|| panic!("server said {first:?}"));
+        let (port, addr) = (port.to_string(), addr.to_string());
+        let mut client = c_command(&bin, case, 1)
+            .args(["client", &addr, &port])
             .spawn()
             .unwrap();
         let client_out = client.stdout.take().unwrap();
@@ -238,22 +244,14 @@ fn itapi_c_pingpong_program() {
             server_out.contains("SERVER OK"),
             "server output:\n{server_out}"
         );
-        eprintln!("C program ok through {}", door.name());
-    });
-}
+        eprintln!("C program ok over {} through {}", case.dev, case.door.name());
+    }
 
-#[test]
-fn itapi_c_api_calls_and_hostile_input() {
-    let bin = c_program("itapi_api");
-    each_front_door(|door| {
-        let mut child = Command::new(&bin)
-            .env("KRDMA_DEVICE", front_door_env(door))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+    fn itapi_c_api_calls_and_hostile_input(case) {
+        let bin = c_program("itapi_api");
+        let mut child = c_command(&bin, case, 2).spawn().unwrap();
         let out = child.stdout.take().unwrap();
         let out = finish(child, out, "C API program", Duration::from_secs(60));
         assert!(out.contains("API OK"), "output:\n{out}");
-    });
+    }
 }

@@ -1,15 +1,16 @@
-//! IT-API data transfer over siw0, both front doors: every DTO type, cookies, ordering.
+//! IT-API data transfer over siw0 and rxe0, both front doors: every DTO type, cookies,
+//! ordering, RMRs, remote access errors, atomics.
 
+#[macro_use]
 mod itapi_common;
 
 use itapi_common::*;
 use krdma_itapi::*;
-use krdma_tests::{crc, each_front_door, fill_pattern};
+use krdma_tests::{crc, fill_pattern};
 
-#[test]
-fn itapi_send_write_read() {
-    each_front_door(|door| {
-        let (s, c) = pair(door, EpAttributes::default(), 1 << 20);
+itapi_tests! {
+    fn itapi_send_write_read(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 1 << 20);
         let mut v = vec![0u8; 1 << 20];
         fill_pattern(&mut v, 1);
         c.buf().write(0, &v);
@@ -40,13 +41,10 @@ fn itapi_send_write_read() {
             .unwrap();
         c.expect(DtoKind::RdmaRead, 66);
         assert_eq!(crc(&c.buf().to_vec()), crc(&v));
-    });
-}
+    }
 
-#[test]
-fn itapi_scatter_gather_inline_and_empty() {
-    each_front_door(|door| {
-        let (s, c) = pair(door, EpAttributes::default(), 8192);
+    fn itapi_scatter_gather_inline_and_empty(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 8192);
         // Gather three pieces of the client's buffer, scatter into two of the server's.
         c.buf().write(0, b"abc");
         c.buf().write(100, b"defgh");
@@ -98,13 +96,10 @@ fn itapi_scatter_gather_inline_and_empty() {
             c.ep.post_send(&[], 9, DtoFlags::UNLINK_LOCAL_SINK),
             Err(Error::InvalidDtoFlags)
         );
-    });
-}
+    }
 
-#[test]
-fn itapi_completions_in_order_with_cookies() {
-    each_front_door(|door| {
-        let (s, c) = pair(door, EpAttributes::default(), 64 * 1024);
+    fn itapi_completions_in_order_with_cookies(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 64 * 1024);
         const N: u64 = 48;
         for i in 0..N {
             s.ep.post_recv(&[s.seg(i * 64, 64)], 1000 + i, DtoFlags::SIGNALED)
@@ -143,13 +138,65 @@ fn itapi_completions_in_order_with_cookies() {
             assert_eq!(u64::from_le_bytes(b), i);
         }
         assert_eq!(c.ep.outstanding(), (0, 0));
-    });
-}
+    }
 
-#[test]
-fn itapi_rmr_link_unlink_and_send_and_unlink() {
-    each_front_door(|door| {
-        let (s, c) = pair(door, EpAttributes::default(), 64 * 1024);
+    fn itapi_atomics_where_the_device_has_them(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 4096);
+        let info = c.ia.query();
+        // iWARP (RDMAP) has no atomics; RoCE does, and rxe0 implements them.
+        assert_eq!(info.atomic_support, !case.iwarp());
+        let target = c.remote(64);
+        let add = AtomicOp::FetchAndAdd { add: 5 };
+        if !info.atomic_support {
+            assert_eq!(
+                c.ep.post_atomic(add, &c.seg(0, 8), 1, DtoFlags::SIGNALED, target),
+                Err(Error::OpNotSupported)
+            );
+            let buf = ual::RegBuf::new(4096).unwrap();
+            assert_eq!(
+                Lmr::create(&c.pz, buf, MemPriv::LOCAL | MemPriv::ATOMIC).err(),
+                Some(Error::InvalidPrivs)
+            );
+            return;
+        }
+        s.buf().write(64, &40u64.to_ne_bytes());
+        c.ep.post_atomic(add, &c.seg(0, 8), 1, DtoFlags::SIGNALED, target)
+            .unwrap();
+        assert_eq!(c.expect(DtoKind::FetchAdd, 1).transferred_length, 8);
+        let mut b = [0u8; 8];
+        c.buf().read(0, &mut b);
+        assert_eq!(u64::from_ne_bytes(b), 40, "the value before the add");
+        s.buf().read(64, &mut b);
+        assert_eq!(u64::from_ne_bytes(b), 45);
+        // Compare and swap: a wrong guess leaves the value, the right one swaps it.
+        for (cookie, compare, was, now) in [(2, 7, 45, 45), (3, 45, 45, 99)] {
+            let op = AtomicOp::CompareAndSwap { compare, swap: 99 };
+            c.ep.post_atomic(op, &c.seg(8, 8), cookie, DtoFlags::SIGNALED, target)
+                .unwrap();
+            c.expect(DtoKind::CmpSwap, cookie);
+            c.buf().read(8, &mut b);
+            assert_eq!(u64::from_ne_bytes(b), was);
+            s.buf().read(64, &mut b);
+            assert_eq!(u64::from_ne_bytes(b), now);
+        }
+        // Checked at post time: an 8-byte result, an 8-byte aligned target.
+        assert_eq!(
+            c.ep.post_atomic(add, &c.seg(0, 4), 4, DtoFlags::SIGNALED, target),
+            Err(Error::InvalidLength)
+        );
+        let odd = RdmaAddr {
+            addr: target.addr + 4,
+            ..target
+        };
+        assert_eq!(
+            c.ep.post_atomic(add, &c.seg(0, 8), 5, DtoFlags::SIGNALED, odd),
+            Err(Error::InvalidAtomicOp)
+        );
+    }
+
+    fn itapi_rmr_link_unlink_and_send_and_unlink(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 64 * 1024);
+        // Both devices have memory windows (siw0 and rxe0 alike).
         assert!(s.ia.query().rmr_support);
         // The server exposes only 4 KiB at offset 8 KiB through an RMR.
         let rmr = Rmr::create(&s.pz, RmrType::Narrow).unwrap();
@@ -211,13 +258,10 @@ fn itapi_rmr_link_unlink_and_send_and_unlink() {
         ));
         rmr.unlink(&s.ep, 60, DtoFlags::SIGNALED).unwrap();
         assert!(!rmr.query().linked);
-    });
-}
+    }
 
-#[test]
-fn itapi_remote_access_error_is_reported() {
-    each_front_door(|door| {
-        let (s, c) = pair(door, EpAttributes::default(), 4096);
+    fn itapi_remote_access_error_is_reported(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 4096);
         let aff = Evd::create(
             &c.ia,
             EventStream::AsyncAffiliated,
@@ -238,10 +282,16 @@ fn itapi_remote_access_error_is_reported() {
             .unwrap();
         // An iWARP RDMA Write completes when it is sent (it is not acknowledged): the
         // error comes back as the peer's Terminate, which ends the connection and
-        // flushes what is outstanding.
+        // flushes what is outstanding. An InfiniBand Write is acknowledged: it
+        // completes with the peer's NAK (remote access error), and the IT-API layer
+        // ends the connection (the IB CM would not).
         let events: Vec<DtoEvent> = (0..2).map(|_| c.dto_event()).collect();
         let recv = events.iter().find(|d| d.kind == DtoKind::Recv).unwrap();
         assert_eq!(recv.status, DtoStatus::Flushed, "{events:?}");
+        let write = events.iter().find(|d| d.cookie == 1).unwrap();
+        if !case.iwarp() {
+            assert_eq!(write.status, DtoStatus::RemoteAccess, "{events:?}");
+        }
         let ended = c.conn_event();
         assert!(matches!(
             ended.kind,
@@ -264,5 +314,5 @@ fn itapi_remote_access_error_is_reported() {
             c.ep.post_rdma_read(&[], 3, DtoFlags::SIGNALED, wide),
             Err(Error::InvalidRmr)
         );
-    });
+    }
 }

@@ -1,12 +1,12 @@
 //! IT-API event dispatchers: solicited events, thresholds, the pollable descriptor,
-//! overflow, aggregate EVDs, waiting, callbacks. The connected cases run over siw0
+//! overflow, aggregate EVDs, waiting, callbacks. Every case runs over siw0 and rxe0
 //! through both front doors.
 
+#[macro_use]
 mod itapi_common;
 
 use itapi_common::*;
 use krdma_itapi::*;
-use krdma_tests::{each_front_door, FrontDoor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,18 +46,13 @@ fn expect_overflow_report(aff: &Evd, evd: &Evd) {
     }
 }
 
-fn local_ia(door: &FrontDoor) -> Ia {
-    Ia::open_on(&door.target(), DEV).unwrap()
-}
-
-#[test]
-fn itapi_solicited_events() {
-    each_front_door(|door| {
+itapi_tests! {
+    fn itapi_solicited_events(case) {
         let fd_cfg = Cfg {
             dto_flags: EvdFlags::CREATE_FD,
             ..Cfg::default()
         };
-        let (s, c) = pair_cfg(door, &fd_cfg, &Cfg::default());
+        let (s, c) = pair_cfg(case, &fd_cfg, &Cfg::default());
         let fd = s.dto.fd().unwrap();
         for i in 0..4 {
             s.ep.post_recv(&[s.seg(i * 64, 64)], i, DtoFlags::SOLICITED_WAIT)
@@ -118,13 +113,10 @@ fn itapi_solicited_events() {
         let (r, waited) = waiter.join().unwrap();
         assert!(matches!(r.unwrap().0, Event::Dto(d) if d.cookie == 3 && d.solicited));
         assert!(waited < Duration::from_secs(5));
-    });
-}
+    }
 
-#[test]
-fn itapi_threshold_and_descriptor() {
-    each_front_door(|door| {
-        let ia = local_ia(door);
+    fn itapi_threshold_and_descriptor(case) {
+        let ia = case.ia();
         let evd = software(&ia, EvdFlags::CREATE_FD, 16, 3, None);
         let fd = evd.fd().unwrap();
         evd.post_software(1).unwrap();
@@ -156,13 +148,10 @@ fn itapi_threshold_and_descriptor() {
             Evd::create(&ia, EventStream::Software, EvdFlags::empty(), 0, 0, None).err(),
             Some(Error::InvalidQueueSize)
         );
-    });
-}
+    }
 
-#[test]
-fn itapi_wait_timeout_waiter_limit_and_wakeup() {
-    each_front_door(|door| {
-        let ia = local_ia(door);
+    fn itapi_wait_timeout_waiter_limit_and_wakeup(case) {
+        let ia = case.ia();
         let evd = software(&ia, EvdFlags::empty(), 16, 1, None);
         let t = Instant::now();
         assert_eq!(
@@ -181,13 +170,10 @@ fn itapi_wait_timeout_waiter_limit_and_wakeup() {
         );
         evd.post_software(42).unwrap();
         assert_eq!(data(&waiter.join().unwrap().unwrap().0), 42);
-    });
-}
+    }
 
-#[test]
-fn itapi_callback_runs_when_ready() {
-    each_front_door(|door| {
-        let ia = local_ia(door);
+    fn itapi_callback_runs_when_ready(case) {
+        let ia = case.ia();
         let evd = software(&ia, EvdFlags::empty(), 16, 1, None);
         let hits = Arc::new(AtomicUsize::new(0));
         let h = hits.clone();
@@ -206,13 +192,10 @@ fn itapi_callback_runs_when_ready() {
         evd.detach_callback().unwrap();
         evd.post_software(3).unwrap();
         assert_eq!(hits.load(Ordering::SeqCst), 2);
-    });
-}
+    }
 
-#[test]
-fn itapi_async_evds_one_per_ia() {
-    each_front_door(|door| {
-        let ia = local_ia(door);
+    fn itapi_async_evds_one_per_ia(case) {
+        let ia = case.ia();
         let aff = affiliated(&ia);
         assert_eq!(
             Evd::create(
@@ -267,13 +250,10 @@ fn itapi_async_evds_one_per_ia() {
             Ok(())
         );
         assert_eq!(unaff.post_software(1), Err(Error::InvalidEvdType));
-    });
-}
+    }
 
-#[test]
-fn itapi_evd_overflow() {
-    each_front_door(|door| {
-        let ia = local_ia(door);
+    fn itapi_evd_overflow(case) {
+        let ia = case.ia();
         let aff = affiliated(&ia);
         let evd = software(&ia, EvdFlags::empty(), 4, 1, None);
         for i in 0..4 {
@@ -299,13 +279,10 @@ fn itapi_evd_overflow() {
         assert!(auto.query().overflowed);
         auto.dequeue().unwrap();
         assert!(!auto.query().overflowed);
-    });
-}
+    }
 
-#[test]
-fn itapi_connection_request_overflow_rejects() {
-    each_front_door(|door| {
-        let s = Side::new(door, EpAttributes::default(), 4096);
+    fn itapi_connection_request_overflow_rejects(case) {
+        let s = Side::new(case, EpAttributes::default(), 4096);
         let req = Evd::create(
             &s.ia,
             EventStream::CmRequest,
@@ -316,9 +293,9 @@ fn itapi_connection_request_overflow_rejects() {
         )
         .unwrap();
         let l = Listener::create(&s.ia, 0, &req, 0).unwrap();
-        let addr = ([127, 0, 0, 1], l.port()).into();
-        let a = Side::new(door, EpAttributes::default(), 4096);
-        let b = Side::new(door, EpAttributes::default(), 4096);
+        let addr = addr_of(&s.ia, l.port());
+        let a = Side::new(case, EpAttributes::default(), 4096);
+        let b = Side::new(case, EpAttributes::default(), 4096);
         a.ep.connect(addr, b"first").unwrap();
         assert!(readable(req.fd().unwrap(), 5000), "first request queued");
         // The SEVD holds one request: the second is lost, and refused rather than left
@@ -332,18 +309,15 @@ fn itapi_connection_request_overflow_rejects() {
         assert!(req.query().overflowed);
         match req.dequeue().unwrap() {
             Event::ConnRequest(r) => {
-                assert_eq!(r.private_data, b"first");
+                assert_eq!(r.private_data, as_received(&s.ia, b"first", Pdata::Connect));
                 s.ep.accept(r.cn_est_id, b"").unwrap();
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(a.conn_event().kind, ConnEventKind::Established);
-    });
-}
+    }
 
-#[test]
-fn itapi_dto_evd_overflow_never_hangs() {
-    each_front_door(|door| {
+    fn itapi_dto_evd_overflow_never_hangs(case) {
         let attrs = EpAttributes {
             max_request_dtos: 32,
             ..EpAttributes::default()
@@ -354,7 +328,7 @@ fn itapi_dto_evd_overflow_never_hangs() {
             ..Cfg::default()
         };
         let (s, c) = pair_cfg(
-            door,
+            case,
             &Cfg {
                 attrs,
                 ..Cfg::default()
@@ -394,13 +368,10 @@ fn itapi_dto_evd_overflow_never_hangs() {
             ended.kind,
             ConnEventKind::Broken | ConnEventKind::Disconnect
         ));
-    });
-}
+    }
 
-#[test]
-fn itapi_aevd_fans_in_simple_evds() {
-    each_front_door(|door| {
-        let ia = local_ia(door);
+    fn itapi_aevd_fans_in_simple_evds(case) {
+        let ia = case.ia();
         let aevd = Aevd::create(&ia, EvdFlags::CREATE_FD, 64).unwrap();
         let fd = aevd.fd().unwrap();
         let a = software(&ia, EvdFlags::empty(), 8, 1, Some(&aevd));
@@ -455,5 +426,5 @@ fn itapi_aevd_fans_in_simple_evds() {
             Some(Error::QueueEmpty),
             "drained: no notification left"
         );
-    });
+    }
 }

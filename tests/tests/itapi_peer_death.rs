@@ -1,12 +1,12 @@
-//! A peer process killed mid-transfer, through both front doors: the survivor gets a
-//! broken-connection event and flushed completions for everything outstanding, and
-//! never hangs.
+//! A peer process killed mid-transfer, over siw0 and rxe0 through both front doors: the
+//! survivor gets a broken-connection event and flushed completions for everything
+//! outstanding, and never hangs. `krdmad` killed under an open IA.
 
+#[macro_use]
 mod itapi_common;
 
 use itapi_common::*;
 use krdma_itapi::*;
-use krdma_tests::each_front_door;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -17,8 +17,8 @@ const CHILD_BUF: usize = 4 << 20;
 const CHUNK: u32 = 256 * 1024;
 const WINDOW: u64 = 8;
 
-/// Child mode: connect to the survivor named by `ITAPI_PEER`, offer a buffer, and wait
-/// to be killed.
+/// Child mode: connect to the survivor named by `ITAPI_PEER` over the device
+/// `ITAPI_DEV`, offer a buffer, and wait to be killed.
 #[test]
 #[ignore = "run as a child process by itapi_peer_killed_mid_transfer"]
 fn itapi_child_peer() {
@@ -26,7 +26,10 @@ fn itapi_child_peer() {
         return;
     };
     let peer: SocketAddr = peer.parse().unwrap();
-    let ia = Ia::open_on(&Target::from_env(), DEV).unwrap();
+    // In embedded mode this process has its own kAL: its rxe0 gets an address of its own.
+    krdma_tests::setup_embedded();
+    let dev = std::env::var("ITAPI_DEV").unwrap();
+    let ia = Ia::open_on(&Target::from_env(), &dev).unwrap();
     let pz = Pz::create(&ia).unwrap();
     let dto = Evd::create(&ia, EventStream::Dto, EvdFlags::empty(), 64, 1, None).unwrap();
     let cm = Evd::create(&ia, EventStream::CmMessage, EvdFlags::empty(), 8, 1, None).unwrap();
@@ -53,25 +56,19 @@ fn itapi_child_peer() {
     }
 }
 
-#[test]
-fn itapi_peer_killed_mid_transfer() {
-    each_front_door(|door| {
+itapi_tests! {
+    fn itapi_peer_killed_mid_transfer(case) {
         let attrs = EpAttributes {
             max_request_dtos: 32,
             ..EpAttributes::default()
         };
-        let s = Side::new(door, attrs, CHUNK as usize);
+        let s = Side::new(case, attrs, CHUNK as usize);
         let l = Listening::new(&s);
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["itapi_child_peer", "--exact", "--ignored", "--nocapture"])
             .env("ITAPI_PEER", l.addr().to_string())
-            .env(
-                "KRDMA_DEVICE",
-                match door.target() {
-                    Target::Embedded => "embedded".to_string(),
-                    Target::Device(p) => p.display().to_string(),
-                },
-            )
+            .env("ITAPI_DEV", case.dev)
+            .env("KRDMA_DEVICE", case.device_env())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -143,7 +140,7 @@ fn itapi_peer_killed_mid_transfer() {
         child.wait().unwrap();
         eprintln!(
             "{}: {ok} writes done, {flushed} flushed, {failed} failed, {ended:?}",
-            door.name()
+            case.door.name()
         );
         assert!(killed, "the child was killed mid-transfer");
         assert_eq!(ended, Some(ConnEventKind::Broken));
@@ -152,17 +149,26 @@ fn itapi_peer_killed_mid_transfer() {
             "the posted receives (and writes in flight) flush"
         );
         assert_eq!(s.ep.state(), EpState::NonOperational);
-    });
+    }
 }
 
 #[test]
-fn itapi_daemon_death_wakes_every_waiter() {
+fn itapi_daemon_death_wakes_every_waiter_siw0() {
+    daemon_death("siw0");
+}
+
+#[test]
+fn itapi_daemon_death_wakes_every_waiter_rxe0() {
+    daemon_death("rxe0");
+}
+
+fn daemon_death(dev: &'static str) {
     if !krdma_tests::daemon_possible() {
         return;
     }
     let d = krdma_tests::Daemon::start();
     let door = krdma_tests::FrontDoor::Daemon(d);
-    let (s, c) = pair(&door, EpAttributes::default(), 4096);
+    let (s, c) = pair(&Case { door: &door, dev }, EpAttributes::default(), 4096);
     let sw = Evd::create(&s.ia, EventStream::Software, EvdFlags::empty(), 8, 1, None).unwrap();
     s.ep.post_recv(&[s.seg(0, 64)], 1, DtoFlags::SIGNALED)
         .unwrap();

@@ -10,6 +10,10 @@
 //! figures the server prints are its own: connection set-up rate, memory per endpoint,
 //! an echo over every connection, teardown. `--server PORT` / `--client ADDR:PORT` run
 //! one side only.
+//!
+//! Over rxe0 with the embedded front door each process has its own rxe0, which needs
+//! an address of its own: `KRDMA_RXE_ADDR=127.0.0.2 … -- --device rxe0` (the client
+//! process takes 127.0.0.3). Through `krdmad` both share the daemon's rxe0.
 
 mod common;
 
@@ -209,7 +213,7 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
 
-fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
+fn serve(a: &Args, port: u16, on_listen: impl FnOnce(SocketAddr)) -> Result<()> {
     let n = a.connections;
     let tcp_rate = tcp_setup_rate(n, a.threads.clamp(1, n.max(1)));
     let mut s = Server::new(a)?;
@@ -223,7 +227,7 @@ fn serve(a: &Args, port: u16, on_listen: impl FnOnce(u16)) -> Result<()> {
     )?;
     let listener = Listener::create(&s.ia, 0, &req, port)?;
     let (rss0, threads0) = rss_and_threads();
-    on_listen(listener.port());
+    on_listen(common::reachable_at(&s.ia, listener.port()));
     let (mut established, mut echoed, mut closed) = (0, 0, 0);
     let mut first_request = None;
     let mut all_up = None;
@@ -405,20 +409,32 @@ fn clients(a: &Args, server: SocketAddr) -> Result<()> {
     Ok(())
 }
 
+/// The rxe0 address of the client process this one starts: with the embedded front
+/// door each process has its own rxe0, and two cannot serve the same address. When this
+/// process's is set (`KRDMA_RXE_ADDR`), the child takes the next one.
+fn child_rxe_addr() -> Option<std::net::Ipv4Addr> {
+    let mine: std::net::Ipv4Addr = std::env::var("KRDMA_RXE_ADDR").ok()?.parse().ok()?;
+    Some(std::net::Ipv4Addr::from(u32::from(mine).wrapping_add(1)))
+}
+
 fn main() -> Result<()> {
     common::init_logging();
     let a = Args::parse();
     match (a.server, a.client) {
-        (Some(port), _) => serve(&a, port, |port| {
-            println!("many_connections server listening on port {port}")
+        (Some(port), _) => serve(&a, port, |at| {
+            println!("many_connections server listening on {at}")
         }),
         (None, Some(server)) => clients(&a, server),
         (None, None) => {
             let exe = std::env::current_exe().map_err(|_| Error::Abort)?;
             let mut child = None;
-            serve(&a, 0, |port| {
-                let c = Command::new(&exe)
-                    .args(["--client", &format!("127.0.0.1:{port}")])
+            serve(&a, 0, |at| {
+                let mut cmd = Command::new(&exe);
+                if let Some(addr) = child_rxe_addr() {
+                    cmd.env("KRDMA_RXE_ADDR", addr.to_string());
+                }
+                let c = cmd
+                    .args(["--client", &at.to_string()])
                     .args(["--connections", &a.connections.to_string()])
                     .args(["--threads", &a.threads.to_string()])
                     .args(["--device", &a.device])

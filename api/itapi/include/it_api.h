@@ -15,7 +15,10 @@
  * Conventions of this implementation (the standard leaves them to the implementation):
  *   - ports in it_conn_qual_t are in network byte order;
  *   - it_evd_wait timeouts are in microseconds (IT_TIMEOUT_INFINITE waits for ever);
- *   - members the standard declares as bit-fields are plain integers here.
+ *   - members the standard declares as bit-fields are plain integers here;
+ *   - what the transport decides (private-data lengths, atomics, RMRs) is in
+ *     it_ia_query's it_ia_info_t: siw0 (iWARP) has no atomics, rxe0 (RoCEv2) has them;
+ *     on InfiniBand received private data is the CM message's whole field.
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */

@@ -58,6 +58,8 @@ pub enum EventNumber {
     DtoRdmaReadCmpl = 0x00005,
     /// `IT_RMR_LINK_CMPL_EVENT` (= `IT_RMR_BIND_CMPL_EVENT`).
     RmrLinkCmpl = 0x00006,
+    DtoFetchAddCmpl = 0x00007,
+    DtoCmpSwapCmpl = 0x00008,
     CmReqConnRequest = 0x01001,
     CmMsgConnEstablished = 0x02002,
     CmMsgConnDisconnect = 0x02003,
@@ -138,6 +140,10 @@ pub enum DtoKind {
     RdmaWrite,
     RdmaRead,
     RmrLink,
+    /// An atomic Fetch and Add ([`Endpoint::post_atomic`]).
+    FetchAdd,
+    /// An atomic Compare and Swap.
+    CmpSwap,
 }
 
 impl DtoKind {
@@ -148,6 +154,8 @@ impl DtoKind {
             DtoKind::RdmaWrite => EventNumber::DtoRdmaWriteCmpl,
             DtoKind::RdmaRead => EventNumber::DtoRdmaReadCmpl,
             DtoKind::RmrLink => EventNumber::RmrLinkCmpl,
+            DtoKind::FetchAdd => EventNumber::DtoFetchAddCmpl,
+            DtoKind::CmpSwap => EventNumber::DtoCmpSwapCmpl,
         }
     }
 }

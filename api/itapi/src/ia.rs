@@ -55,6 +55,20 @@ pub struct SpigotInfo {
     pub netdev: String,
 }
 
+impl SpigotInfo {
+    /// The address of this spigot a connection to `peer` runs from: `peer` itself when
+    /// the spigot serves it, one of its loopback addresses for a loopback peer, else its
+    /// first address that is not loopback (its first address at all, failing that).
+    /// `it_get_pathinfo` fills the path's local address with it.
+    pub fn source_for(&self, peer: IpAddr) -> Option<IpAddr> {
+        let find =
+            |want: &dyn Fn(IpAddr) -> bool| self.addresses.iter().copied().find(|a| want(*a));
+        find(&|a| same_ip(a, peer))
+            .or_else(|| find(&|a| a.is_loopback() == peer.is_loopback()))
+            .or_else(|| self.addresses.first().copied())
+    }
+}
+
 /// Device limits, as far as IT-API consumers need them.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -223,6 +237,18 @@ impl Ia {
         &self.0.spigots
     }
 
+    /// The address other processes on this host reach this adapter at: a loopback
+    /// address its first spigot serves — 127.0.0.1 for siw0 (every host address), the
+    /// device's own address for an rxe0 bound to one (`--rxe-addr`, `KRDMA_RXE_ADDR`)
+    /// — else the spigot's first address. Listeners listen on every address of their
+    /// spigot; connect to this one from the same host.
+    pub fn local_address(&self) -> Option<IpAddr> {
+        self.0
+            .spigots
+            .first()?
+            .source_for(IpAddr::from([127, 0, 0, 1]))
+    }
+
     pub(crate) fn dev_index(&self) -> u32 {
         self.0.dev.index
     }
@@ -232,9 +258,9 @@ impl Ia {
         self.0.dev.raw.memory_windows != 0
     }
 
-    /// The device implements atomics (no krdma provider does yet).
+    /// The device implements atomics (rxe0 does; iWARP, and so siw0, has none).
     pub fn atomic_support(&self) -> bool {
-        false
+        self.0.dev.raw.atomics != 0
     }
 
     pub fn limits(&self) -> Limits {

@@ -23,8 +23,10 @@
 //! EVDs alive, an LMR its PZ). Events never keep objects alive: they name them by id,
 //! with a weak reference ([`EpRef::endpoint`]).
 //!
-//! Everything works on any device of the stack (iWARP `siw0`, RoCE `rxe0`): the
-//! transport only decides private-data limits and how addresses are spelled.
+//! Everything works on any device of the stack (iWARP `siw0`, RoCE `rxe0`, both tested
+//! through both front doors). What the transport decides — private-data limits and how
+//! received private data looks, how paths are spelled, atomics, what an abortive close
+//! does — comes from the device ([`Ia::query`]); `docs/itapi.md` has the table.
 //!
 //! ## A connection, end to end
 //!
@@ -81,7 +83,7 @@ mod rmr;
 mod srq;
 mod status;
 
-pub use ep::{DtoFlags, Endpoint, EpAttributes, EpChange, EpParams, EpState};
+pub use ep::{AtomicOp, DtoFlags, Endpoint, EpAttributes, EpChange, EpParams, EpState};
 pub use evd::{Aevd, Callback, Evd, EvdFlags, EvdParams, MAX_QUEUE_SIZE};
 pub use event::{
     AevdNotification, AffiliatedCause, AffiliatedEvent, ConnEventKind, ConnRequestEvent,

@@ -1,15 +1,114 @@
-//! Shared set-up of the IT-API tests: one side of a connection (IA, PZ, EVDs, an LMR over
-//! a buffer, an RC endpoint) and a connected pair over siw0 on loopback.
+//! Shared set-up of the IT-API tests: each test runs over every device (siw0, iWARP;
+//! rxe0, RoCEv2) through both front doors ([`itapi_tests!`]); one side of a connection
+//! (IA, PZ, EVDs, an LMR over a buffer, an RC endpoint) and a connected pair on loopback.
 #![allow(dead_code)]
 
 use krdma_itapi::*;
-use krdma_tests::FrontDoor;
+use krdma_tests::{each_front_door, FrontDoor};
 use std::net::SocketAddr;
 use std::time::Duration;
-use ual::RegBuf;
+use ual::{RegBuf, Target};
 
 pub const T: Option<Duration> = Some(Duration::from_secs(10));
-pub const DEV: &str = "siw0";
+
+/// Where one run of a test happens: a front door, and a device on it.
+pub struct Case<'a> {
+    pub door: &'a FrontDoor,
+    pub dev: &'static str,
+}
+
+impl Case<'_> {
+    pub fn target(&self) -> Target {
+        self.door.target()
+    }
+
+    /// A fresh IA on the device.
+    pub fn ia(&self) -> Ia {
+        Ia::open_on(&self.target(), self.dev).expect("open IA")
+    }
+
+    /// The device is iWARP (siw0) rather than InfiniBand/RoCE (rxe0).
+    pub fn iwarp(&self) -> bool {
+        self.ia().transport() == Transport::IwarpTcp
+    }
+
+    /// `KRDMA_DEVICE` for a child process on the same front door.
+    pub fn device_env(&self) -> String {
+        match self.target() {
+            Target::Embedded => "embedded".into(),
+            Target::Device(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// Run `f` over `dev` through each front door.
+pub fn each_case(dev: &'static str, f: impl Fn(&Case)) {
+    // Before this process's embedded kAL starts: its rxe0 serves an address of its own
+    // (a wildcard rxe0 would take every test process's RoCEv2 traffic, and answer it).
+    krdma_tests::setup_embedded();
+    each_front_door(|door| {
+        eprintln!("--- device: {dev}");
+        f(&Case { door, dev })
+    });
+}
+
+/// Test functions that run over every device (declare the module `#[macro_use]`): `fn name(case) { ... }` becomes a module
+/// `name` with one test per device (`name::siw0`, `name::rxe0`), each through both
+/// front doors.
+macro_rules! itapi_tests {
+    ($(fn $name:ident($case:ident) $body:block)*) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                fn run($case: &Case) $body
+
+                #[test]
+                fn siw0() {
+                    each_case("siw0", run);
+                }
+
+                #[test]
+                fn rxe0() {
+                    each_case("rxe0", run);
+                }
+            }
+        )*
+    };
+}
+
+/// Which connection message private data travels in.
+#[derive(Debug, Clone, Copy)]
+pub enum Pdata {
+    Connect,
+    Accept,
+    Reject,
+}
+
+/// The private data a peer receives for `sent`: exactly `sent` on iWARP (MPA carries
+/// its length); on InfiniBand the CM message's whole private-data field (56 bytes of a
+/// REQ after the RDMA CM header, 196 of a REP, 148 of a REJ): the IB CM carries no
+/// length, so `sent` arrives followed by zeros, as rdma_cm reports it too.
+pub fn as_received(ia: &Ia, sent: &[u8], msg: Pdata) -> Vec<u8> {
+    if ia.transport() == Transport::IwarpTcp {
+        return sent.to_vec();
+    }
+    let (connect, accept, reject) = ia.private_data_limits();
+    let field = match msg {
+        Pdata::Connect => connect,
+        Pdata::Accept => accept,
+        Pdata::Reject => reject,
+    };
+    let mut v = sent.to_vec();
+    v.resize(field, 0);
+    v
+}
+
+/// The address another endpoint on this host connects to `ia` at, with `port`.
+pub fn addr_of(ia: &Ia, port: u16) -> SocketAddr {
+    SocketAddr::new(ia.local_address().expect("adapter address"), port)
+}
 
 /// One side of a connection.
 pub struct Side {
@@ -44,9 +143,9 @@ impl Default for Cfg {
 }
 
 impl Side {
-    pub fn new(door: &FrontDoor, attrs: EpAttributes, buf_len: usize) -> Side {
+    pub fn new(case: &Case, attrs: EpAttributes, buf_len: usize) -> Side {
         Self::build(
-            door,
+            case,
             &Cfg {
                 attrs,
                 buf_len,
@@ -55,15 +154,20 @@ impl Side {
         )
     }
 
-    pub fn build(door: &FrontDoor, cfg: &Cfg) -> Side {
-        let ia = Ia::open_on(&door.target(), DEV).expect("open IA");
+    pub fn build(case: &Case, cfg: &Cfg) -> Side {
+        let ia = case.ia();
         let pz = Pz::create(&ia).unwrap();
         let dto =
             Evd::create(&ia, EventStream::Dto, cfg.dto_flags, cfg.dto_queue, 1, None).unwrap();
         let cm = Evd::create(&ia, EventStream::CmMessage, EvdFlags::empty(), 16, 1, None).unwrap();
         let ep = Endpoint::create_rc(&pz, &dto, &dto, &cm, cfg.attrs.clone(), None).unwrap();
         let buf = RegBuf::new(cfg.buf_len).unwrap();
-        let lmr = Lmr::create(&pz, buf, MemPriv::ALL & !MemPriv::ATOMIC).unwrap();
+        let privs = if ia.atomic_support() {
+            MemPriv::ALL
+        } else {
+            MemPriv::ALL & !MemPriv::ATOMIC
+        };
+        let lmr = Lmr::create(&pz, buf, privs).unwrap();
         Side {
             ia,
             pz,
@@ -147,8 +251,9 @@ impl Listening {
         Listening { req, listener }
     }
 
+    /// Where to connect to the listener from this host.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.listener.port()))
+        addr_of(self.listener.ia(), self.listener.port())
     }
 
     pub fn request(&self) -> ConnRequestEvent {
@@ -160,19 +265,19 @@ impl Listening {
 }
 
 /// A connected (server, client) pair; each knows the other's buffer.
-pub fn pair(door: &FrontDoor, attrs: EpAttributes, buf_len: usize) -> (Side, Side) {
+pub fn pair(case: &Case, attrs: EpAttributes, buf_len: usize) -> (Side, Side) {
     let cfg = Cfg {
         attrs,
         buf_len,
         ..Cfg::default()
     };
-    pair_cfg(door, &cfg, &cfg)
+    pair_cfg(case, &cfg, &cfg)
 }
 
 /// A connected pair built from a configuration for each side.
-pub fn pair_cfg(door: &FrontDoor, server: &Cfg, client: &Cfg) -> (Side, Side) {
-    let mut s = Side::build(door, server);
-    let mut c = Side::build(door, client);
+pub fn pair_cfg(case: &Case, server: &Cfg, client: &Cfg) -> (Side, Side) {
+    let mut s = Side::build(case, server);
+    let mut c = Side::build(case, client);
     let l = Listening::new(&s);
     c.ep.connect(l.addr(), &c.advert()).unwrap();
     let r = l.request();

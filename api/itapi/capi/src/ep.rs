@@ -136,6 +136,8 @@ pub unsafe extern "C" fn it_ep_query(
             &q.attributes,
             q.srq.map_or(std::ptr::null_mut(), handles::srq),
         );
+        // Atomics are enabled wherever the device has them (rxe0; not siw0).
+        p.attr.rc.atomics_enable = ep.ia().atomic_support() as ItBool;
         // SAFETY: caller's contract.
         unsafe { put(params, p) }
     })

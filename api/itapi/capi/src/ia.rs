@@ -263,7 +263,7 @@ pub unsafe extern "C" fn it_get_pathinfo(
         // SAFETY: caller's contract.
         let room = unsafe { get(num_paths)? };
         let ib = ia.transport() == Transport::InfiniBand;
-        let local = ia.spigots()[spigot_id].addresses.first().copied();
+        let local = ia.spigots()[spigot_id].source_for(peer);
         let mut p = path_to(Some((peer, 0).into()), local, ib);
         p.spigot_id = spigot_id;
         p.timeout = 10_000_000;

@@ -3,7 +3,7 @@
 use crate::ffi::{slice, status};
 use crate::handles::{self, Obj};
 use crate::types::*;
-use krdma_itapi::{DtoFlags, Endpoint, Error, RdmaAddr, Result, Segment};
+use krdma_itapi::{AtomicOp, DtoFlags, Endpoint, Error, RdmaAddr, Result, Segment};
 
 /// krdma's `ITX_INLINE_FLAG`.
 const ITX_INLINE_FLAG: u32 = 0x80;
@@ -140,13 +140,13 @@ pub unsafe extern "C" fn it_post_recv(
     })
 }
 
-/// The RDMA calls: `op` is the endpoint's read or write.
+/// The calls on remote memory: `op` is the endpoint's read, write or atomic.
 ///
 /// # Safety
 /// `local_segments` holds `num_segments` triplets.
 #[allow(clippy::too_many_arguments)]
 unsafe fn rdma(
-    op: fn(&Endpoint, &[Segment], u64, DtoFlags, RdmaAddr) -> Result<()>,
+    op: impl FnOnce(&Endpoint, &[Segment], u64, DtoFlags, RdmaAddr) -> Result<()>,
     ep_handle: Handle,
     local_segments: *const LmrTriplet,
     num_segments: usize,
@@ -218,6 +218,54 @@ pub unsafe extern "C" fn it_post_rdma_write(
             ep_handle,
             local_segments,
             num_segments,
+            cookie,
+            flags,
+            rdma_addr,
+            rmr_context,
+        )
+    }
+}
+
+const IT_COMPARE_AND_SWAP: u32 = 0;
+const IT_FETCH_AND_ADD: u32 = 1;
+
+/// `it_post_atomic`: where the adapter has atomics (`atomic_support`; rxe0 does);
+/// `IT_ERR_OP_NOT_SUPPORTED` otherwise. `result` is one 8-byte triplet that receives the
+/// remote value found before the operation.
+///
+/// # Safety
+/// `result` is null or readable.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn it_post_atomic(
+    ep_handle: Handle,
+    op: u32,
+    swap_or_add: u64,
+    compare: u64,
+    result: *const LmrTriplet,
+    cookie: u64,
+    flags: u32,
+    rdma_addr: u64,
+    rmr_context: u64,
+) -> ItStatus {
+    let op = match op {
+        IT_COMPARE_AND_SWAP => Ok(AtomicOp::CompareAndSwap {
+            compare,
+            swap: swap_or_add,
+        }),
+        IT_FETCH_AND_ADD => Ok(AtomicOp::FetchAndAdd { add: swap_or_add }),
+        _ => Err(Error::InvalidAtomicOp),
+    };
+    let atomic = |ep: &Endpoint, segs: &[Segment], cookie, flags, at| {
+        ep.post_atomic(op?, &segs[0], cookie, flags, at)
+    };
+    // SAFETY: passed on (`result` is one triplet).
+    unsafe {
+        rdma(
+            atomic,
+            ep_handle,
+            result,
+            1,
             cookie,
             flags,
             rdma_addr,

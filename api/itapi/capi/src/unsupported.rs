@@ -3,7 +3,6 @@
 //!
 //! * the unreliable-datagram service (address handles, UD endpoints and service
 //!   requests): no krdma device offers UD yet;
-//! * atomics: no krdma device implements them (`atomic_support` is `IT_FALSE`);
 //! * privileged memory operations (`it_mem_map`, I/O buffer lists, LMR linking);
 //! * `it_post_rdma_read_to_rmr` (`rdma_read_local_extensions` is `IT_FALSE`);
 //! * `it_ep_reset`: an endpoint is not reused after its connection ends;
@@ -40,7 +39,6 @@ not_supported! {
     it_lmr_modify(Handle, u32, *const LmrParam);
     it_mem_map(Handle, *mut c_void, u64, usize, *mut Handle, *mut usize);
     it_mem_unmap(Handle, Handle, usize);
-    it_post_atomic(Handle, u32, u64, u64, *const LmrTriplet, u64, u32, u64, u64);
     it_post_rdma_read_to_rmr(Handle, *const c_void, usize, u64, u32, u64, u64);
     it_post_sendto(Handle, *const LmrTriplet, usize, u64, u32, *const c_void);
     it_post_recvfrom(Handle, *const LmrTriplet, usize, u64, u32);

@@ -57,13 +57,13 @@ impl Peer {
         self.lmr.buffer().expect("buffer-backed LMR")
     }
 
-    /// Listen on `port`, tell `on_listen` the port, accept the first request with
-    /// `reply`; returns the requester's private data.
+    /// Listen on `port`, tell `on_listen` where (see [`reachable_at`]), accept the first
+    /// request with `reply`; returns the requester's private data.
     pub fn accept_one(
         &self,
         port: u16,
         reply: &[u8],
-        on_listen: impl FnOnce(u16),
+        on_listen: impl FnOnce(SocketAddr),
     ) -> Result<Vec<u8>> {
         let req = Evd::create(
             &self.ia,
@@ -74,7 +74,7 @@ impl Peer {
             None,
         )?;
         let listener = Listener::create(&self.ia, 0, &req, port)?;
-        on_listen(listener.port());
+        on_listen(reachable_at(&self.ia, listener.port()));
         let Event::ConnRequest(r) = req.wait(None)?.0 else {
             return Err(Error::InvalidEvdState);
         };
@@ -155,8 +155,18 @@ pub struct Roles {
     pub client: Option<SocketAddr>,
 }
 
-/// Told the port a server listens on.
-pub type OnListen = Box<dyn FnOnce(u16) + Send>;
+/// Where a client on this host connects to a listener of `ia` on `port`: the adapter's
+/// loopback address (127.0.0.1 for siw0 and for an rxe0 that serves every address; an
+/// rxe0 bound to one address with `KRDMA_RXE_ADDR` or `krdmad --rxe-addr`, that one).
+pub fn reachable_at(ia: &Ia, port: u16) -> SocketAddr {
+    let ip = ia
+        .local_address()
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+    SocketAddr::new(ip, port)
+}
+
+/// Told where a server listens.
+pub type OnListen = Box<dyn FnOnce(SocketAddr) + Send>;
 
 /// Run an example as it was asked: the server only (on `server`), the client only (to
 /// `client`), or both ends in this process on loopback.
@@ -171,7 +181,7 @@ pub fn run<A: Clone + Send + 'static>(
         (Some(port), _) => serve(
             args,
             port,
-            Box::new(move |port| println!("{name} server listening on port {port}")),
+            Box::new(move |at| println!("{name} server listening on {at}")),
         ),
         (None, Some(addr)) => connect(args, addr),
         (None, None) => {
@@ -184,22 +194,19 @@ pub fn run<A: Clone + Send + 'static>(
     }
 }
 
-/// Run `serve` on a thread (it reports its port through the callback it is given) and
-/// `client` here against it on loopback.
+/// Run `serve` on a thread (it reports where it listens through the callback it is
+/// given) and `client` here against it on loopback.
 fn loopback(
     serve: impl FnOnce(OnListen) -> Result<()> + Send + 'static,
     client: impl FnOnce(SocketAddr) -> Result<()>,
 ) -> Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
-        serve(Box::new(move |port| {
-            let _ = tx.send(port);
+        serve(Box::new(move |at| {
+            let _ = tx.send(at);
         }))
     });
-    let port = rx.recv();
-    let client_result = port
-        .map_err(|_| Error::Abort)
-        .and_then(|port| client(SocketAddr::from(([127, 0, 0, 1], port))));
+    let client_result = rx.recv().map_err(|_| Error::Abort).and_then(client);
     let server_result = server.join().map_err(|_| Error::Abort)?;
     client_result.and(server_result)
 }

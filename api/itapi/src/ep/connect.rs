@@ -2,7 +2,7 @@
 //! accept of a request a listener delivered, graceful and abortive disconnect, and the
 //! translation of the QP's events into connection messages and affiliated async events.
 
-use super::{Endpoint, EpInner, EpState};
+use super::{Endpoint, EpAction, EpInner, EpState};
 use crate::event::{
     AffiliatedCause, AffiliatedEvent, ConnEventKind, ConnectionEvent, EpRef, Event, EventNumber,
     RejectReason,
@@ -60,16 +60,22 @@ impl Endpoint {
             })
     }
 
-    /// Graceful disconnect: outstanding sends complete, then the connection closes;
+    /// Graceful disconnect: sends already posted complete, then the connection closes;
     /// `Disconnect` arrives on both sides and receives still posted complete flushed.
-    /// Disconnect private data is not supported by the transports (`PdataNotSupported`
-    /// from the C interface when some is given).
+    /// While send-queue requests are outstanding the close waits for them (the request
+    /// SEVD keeps taking completions meanwhile), on every transport: siw would drain
+    /// its send queue before its FIN anyway, but an InfiniBand DREQ moves the QP to
+    /// Error at once and would flush them. A request that never completes (a peer that
+    /// never posts a receive) holds the close back; [`abort`](Self::abort) does not
+    /// wait. Disconnect private data is not supported by the transports
+    /// (`PdataNotSupported` from the C interface when some is given).
     pub fn disconnect(&self) -> Result<()> {
         self.close(false)
     }
 
-    /// Abortive disconnect: the connection is reset at once; everything outstanding
-    /// completes flushed and the peer sees `Broken`.
+    /// Abortive disconnect: the connection ends at once and everything outstanding
+    /// completes flushed. On iWARP the connection is reset; InfiniBand has no abortive
+    /// close, so the peer sees an ordinary disconnect there.
     pub fn abort(&self) -> Result<()> {
         self.close(true)
     }
@@ -82,11 +88,20 @@ impl Endpoint {
         }
         tracing::info!(ep = self.id(), abortive, "disconnecting");
         self.0.local_close.store(true, Ordering::Release);
-        match self.0.qp.disconnect(abortive) {
-            // The connection ended on its own meanwhile.
-            Err(rnicpi::VerbsError::BadState) => Ok(()),
-            r => r.it(Error::InvalidEpState),
+        let ep = &self.0;
+        if !abortive && ep.sends.lock().len() > 0 {
+            if !ep.close_pending.swap(true, Ordering::AcqRel) {
+                ep.request_evd.0.closing(1);
+            }
+            // Completions already in the ring may drain the queue now; if the last one
+            // was taken before the mark was set, nobody else will close: do it here.
+            ep.request_evd.0.on_completions();
+            if ep.sends.lock().len() > 0 || !ep.close_pending.swap(false, Ordering::AcqRel) {
+                return Ok(());
+            }
+            ep.request_evd.0.closing(-1);
         }
+        ep.disconnect_now(abortive)
     }
 }
 
@@ -111,13 +126,58 @@ impl EpInner {
         }
     }
 
+    /// Ask the provider to close the connection (`BadState`: it ended on its own
+    /// meanwhile, which is no error).
+    fn disconnect_now(&self, abortive: bool) -> Result<()> {
+        match self.qp.disconnect(abortive) {
+            Err(rnicpi::VerbsError::BadState) => Ok(()),
+            r => r.it(Error::InvalidEpState),
+        }
+    }
+
+    /// What a completion asked for, now that no SEVD is locked.
+    pub(crate) fn run(self: &Arc<Self>, action: EpAction) {
+        match action {
+            EpAction::Break => self.break_connection("a work request failed"),
+            EpAction::Disconnect => {
+                self.request_evd.0.closing(-1);
+                tracing::debug!(ep = self.common.id, "send queue drained: disconnecting");
+                if let Err(e) = self.disconnect_now(false) {
+                    tracing::warn!(ep = self.common.id, error = ?e, "deferred disconnect failed");
+                }
+            }
+        }
+    }
+
+    /// The connection is unusable (a failed request, a lost completion, an endpoint
+    /// error): end it so both sides know — the provider's abortive close (an iWARP
+    /// reset; on InfiniBand a DREQ, without which the peer's CM would never learn that
+    /// this QP is in Error) — and report `Broken` here. An endpoint that is not
+    /// connected just goes to Error.
+    pub(crate) fn break_connection(self: &Arc<Self>, why: &str) {
+        let was = self.set_state(EpState::NonOperational);
+        if was != EpState::Connected {
+            return self.to_error();
+        }
+        tracing::warn!(ep = self.common.id, why, "connection broken");
+        if self.disconnect_now(true).is_err() {
+            self.to_error();
+        }
+        self.post_connection(
+            ConnEventKind::Broken,
+            &rnicpi::Event::new(EventKind::ConnectionBroken),
+        );
+    }
+
     fn on_qp_event(self: &Arc<Self>, ev: rnicpi::Event) {
         let conn = |kind| self.post_connection(kind, &ev);
         match ev.kind {
             EventKind::Established => {
                 let mut c = self.conn.lock();
                 c.state = EpState::Connected;
-                c.peer = ev.peer.or(c.peer);
+                // The address connected to (active) or the request came from (passive)
+                // names the peer with its port; the event may not (rxe gives port 0).
+                c.peer = c.peer.or(ev.peer);
                 drop(c);
                 conn(ConnEventKind::Established)
             }
@@ -169,6 +229,14 @@ impl EpInner {
     fn post_connection(self: &Arc<Self>, kind: ConnEventKind, ev: &rnicpi::Event) {
         if kind != ConnEventKind::Established {
             self.set_state(EpState::NonOperational);
+            if self.ended.swap(true, Ordering::AcqRel) {
+                tracing::debug!(
+                    ep = self.common.id,
+                    ?kind,
+                    "connection end already reported"
+                );
+                return;
+            }
         }
         if matches!(
             kind,
@@ -198,19 +266,20 @@ impl EpInner {
             ep: EpRef::new(self.common.id, self),
             ird: ev.ird,
             ord: ev.ord,
-            peer: ev.peer.or(self.conn.lock().peer),
+            peer: self.conn.lock().peer.or(ev.peer),
             private_data,
             reject_reason: reject_reason(kind, ev.status),
         });
         self.connect_evd.0.push(event, true);
     }
 
+    /// An endpoint error: the affiliated async event, and the connection ends.
     fn post_affiliated(self: &Arc<Self>, number: EventNumber) {
         tracing::warn!(ep = self.common.id, ?number, "endpoint failure");
-        self.set_state(EpState::NonOperational);
         let cause = AffiliatedCause::Ep(EpRef::new(self.common.id, self));
         self.ia()
             .post_affiliated(|evd| Event::Affiliated(AffiliatedEvent { number, evd, cause }));
+        self.break_connection("endpoint error");
     }
 }
 

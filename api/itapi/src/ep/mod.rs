@@ -9,7 +9,7 @@ mod connect;
 pub(crate) mod post;
 mod wr_table;
 
-pub use post::DtoFlags;
+pub use post::{AtomicOp, DtoFlags};
 
 use crate::evd::Evd;
 use crate::event::{DtoKind, DtoStatus, EventStream};
@@ -142,6 +142,11 @@ pub struct EpInner {
     local_close: AtomicBool,
     /// Send-queue requests that completed flushed: work the connection's end lost.
     lost_sends: AtomicU32,
+    /// A graceful disconnect waits for the send queue to drain (see `connect.rs`).
+    close_pending: AtomicBool,
+    /// The connection's end (disconnect, reject, broken) has been reported: it is
+    /// reported once, whichever of the provider and this layer notices first.
+    ended: AtomicBool,
     _uses: Vec<UseGuard>,
     /// Last: dropped after everything else (see `Common`).
     pub(crate) common: Common,
@@ -153,6 +158,15 @@ struct ConnState {
     peer: Option<SocketAddr>,
     /// This side called `connect` (rather than `accept`).
     active: bool,
+}
+
+/// What the endpoint must do once the SEVD that took a completion is unlocked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EpAction {
+    /// A request failed (not flushed): the connection is broken.
+    Break,
+    /// The send queue drained under a pending graceful disconnect: close now.
+    Disconnect,
 }
 
 /// What one completion reports, decoded against the request's slot.
@@ -233,6 +247,8 @@ impl Endpoint {
             recvs: Mutex::new(WrTable::default()),
             local_close: AtomicBool::new(false),
             lost_sends: AtomicU32::new(0),
+            close_pending: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             _uses: uses,
         });
         for evd in [request_evd, recv_evd] {
@@ -376,13 +392,23 @@ impl EpInner {
         old
     }
 
-    /// Decode a completion of this endpoint; `None` for a successful unsignaled request
-    /// (posted without [`DtoFlags::COMPLETION`]) or one that names no request.
-    pub(crate) fn complete(&self, c: &Cqe) -> Option<Completion> {
-        let info = match queue_of(c.wr_id)? {
-            Queue::Send => self.sends.lock().remove(c.wr_id),
-            Queue::Recv => self.recvs.lock().remove(c.wr_id),
-            Queue::Srq => self.srq.as_ref()?.0.wrs.lock().remove(c.wr_id),
+    /// Decode a completion of this endpoint: the event it makes (`None` for a
+    /// successful unsignaled request — posted without [`DtoFlags::COMPLETION`] — or one
+    /// that names no request), and what the endpoint must do next.
+    pub(crate) fn complete(&self, c: &Cqe) -> (Option<Completion>, Option<EpAction>) {
+        let Some(queue) = queue_of(c.wr_id) else {
+            return (None, None);
+        };
+        let (info, sends_left) = match queue {
+            Queue::Send => {
+                let mut t = self.sends.lock();
+                (t.remove(c.wr_id), t.len())
+            }
+            Queue::Recv => (self.recvs.lock().remove(c.wr_id), usize::MAX),
+            Queue::Srq => match &self.srq {
+                Some(s) => (s.0.wrs.lock().remove(c.wr_id), usize::MAX),
+                None => (None, usize::MAX),
+            },
         };
         let Some(info) = info else {
             tracing::warn!(
@@ -390,13 +416,23 @@ impl EpInner {
                 wr_id = c.wr_id,
                 "completion names no request"
             );
-            return None;
+            return (None, None);
         };
         let status = DtoStatus::from_wc(c.status());
         let ok = status == DtoStatus::Success;
         let recv = info.kind == DtoKind::Recv;
+        // A failed request ends the connection on every transport (iWARP: the
+        // Terminate; InfiniBand: the QP is in Error, which the CM does not tell the
+        // peer). A drained send queue lets a pending graceful disconnect go ahead.
+        let action = if !ok && status != DtoStatus::Flushed {
+            Some(EpAction::Break)
+        } else if sends_left == 0 && self.close_pending.swap(false, Ordering::AcqRel) {
+            Some(EpAction::Disconnect)
+        } else {
+            None
+        };
         if ok && !recv && !info.flags.contains(DtoFlags::COMPLETION) {
-            return None;
+            return (None, action);
         }
         if !ok && status != DtoStatus::Flushed {
             tracing::info!(ep = self.common.id, ?status, kind = ?info.kind, "work request failed");
@@ -411,19 +447,23 @@ impl EpInner {
             } else {
                 info.flags.contains(DtoFlags::NOTIFY)
             };
-        Some(Completion {
+        let done = Completion {
             kind: info.kind,
             cookie: info.cookie,
             status,
             length: if recv { c.byte_len } else { info.length },
             notify,
             solicited,
-        })
+        };
+        (Some(done), action)
     }
 }
 
 impl Drop for EpInner {
     fn drop(&mut self) {
+        if self.close_pending.swap(false, Ordering::AcqRel) {
+            self.request_evd.0.closing(-1);
+        }
         for evd in [&self.request_evd, &self.recv_evd] {
             if let Some(d) = &evd.0.dto {
                 d.detach(self.qp.qp_num);

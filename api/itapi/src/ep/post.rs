@@ -32,6 +32,15 @@ bitflags::bitflags! {
     }
 }
 
+/// An atomic operation (`it_atomic_op_t` with its operands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Add `add` to the remote value.
+    FetchAndAdd { add: u64 },
+    /// Replace the remote value with `swap` if it equals `compare`.
+    CompareAndSwap { compare: u64, swap: u64 },
+}
+
 impl DtoFlags {
     /// Completion event that notifies: what most consumers post with.
     pub const SIGNALED: DtoFlags = DtoFlags::COMPLETION.union(DtoFlags::NOTIFY);
@@ -220,6 +229,41 @@ impl Endpoint {
         let (list, total) = sges(segs, max)?;
         let wqe = Wqe::new(0, opcode, &list).with_remote(remote.addr, remote.rkey()?);
         self.0.post_sq(wqe, kind, cookie, flags, total)
+    }
+
+    /// An atomic operation on the 8 bytes (8-byte aligned) of the peer's memory at
+    /// `remote` (`it_post_atomic`); the value found there before the operation lands in
+    /// `result`, an 8-byte segment. The remote memory needs [`MemPriv::ATOMIC`]
+    /// (`crate::MemPriv`). Only where the device implements atomics
+    /// ([`Ia::atomic_support`](crate::Ia::atomic_support): rxe0 does, siw0 does not —
+    /// iWARP has no atomics): `OpNotSupported` otherwise.
+    pub fn post_atomic(
+        &self,
+        op: AtomicOp,
+        result: &Segment,
+        cookie: u64,
+        flags: DtoFlags,
+        remote: RdmaAddr,
+    ) -> Result<()> {
+        if !self.ia().atomic_support() {
+            return Err(Error::OpNotSupported);
+        }
+        if result.len() != 8 {
+            return Err(Error::InvalidLength);
+        }
+        if !remote.addr.is_multiple_of(8) {
+            return Err(Error::InvalidAtomicOp);
+        }
+        let (opcode, kind, compare_add, swap) = match op {
+            AtomicOp::FetchAndAdd { add } => (WrOpcode::AtomicFetchAdd, DtoKind::FetchAdd, add, 0),
+            AtomicOp::CompareAndSwap { compare, swap } => {
+                (WrOpcode::AtomicCmpSwp, DtoKind::CmpSwap, compare, swap)
+            }
+        };
+        let mut wqe = Wqe::new(0, opcode, &[result.sge]).with_remote(remote.addr, remote.rkey()?);
+        wqe.compare_add = compare_add;
+        wqe.swap = swap;
+        self.0.post_sq(wqe, kind, cookie, flags, 8)
     }
 
     /// Work requests posted and not yet completed (send queue, receive queue).

@@ -6,19 +6,25 @@
 //! completions reaches the SEVD's event-thread handler ([`SevdInner::on_completions`]).
 
 use super::SevdInner;
-use crate::ep::EpInner;
+use crate::ep::{EpAction, EpInner};
 use crate::event::{DtoEvent, EpRef, Event};
 use crate::ia::Ia;
 use crate::status::{FromVerbs, Result};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use rnicpi::{Cqe, EventKind};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 pub(crate) struct DtoSource {
     pub(crate) cq: Arc<ual::Cq>,
     /// The endpoints completing here, by QP number.
     eps: RwLock<HashMap<u32, Weak<EpInner>>>,
+    /// What endpoints must do once the SEVD is unlocked ([`run_deferred`](Self::run_deferred)).
+    deferred: Mutex<Vec<(Arc<EpInner>, EpAction)>>,
+    /// Endpoints whose graceful disconnect waits for completions taken here: the CQ
+    /// stays armed meanwhile.
+    pub(crate) closing: AtomicUsize,
 }
 
 const BATCH: usize = 16;
@@ -33,6 +39,8 @@ impl DtoSource {
         Ok(DtoSource {
             cq,
             eps: RwLock::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
+            closing: AtomicUsize::new(0),
         })
     }
 
@@ -59,15 +67,36 @@ impl DtoSource {
     }
 
     /// The ring overflowed: completions were lost, so (the verbs rule for a CQ error)
-    /// every endpoint completing here goes to Error.
+    /// every endpoint completing here goes to Error, and its connection ends.
     fn break_endpoints(&self) {
         let eps: Vec<_> = self.eps.read().values().filter_map(Weak::upgrade).collect();
         for ep in eps {
-            tracing::warn!(
-                qpn = ep.qp.qp_num,
-                "completion ring overflow: endpoint to Error"
-            );
-            ep.to_error();
+            ep.break_connection("completion ring overflow");
+        }
+    }
+
+    /// Whether endpoint actions wait for [`run_deferred`](Self::run_deferred).
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.lock().is_empty()
+    }
+
+    /// Carry out what completions asked of their endpoints (with no SEVD locked: a
+    /// connection's end is queued on another SEVD, and closing calls the provider).
+    pub fn run_deferred(&self) {
+        let work = std::mem::take(&mut *self.deferred.lock());
+        for (ep, action) in work {
+            ep.run(action);
+        }
+    }
+
+    /// Count an endpoint whose graceful close waits here (`+1`), or no longer (`-1`).
+    pub fn closing(&self, delta: isize) {
+        if delta > 0 {
+            self.closing.fetch_add(1, Ordering::AcqRel);
+        } else {
+            let _ = self
+                .closing
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }
     }
 
@@ -121,7 +150,11 @@ impl DtoSource {
             );
             return None;
         };
-        let done = ep.complete(c)?;
+        let (done, action) = ep.complete(c);
+        if let Some(a) = action {
+            self.deferred.lock().push((ep.clone(), a));
+        }
+        let done = done?;
         let ev = DtoEvent {
             kind: done.kind,
             evd: sevd.obj_ref(),

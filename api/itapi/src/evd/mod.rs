@@ -444,11 +444,12 @@ impl SevdInner {
         callbacks
     }
 
-    /// [`settle`](Self::settle), unlock, run the callbacks.
+    /// [`settle`](Self::settle), unlock, run the callbacks and the endpoint actions.
     fn finish(&self, mut st: MutexGuard<'_, State>, notified: bool) {
         let callbacks = self.settle(&mut st, notified);
         drop(st);
         run(callbacks);
+        self.run_deferred();
     }
 
     fn pop(&self, st: &mut State) -> Option<Event> {
@@ -462,12 +463,35 @@ impl SevdInner {
         Some(ev)
     }
 
-    /// Someone may be told of readiness without polling: keep the CQ armed.
+    /// Someone may be told of readiness without polling, or an endpoint's graceful
+    /// close waits for its completions: keep the CQ armed.
     fn watched(&self, st: &State) -> bool {
         st.waiters > 0
             || self.signal.is_some()
             || self.aevd.is_some()
             || self.callback.lock().is_some()
+            || self
+                .dto
+                .as_ref()
+                .is_some_and(|d| d.closing.load(std::sync::atomic::Ordering::Acquire) > 0)
+    }
+
+    /// An endpoint's graceful close starts (`+1`) or stops (`-1`) waiting for this
+    /// SEVD's completions.
+    pub(crate) fn closing(&self, delta: isize) {
+        if let Some(d) = &self.dto {
+            d.closing(delta);
+            if delta > 0 {
+                d.cq.arm(false);
+            }
+        }
+    }
+
+    /// Endpoint actions the last refill asked for, run with the SEVD unlocked.
+    fn run_deferred(&self) {
+        if let Some(d) = &self.dto {
+            d.run_deferred();
+        }
     }
 
     /// Move completions from the completion ring into the queue; true when one notified.
@@ -535,6 +559,10 @@ impl SevdInner {
             }
             if st.dead {
                 return Err(Error::IaCatastrophe);
+            }
+            if self.dto.as_ref().is_some_and(DtoSource::has_deferred) {
+                MutexGuard::unlocked(&mut st, || self.run_deferred());
+                continue;
             }
             st.waiters += 1;
             let timed_out = match deadline {
