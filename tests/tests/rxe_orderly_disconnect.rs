@@ -1,12 +1,6 @@
-//! A finding of the IT-API port to rxe0, for the rxe provider's owner (ignored: it fails
-//! today). `ProviderQp::disconnect(false)` is the orderly close ("flush, then
-//! `Disconnected`"); siw sends its FIN only once the send queue has drained, so a Send
-//! posted just before an orderly disconnect still arrives. rxe sends the DREQ and moves
-//! the QP to Error at once (`cm::disconnect` ignores `abortive`), so a Send not yet
-//! acknowledged completes `WrFlushErr` and the peer's receive is flushed too. The IT-API
-//! layer waits for the send queue itself before disconnecting (docs/itapi.md).
-//!
-//! `cargo nextest run -p krdma-tests --run-ignored only -E 'test(rxe_orderly)'`
+//! `ProviderQp::disconnect(false)` is the orderly close: siw sends its FIN only once the
+//! send queue has drained, and rxe sends its DREQ only then too, so a Send posted just
+//! before an orderly disconnect completes and arrives. (Found by the IT-API port to rxe0.)
 
 use krdma_tests::FrontDoor;
 use std::time::Duration;
@@ -14,7 +8,6 @@ use ual::perf::connect_pair;
 use ual::{send_flags, WcStatus};
 
 #[test]
-#[ignore = "rxe: an orderly disconnect flushes Sends not yet acknowledged (provider finding)"]
 fn rxe_orderly_disconnect_lets_a_posted_send_arrive() {
     krdma_tests::init_logging();
     krdma_tests::setup_embedded();
@@ -30,8 +23,7 @@ fn rxe_orderly_disconnect_lets_a_posted_send_arrive() {
     assert_eq!(
         (sent[0].status(), got[0].status(), got[0].byte_len),
         (WcStatus::Success, WcStatus::Success, 10),
-        "the Send posted before the orderly disconnect must complete and arrive \
-         (today: it arrives, but its completion is flushed: the ACK comes after the Error)"
+        "the Send posted before the orderly disconnect must complete and arrive"
     );
     drop((a, b));
 }

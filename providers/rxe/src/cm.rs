@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 const MAD_RETRY: Duration = Duration::from_millis(500);
 /// Retries before giving up (then `Unreachable`, or the disconnect completes anyway).
 const MAD_RETRIES: u32 = 15;
+/// How often an orderly disconnect looks at the send queue, and for how long at most.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+const DRAIN_MAX: u32 = 5000;
 /// Consumer private data a REQ can carry after the rdma_cm header.
 pub const REQ_PDATA_MAX: usize = cm::REQ_PRIVATE_DATA_LEN - cma::HEADER_LEN;
 /// Q_Key of the GSI.
@@ -43,6 +46,8 @@ enum Phase {
     /// Passive: REP sent, waiting for RTU.
     RepSent,
     Established,
+    /// Orderly disconnect: waiting for the send queue to drain before the DREQ.
+    Draining,
     /// DREQ sent, waiting for DREP.
     DreqSent,
 }
@@ -174,9 +179,13 @@ fn mad_bytes(tid: u64, msg: CmMessage) -> [u8; crate::wire::mad::MAD_LEN] {
 }
 
 fn arm(s: &Shared, c: &mut Conn) {
+    arm_after(s, c, MAD_RETRY);
+}
+
+fn arm_after(s: &Shared, c: &mut Conn, after: Duration) {
     c.gen += 1;
     s.timers
-        .arm(Target::Cm(c.local_id), c.gen, Instant::now() + MAD_RETRY);
+        .arm(Target::Cm(c.local_id), c.gen, Instant::now() + after);
 }
 
 /// What a connection fixes for its QP.
@@ -333,8 +342,10 @@ pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnPa
     Ok(())
 }
 
-/// Orderly or abortive close (both send a DREQ: IB has no reset).
-pub fn disconnect(s: &Arc<Shared>, qp: &Arc<RxeQp>, _abortive: bool) -> Result<()> {
+/// Close a connection: both kinds end with a DREQ (IB has no reset). An orderly close
+/// first lets the send queue drain (for at most 5 s), so work posted before it completes
+/// and arrives, as with siw's FIN; an abortive one flushes at once.
+pub fn disconnect(s: &Arc<Shared>, qp: &Arc<RxeQp>, abortive: bool) -> Result<()> {
     let mut i = s.cm.inner.lock();
     let Some(c) = i
         .conns
@@ -345,6 +356,7 @@ pub fn disconnect(s: &Arc<Shared>, qp: &Arc<RxeQp>, _abortive: bool) -> Result<(
     };
     match c.phase {
         Phase::Established | Phase::RepSent => {}
+        Phase::Draining if abortive => {}
         Phase::ReqSent => {
             // Not connected yet: just forget the attempt.
             let id = c.local_id;
@@ -353,12 +365,26 @@ pub fn disconnect(s: &Arc<Shared>, qp: &Arc<RxeQp>, _abortive: bool) -> Result<(
         }
         _ => return Err(VerbsError::BadState),
     }
+    if !abortive && qp.send_busy() {
+        c.phase = Phase::Draining;
+        c.retry = None;
+        c.retries_left = DRAIN_MAX;
+        arm_after(s, c, DRAIN_POLL);
+        return Ok(());
+    }
+    let id = c.local_id;
+    drop(i);
+    send_dreq(s, id);
+    Ok(())
+}
+
+/// Send the DREQ of connection `id` and move its QP to Error (flushing what is left).
+fn send_dreq(s: &Arc<Shared>, id: u32) {
+    let mut i = s.cm.inner.lock();
     let tid = i.random();
-    let c = i
-        .conns
-        .values_mut()
-        .find(|c| c.qp.upgrade().is_some_and(|q| Arc::ptr_eq(&q, qp)))
-        .ok_or(VerbsError::BadState)?;
+    let Some(c) = i.conns.get_mut(&id) else {
+        return;
+    };
     let mad = mad_bytes(
         tid,
         CmMessage::Dreq(cm::Dreq {
@@ -372,14 +398,13 @@ pub fn disconnect(s: &Arc<Shared>, qp: &Arc<RxeQp>, _abortive: bool) -> Result<(
     c.retry = Some(mad);
     c.retries_left = 3;
     arm(s, c);
-    let (src, dst) = (c.local, c.peer);
+    let (src, dst, qp) = (c.local, c.peer, c.qp.upgrade());
     drop(i);
-    {
+    if let Some(qp) = qp {
         let mut st = qp.st.lock();
         qp.to_error(&mut st);
     }
     send_mad(s, src, dst, &mad);
-    Ok(())
 }
 
 /// A passive endpoint on an rdma_cm port.
@@ -872,6 +897,16 @@ impl Cm {
         };
         if c.gen != gen {
             return;
+        }
+        if c.phase == Phase::Draining {
+            let busy = c.qp.upgrade().is_some_and(|q| q.send_busy());
+            if busy && c.retries_left > 0 {
+                c.retries_left -= 1;
+                arm_after(s, c, DRAIN_POLL);
+                return;
+            }
+            drop(i);
+            return send_dreq(s, id);
         }
         let Some(mad) = c.retry else { return };
         if c.retries_left == 0 {

@@ -364,6 +364,12 @@ impl RxeQp {
         self.st.lock().qp
     }
 
+    /// Send-queue work is posted or in flight (an orderly close waits for it).
+    pub(crate) fn send_busy(&self) -> bool {
+        let st = self.st.lock();
+        st.qp != QpState::Error && (st.req.busy() || !self.sq.lock().is_empty())
+    }
+
     /// Resolve the address vector from the QP attributes (destination GID, source GID
     /// index) and the device's GID table.
     fn resolve_av(&self, st: &State) -> Result<Av> {

@@ -118,6 +118,11 @@ impl Requester {
         }
     }
 
+    /// Requests taken off the ring and not yet completed.
+    pub fn busy(&self) -> bool {
+        !self.wqes.is_empty()
+    }
+
     /// Take every request out (QP going to Error).
     pub fn drain(&mut self) -> Vec<SendWqe> {
         self.cur = 0;
