@@ -1,7 +1,8 @@
 //! The device's timer thread: one heap of deadlines for every QP (retransmission and RNR
-//! back-off) and every CM exchange (MAD retries). Objects keep a generation number with
-//! their deadline and re-arm by pushing a new entry; a fired entry whose generation is
-//! no longer current is ignored, so nothing ever has to be removed from the heap.
+//! back-off) and every CM exchange (MAD retries). Nothing is ever removed from the heap:
+//! a CM exchange re-arms with a new generation and a fired entry of an old one is
+//! ignored; a QP keeps its own current deadline and an entry that fires early queues
+//! itself again for it (`RxeQp::on_timer`).
 
 use crate::device::Shared;
 use parking_lot::{Condvar, Mutex};
@@ -49,8 +50,8 @@ impl Timers {
         self.cv.notify_all();
     }
 
-    /// Wait for the next due entry (or `None` when stopped).
-    fn next(&self) -> Option<(Target, u64)> {
+    /// Wait for the next due entry: (target, generation, deadline), or `None` when stopped.
+    fn next(&self) -> Option<(Target, u64, Instant)> {
         let mut h = self.heap.lock();
         loop {
             if h.stopped {
@@ -59,8 +60,8 @@ impl Timers {
             let now = Instant::now();
             match h.entries.peek() {
                 Some(Reverse((at, ..))) if *at <= now => {
-                    let Reverse((_, t, g)) = h.entries.pop()?;
-                    return Some((t, g));
+                    let Reverse((at, t, g)) = h.entries.pop()?;
+                    return Some((t, g, at));
                 }
                 Some(Reverse((at, ..))) => {
                     let at = *at;
@@ -78,13 +79,13 @@ impl Timers {
 pub fn run(shared: Weak<Shared>) {
     loop {
         let Some(s) = shared.upgrade() else { return };
-        let Some((target, gen)) = s.timers.next() else {
+        let Some((target, gen, at)) = s.timers.next() else {
             return;
         };
         match target {
             Target::Qp(qpn) => {
                 if let Some(qp) = s.qp(qpn) {
-                    qp.on_timer(gen);
+                    qp.on_timer(at);
                 }
             }
             Target::Cm(id) => s.cm.on_timer(&s, id, gen),

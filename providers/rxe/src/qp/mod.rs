@@ -71,9 +71,13 @@ pub(crate) struct State {
     pub mtu: u32,
     pub req: Requester,
     pub resp: Responder,
-    /// Generation of the QP's timer (retransmission or RNR back-off).
-    pub timer_gen: u64,
+    /// When the QP's timer (retransmission or RNR back-off) is due, if it runs.
     pub timer_at: Option<Instant>,
+    /// The earliest deadline this QP has in the device's timer heap. Re-arming later than
+    /// that (every acknowledgement does) pushes nothing: the queued entry finds the new
+    /// deadline when it fires and queues itself again, so the timer thread wakes about
+    /// once per timeout per QP, not once per message.
+    pub timer_queued: Option<Instant>,
     /// LastWqeReached was reported (QPs on an SRQ).
     pub last_wqe_sent: bool,
     /// The connection manager has told the consumer the connection ended.
@@ -121,8 +125,8 @@ impl RxeQp {
                 mtu: 1024,
                 req: Requester::new(0, attr.retry_cnt, attr.rnr_retry),
                 resp: Responder::new(0),
-                timer_gen: 0,
                 timer_at: None,
+                timer_queued: None,
                 last_wqe_sent: false,
                 closed_reported: false,
             }),
@@ -182,14 +186,19 @@ impl RxeQp {
     // ---- timers -----------------------------------------------------------------------
 
     pub(crate) fn arm_timer(&self, st: &mut State, after: Duration) {
-        st.timer_gen += 1;
         let at = Instant::now() + after;
         st.timer_at = Some(at);
-        self.dev.timers.arm(Target::Qp(self.qpn), st.timer_gen, at);
+        self.queue_timer(st, at);
+    }
+
+    fn queue_timer(&self, st: &mut State, at: Instant) {
+        if st.timer_queued.is_none_or(|q| at < q) {
+            st.timer_queued = Some(at);
+            self.dev.timers.arm(Target::Qp(self.qpn), 0, at);
+        }
     }
 
     pub(crate) fn stop_timer(&self, st: &mut State) {
-        st.timer_gen += 1;
         st.timer_at = None;
     }
 
@@ -201,11 +210,20 @@ impl RxeQp {
         }
     }
 
-    pub(crate) fn on_timer(&self, gen: u64) {
+    /// A heap entry of this QP queued for `fired` came due.
+    pub(crate) fn on_timer(&self, fired: Instant) {
         let more = {
             let mut st = self.st.lock();
-            if gen != st.timer_gen {
-                return;
+            if st.timer_queued == Some(fired) {
+                st.timer_queued = None;
+            }
+            match st.timer_at {
+                None => return,
+                Some(at) if at > Instant::now() => {
+                    self.queue_timer(&mut st, at);
+                    return;
+                }
+                Some(_) => {}
             }
             st.timer_at = None;
             self.requester_timeout(&mut st);
