@@ -286,31 +286,34 @@ impl Server {
 
     /// Serve one client, then return.
     pub fn run(self, out: &mut dyn Write) -> Result<Summary, PerfError> {
-        let p = resolve(&self.ctx, self.dev, &self.opts)?;
+        let Server {
+            ctx,
+            dev,
+            opts,
+            door,
+        } = self;
+        let p = resolve(&ctx, dev, &opts)?;
         writeln!(out, "\n************************************")?;
         writeln!(out, "* Waiting for client to connect... *")?;
         writeln!(out, "************************************")?;
-        let listener = match self.door {
+        let listener = match door {
             Door::Socket(l) => {
-                let ctrl = Control::Sockets(SocketControl::accept(&l)?);
+                let ctrl = SocketControl::accept(&l)?;
                 drop(l);
-                let mut s = Session::new(p, ctrl, &self.opts, out);
-                s.prologue()?;
-                let qps = DataQp::unconnected(&self.ctx, self.dev, &s.p)?;
-                return s.run(qps);
+                return over_socket(&ctx, dev, p, ctrl, &opts, out);
             }
             Door::Cm(l) => l,
         };
         let req = next_request(&listener, ACCEPT_WAIT)?;
-        let ep = CmControl::endpoint(&self.ctx, self.dev)?;
+        let ep = CmControl::endpoint(&ctx, dev)?;
         accept(&listener, &req, &ep, &conn_param(0))?;
         let ctrl = Control::Cm(CmControl::new(ep, false));
-        let mut s = Session::new(p, ctrl, &self.opts, out);
+        let mut s = Session::new(p, ctrl, &opts, out);
         s.prologue()?;
         let mut qps = Vec::new();
         for _ in 0..s.p.num_qps {
             let req = next_request(&listener, CONNECT_PATIENCE)?;
-            let ep = DataQp::endpoint(&self.ctx, self.dev, &s.p)?;
+            let ep = DataQp::endpoint(&ctx, dev, &s.p)?;
             accept(&listener, &req, &ep, &s.data_param())?;
             qps.push(DataQp::new(ep, &s.p));
         }
@@ -328,11 +331,8 @@ fn client(
     let dev = ctx.device(&o.device)?.index;
     let p = resolve(ctx, dev, o)?;
     if !o.rdma_cm {
-        let ctrl = Control::Sockets(SocketControl::connect(peer, CONNECT_PATIENCE)?);
-        let mut s = Session::new(p, ctrl, o, out);
-        s.prologue()?;
-        let qps = DataQp::unconnected(ctx, dev, &s.p)?;
-        return s.run(qps);
+        let ctrl = SocketControl::connect(peer, CONNECT_PATIENCE)?;
+        return over_socket(ctx, dev, p, ctrl, o, out);
     }
     let make = || CmControl::endpoint(ctx, dev);
     let ep = connect_retry(make, peer, &conn_param(0), CONNECT_PATIENCE)?;
@@ -345,6 +345,22 @@ fn client(
         let ep = connect_retry(make, peer, &s.data_param(), CONNECT_PATIENCE)?;
         qps.push(DataQp::new(ep, &s.p));
     }
+    s.run(qps)
+}
+
+/// Without rdma_cm, either side: the exchange on `ctrl`; the data QPs are created after the
+/// MTU exchange, as perftest does, and connected by Modify QP during the handshakes.
+fn over_socket(
+    ctx: &Arc<Context>,
+    dev: u32,
+    p: Params,
+    ctrl: SocketControl,
+    o: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, PerfError> {
+    let mut s = Session::new(p, Control::Sockets(ctrl), o, out);
+    s.prologue()?;
+    let qps = DataQp::unconnected(ctx, dev, &s.p)?;
     s.run(qps)
 }
 
