@@ -224,7 +224,8 @@ impl Control {
             Control::Cm(c) => c.finish(mine),
             Control::Sockets(s) => {
                 s.handshake(mine)?;
-                s.done()
+                s.done();
+                Ok(())
             }
         }
     }
