@@ -78,6 +78,8 @@ run_case() {
         wait $hp; hrc=$?
     fi
     [ "$front" = daemon ] && stop_daemon
+    # tcpdump's own count: under TCG load it may drop frames, which the checks then miss.
+    cp "${VMDIR:-/tmp/vm}/runs/guest-peer/tcpdump.log" "$OUT/$name.tcpdump.log" 2>/dev/null
     local ok=1
     [ $hrc = 0 ] || { echo "  host side failed (rc=$hrc): $hlog"; ok=0; }
     [ $grc = 0 ] || { echo "  guest side failed (rc=$grc): $glog"; ok=0; }
@@ -98,16 +100,22 @@ record() {
     local n
     for n in $(seq "$tries"); do
         if run_case "$name" "$@"; then
-            pass=$((pass + 1)); results+=("PASS $name (attempt $n of $tries)"); return
+            pass=$((pass + 1)); results+=("PASS $name (attempt $n of $tries$(capture_note "$name"))"); return
         fi
         # Keep the failed attempt's logs and capture next to the final ones.
-        for f in "$OUT/$name".{pcap,pcap-check,host.log,guest.log}; do
+        for f in "$OUT/$name".{pcap,pcap-check,tcpdump.log,host.log,guest.log}; do
             [ -e "$f" ] && mv "$f" "${f/$name./$name.failed$n.}"
         done
     done
     fail=$((fail + 1)); results+=("FAIL $name ($tries attempts)")
 }
 
+# "; capture missed N frames" when tcpdump dropped some (the checks cover what it kept).
+capture_note() {
+    local dropped
+    dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel.*/\1/p' "$OUT/$1.tcpdump.log" 2>/dev/null)
+    [ -n "$dropped" ] && [ "$dropped" != 0 ] && echo "; capture missed $dropped frames"
+}
 
 summary() {
     echo

@@ -4,9 +4,14 @@
 # and the capture checked: tshark decodes InfiniBand over UDP 4791 with no malformed frames,
 # and every RoCEv2 ICRC is recomputed and must match (../shared/interop/icrc-check.py).
 # The guest's IPv4 GID is index 1 (0 is its IPv6 link-local); krdma's is index 0.
+# Three tool sets: ibv_rc_pingpong (`krdma pingpong`), rping (`krdma rping`), and perftest
+# 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat against `krdma perf`) with and
+# without -R.
 #
 #   bash scripts/interop-rxe.sh                  # the whole set
 #   ONLY=pingpong bash scripts/interop-rxe.sh    # the cases whose name matches
+#   ONLY=perf- PERF_ITERS=200 bash scripts/interop-rxe.sh   # perftest only, 200 iterations
+#   CARGO_TARGET_DIR=/path PROFILE=ci bash scripts/interop-rxe.sh  # build there, ci profile
 #
 # Needs root (network namespace, tap devices, raw sockets, qemu); see interop-siw.sh.
 set -uo pipefail
@@ -28,5 +33,25 @@ record "rping-host-server" 1 "" "rping -c -a $HOST -v -V -C 10" \
     "rping -s -a $HOST -v --device rxe0" host-first
 record "rping-host-server-daemon" 1 "" "rping -c -a $HOST -v -V -C 10" \
     "rping -s -a $HOST -v --device rxe0" host-first daemon
+
+# perftest 4.5: without -R (perftest's default on RoCE: pingpong_dest records as text over
+# TCP 18515, QPs moved to RTR/RTS by Modify QP) and with -R (rdma_cm: IB CM on QP1, then
+# the exchange as Sends). The guest runs perftest over kernel rxe with its IPv4 GID (-x 1),
+# the host `krdma perf -d rxe0` with the same options. Guests run under TCG, so the runs are
+# short (PERF_ITERS iterations of the default sizes: 64 KiB for bandwidth, 2 B for latency).
+PERF_ITERS=${PERF_ITERS:-100}
+for cm in "" "-R"; do
+    tag=${cm:+-cm}
+    for t in write_bw read_bw send_bw send_lat; do
+        k=${t/_/-}
+        # One host-server case of each exchange method through krdmad as well.
+        front=embedded
+        [ "$k$tag" = write-bw ] || [ "$k$tag" = send-lat-cm ] && front=daemon
+        record "perf-$k-guest-server$tag" 2 "" "ib_$t -d rxe0 -x 1 $cm -n $PERF_ITERS" \
+            "perf $k -d rxe0 $cm -n $PERF_ITERS $GUEST" guest-first
+        record "perf-$k-host-server$tag" 1 "" "ib_$t -d rxe0 -x 1 $cm -n $PERF_ITERS $HOST" \
+            "perf $k -d rxe0 $cm -n $PERF_ITERS" host-first $front
+    done
+done
 
 summary

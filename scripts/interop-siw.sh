@@ -39,9 +39,9 @@ for crc in "" "--siwcrc"; do
     for t in write_bw read_bw send_bw send_lat; do
         k=${t/_/-}
         record "perf-$k-guest-server$tag" 3 "$crc" "ib_$t -d siw0 -R -n $PERF_ITERS" \
-            "perf $k -n $PERF_ITERS $GUEST" guest-first
+            "perf $k -R -n $PERF_ITERS $GUEST" guest-first
         record "perf-$k-host-server$tag" 1 "$crc" "ib_$t -d siw0 -R -n $PERF_ITERS $HOST" \
-            "perf $k -n $PERF_ITERS" host-first $front
+            "perf $k -R -n $PERF_ITERS" host-first $front
     done
 done
 

@@ -1,10 +1,11 @@
-//! `krdma perf` (perftest -R compatible) server against client over loopback siw: every
-//! test completes, the numbers are sane, the Write/Read server prints exactly the report
-//! the client sent over the control connection, and the data that arrived matches the
-//! sender's pattern (`--validate`). No timing thresholds.
+//! `krdma perf` (perftest compatible) server against client over loopback: siw0 with -R
+//! (rdma_cm), rxe0 with -R and without (a TCP socket and Modify QP). Every test completes,
+//! the numbers are sane, the Write/Read server prints exactly the report the client sent
+//! over the control channel, and the data that arrived matches the sender's pattern
+//! (`--validate`). No timing thresholds.
 
 use krdma_tests::{each_front_door, FrontDoor};
-use std::net::{IpAddr, Ipv4Addr};
+use std::io::{Read, Write};
 use std::time::Duration;
 use ual::perftest::{self, BwReport, Options, PerfError, Summary, Test};
 use ual::{send_flags, ConnParam};
@@ -17,6 +18,7 @@ struct Side {
 
 /// Run `o` as server and client on two contexts of `door`.
 fn run_pair(door: &FrontDoor, o: &Options) -> (Side, Side) {
+    krdma_tests::init_logging();
     let (sctx, cctx) = (door.open(), door.open());
     let so = Options {
         server: None,
@@ -30,8 +32,9 @@ fn run_pair(door: &FrontDoor, o: &Options) -> (Side, Side) {
         let r = server.run(&mut out);
         (r, out)
     });
+    let dev = cctx.device(&o.device).expect("device").index;
     let co = Options {
-        server: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        server: Some(ual::perf::loopback_of(&cctx, dev).expect("device address")),
         port,
         ..o.clone()
     };
@@ -48,12 +51,33 @@ fn run_pair(door: &FrontDoor, o: &Options) -> (Side, Side) {
     (server, client)
 }
 
+/// siw0 with -R (the only mode iWARP runs).
 fn opts(test: Test, iters: u64) -> Options {
     Options {
         iters: Some(iters),
         validate: true,
+        rdma_cm: true,
         ..Options::new(test)
     }
+}
+
+/// The same over rxe0, with -R or without.
+fn rxe(o: Options, rdma_cm: bool) -> Options {
+    Options {
+        device: "rxe0".into(),
+        rdma_cm,
+        ..o
+    }
+}
+
+/// Both exchange methods of rxe0, named as perftest prints them.
+const RXE_MODES: [(bool, &str); 2] = [(false, "Ethernet"), (true, "rdma_cm")];
+
+/// What perftest prints about the transport and the exchange.
+fn check_info(side: &Side, transport: &str, method: &str) {
+    let t = &side.text;
+    assert!(t.contains(&format!("Transport type : {transport}")), "{t}");
+    assert!(t.contains(&format!("Data ex. method : {method}")), "{t}");
 }
 
 fn sane_bw(r: &BwReport, size: u64, iters: u64, peak: bool) {
@@ -196,6 +220,7 @@ fn server_meets(first_message: &[u8]) -> PerfError {
     let (sctx, cctx) = (door.open(), door.open());
     let so = Options {
         port: 0,
+        rdma_cm: true,
         ..Options::new(Test::WriteBw)
     };
     let server = perftest::Server::listen(&sctx, &so).expect("server listens");
@@ -227,6 +252,166 @@ fn server_refuses_bad_peers() {
     let mut old = [0u8; 16];
     old[..4].copy_from_slice(b"5.60");
     match server_meets(&old) {
+        PerfError::Version(v) => assert_eq!(v, "5.60"),
+        e => panic!("old version: {e}"),
+    }
+}
+
+#[test]
+fn rxe_write_bw_both_modes_both_front_doors() {
+    each_front_door(|door| {
+        for (cm, method) in RXE_MODES {
+            let (s, c) = run_pair(door, &rxe(opts(Test::WriteBw, 300), cm));
+            check_rdma_bw(&s, &c, 65536, 300);
+            assert!(s.summary.validated, "the server checks what was written");
+            check_info(&c, "IB", method);
+            if !cm {
+                // Records printed with the test's verb: RKey and VAddr.
+                assert!(c.text.contains(" RKey 0x"), "{}", c.text);
+            }
+        }
+    });
+}
+
+#[test]
+fn rxe_read_bw_both_modes() {
+    for (cm, method) in RXE_MODES {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &rxe(opts(Test::ReadBw, 300), cm));
+        check_rdma_bw(&s, &c, 65536, 300);
+        assert!(c.summary.validated, "the client checks what it read");
+        assert!(c.text.contains("Outstand reads  : 16"), "{}", c.text);
+        check_info(&s, "IB", method);
+    }
+}
+
+#[test]
+fn rxe_send_bw_without_credits() {
+    // 30 receives for 300 messages and no credits over IB: the sender meets RNR NAKs and
+    // retries until the receiver has re-posted.
+    for (cm, method) in RXE_MODES {
+        let o = Options {
+            size: Some(1000),
+            rx_depth: Some(30),
+            ..rxe(opts(Test::SendBw, 300), cm)
+        };
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        sane_bw(&c.summary.bw[0], 1000, 300, true);
+        sane_bw(&s.summary.bw[0], 1000, 300, false);
+        assert!(s.summary.validated, "the server checks what it received");
+        check_info(&s, "IB", method);
+    }
+}
+
+#[test]
+fn rxe_send_lat_both_modes() {
+    for (cm, _) in RXE_MODES {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &rxe(opts(Test::SendLat, 200), cm));
+        for side in [&s, &c] {
+            let r = side.summary.lat[0];
+            assert_eq!((r.size, r.iters), (2, 200));
+            assert!(r.t_min > 0.0 && r.t_min <= r.t_max, "{r:?}");
+            assert!(side.summary.validated);
+        }
+    }
+}
+
+#[test]
+fn rxe_sockets_all_sizes_and_two_qps() {
+    let o = Options {
+        all_sizes: true,
+        ..rxe(opts(Test::SendLat, 5), false)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    assert_eq!((s.summary.lat.len(), c.summary.lat.len()), (23, 23));
+    assert!(s.summary.validated && c.summary.validated);
+    let o = Options {
+        num_qps: 2,
+        size: Some(4096),
+        ..rxe(opts(Test::WriteBw, 150), false)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    check_rdma_bw(&s, &c, 4096, 300);
+}
+
+#[test]
+fn siw_refuses_the_socket_exchange() {
+    let door = FrontDoor::Embedded;
+    let ctx = door.open();
+    let o = Options {
+        port: 0,
+        rdma_cm: false,
+        ..opts(Test::WriteBw, 10)
+    };
+    let server = perftest::Server::listen(&ctx, &o).expect("the socket listens");
+    match server.run(&mut std::io::sink()) {
+        Err(PerfError::Options(m)) => assert!(m.contains("iWARP") && m.contains("-R"), "{m}"),
+        r => panic!("siw0 without -R must be refused: {:?}", r.map(|_| ())),
+    }
+}
+
+/// A socket client that plays perftest's prologue by hand and then sends `record` as its
+/// `pingpong_dest`: the rxe0 server must stop with a typed error.
+fn socket_server_meets(version: &[u8; 16], record: &[u8]) -> PerfError {
+    let door = FrontDoor::Embedded;
+    let ctx = door.open();
+    let o = Options {
+        port: 0,
+        ..rxe(Options::new(Test::WriteBw), false)
+    };
+    let server = perftest::Server::listen(&ctx, &o).expect("server listens");
+    let port = server.port();
+    let srv = std::thread::spawn(move || server.run(&mut std::io::sink()));
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut answer = |mine: &[u8]| -> Option<Vec<u8>> {
+        sock.write_all(mine).ok()?;
+        let mut theirs = vec![0u8; mine.len()];
+        sock.read_exact(&mut theirs).ok()?;
+        Some(theirs)
+    };
+    let theirs = answer(version).expect("the server's version");
+    assert!(theirs.starts_with(b"6.06"));
+    if version.starts_with(b"6.06") {
+        let page = answer(&4096i32.to_be_bytes()).expect("page size");
+        assert!(i32::from_be_bytes(page[..4].try_into().unwrap()) >= 4096);
+        assert_eq!(answer(&64i32.to_be_bytes()).unwrap(), 64i32.to_be_bytes());
+        assert!(answer(b"3\0").is_some());
+        sock.write_all(record).unwrap();
+    }
+    // Whatever comes next, the server reads to the end.
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    let err = srv
+        .join()
+        .unwrap()
+        .map(|_| ())
+        .expect_err("the server must refuse");
+    drop(sock);
+    err
+}
+
+#[test]
+fn socket_server_refuses_bad_peers() {
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(b"6.06");
+    let mut garbage = [b'z'; 108];
+    garbage[107] = 0;
+    match socket_server_meets(&v, &garbage) {
+        PerfError::Protocol(_) => {}
+        e => panic!("garbage record: {e}"),
+    }
+    match socket_server_meets(&v, &[0xff; 108]) {
+        PerfError::Protocol(_) => {}
+        e => panic!("non-text record: {e}"),
+    }
+    // A record cut short, then the connection closed.
+    match socket_server_meets(&v, b"0000:0001:000011") {
+        PerfError::PeerClosed(_) => {}
+        e => panic!("short record: {e}"),
+    }
+    let mut old = [0u8; 16];
+    old[..4].copy_from_slice(b"5.60");
+    match socket_server_meets(&old, &[]) {
         PerfError::Version(v) => assert_eq!(v, "5.60"),
         e => panic!("old version: {e}"),
     }

@@ -19,6 +19,7 @@ mod buffer;
 pub mod channel;
 mod device;
 mod events;
+pub mod oob;
 pub mod perf;
 pub mod perftest;
 pub mod pin;

@@ -1,12 +1,15 @@
-//! `krdma perf`: perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_send_lat` in
-//! rdma_cm mode (`-R`), message for message, so either side can be perftest 4.5 on a Linux
-//! host (kernel siw, or an iWARP NIC).
+//! `krdma perf`: perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_send_lat`,
+//! message for message, so either side can be perftest 4.5 on a Linux host: in rdma_cm
+//! mode (`-R`) over iWARP (kernel siw, an iWARP NIC) or RoCE (kernel rxe, a RoCE NIC),
+//! and in perftest's default mode over RoCE (a TCP socket for the exchange, QPs connected
+//! by Modify QP; iWARP cannot do that, so it is refused there).
 //!
-//! What goes over the wire (perftest 4.5-0.18, version string "6.06"; checked against
-//! captures of kernel siw running perftest, `docs/interop.md`):
+//! What goes over the wire with `-R` (perftest 4.5-0.18, version string "6.06"; checked
+//! against captures of kernel siw and kernel rxe running perftest, `docs/interop.md`):
 //!
 //! 1. The client opens a **control connection** to the server's port (18515): an RC QP with
-//!    IRD = ORD = 0 in the MPA Request (krdma's siw sends at least 1) and no private data.
+//!    IRD = ORD = 0 asked for (iWARP: in the MPA Request, where krdma's siw sends at least
+//!    1; IB: the CM REQ's responder resources and initiator depth) and no private data.
 //! 2. Lock-step exchanges on it, each one Send from the client answered by one Send from
 //!    the server (`ctx_xchg_data`): the version string (16 bytes), the page size and the
 //!    cache-line size (4-byte big-endian ints; both sides use the larger), the port MTU as
@@ -20,13 +23,20 @@
 //!    (for the Send tests it is the second).
 //! 5. The test (`perftest/traffic.rs`): RDMA Writes/Reads of `-s` bytes to/from the peer's
 //!    advertised buffer, `-t` outstanding; send_bw additionally with receive credits
-//!    (the receiver RDMA-Writes its receive count into a word the sender advertised,
-//!    every `rx_depth / 3` messages, because iWARP has no RNR retry); send_lat a
-//!    ping-pong. Send tests sync once more after posting receives (once per size).
+//!    over iWARP (the receiver RDMA-Writes its receive count into a word the sender
+//!    advertised, every `rx_depth / 3` messages, because iWARP has no RNR retry; over IB
+//!    the sender relies on RNR retry instead); send_lat a ping-pong. Send tests sync once
+//!    more after posting receives (once per size).
 //! 6. Write/Read: a handshake when the client is done, then its report (size, iterations,
 //!    peak, average, message rate: five 8-byte big-endian Sends) which the server prints.
 //! 7. A closing handshake. The client disconnects the data QP(s) and waits for them to
 //!    close; the server closes the control connection first.
+//!
+//! Without `-R` (`perftest/sockets.rs`): the client connects a TCP socket to the server's
+//! port and the same exchanges 2.–7. run over it, minus the zero records and the data
+//! connections: each side creates its QPs after the MTU exchange, the first real records
+//! carry QPN, PSN and GID, both sides then move their QPs to RTR/RTS (`ctx_connect`), and
+//! the closing handshake is followed by `"done\0"` both ways.
 //!
 //! Two things `krdma perf` does beyond the wire format, both to meet kernel siw 6.1 (see
 //! `docs/interop.md`): the client pauses briefly between the control connection coming up
@@ -35,6 +45,7 @@
 mod control;
 mod params;
 mod report;
+mod sockets;
 mod traffic;
 pub mod wire;
 
@@ -43,12 +54,15 @@ pub use report::LatReport;
 pub use wire::BwReport;
 
 use crate::{Context, Listener};
-use control::{accept, conn_param, connect_retry, next_request, Control, CONNECT_PATIENCE};
+use control::{
+    accept, conn_param, connect_retry, next_request, CmControl, Control, CONNECT_PATIENCE,
+};
 use params::Params;
 use report::RESULT_LINE;
-use rnicpi::{VerbsError, WcStatus};
+use rnicpi::{Transport, VerbsError, WcStatus};
+use sockets::SocketControl;
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 use traffic::DataQp;
@@ -135,8 +149,13 @@ pub struct Options {
     pub report_gbits: bool,
     /// `-N`
     pub no_peak: bool,
-    /// `-x`: the GID advertised (informational over iWARP).
+    /// `-x`: our GID (its index in the port's table): advertised in the records, and the
+    /// source of the data QPs without rdma_cm. Default as perftest on Ethernet links: the
+    /// first IPv4 GID. Informational over iWARP.
     pub gid_index: Option<usize>,
+    /// `-R`: connect and exchange over rdma_cm (the only mode iWARP can run); else a TCP
+    /// socket and Modify QP (IB/RoCE only).
+    pub rdma_cm: bool,
     /// krdma to krdma only: fill buffers with known patterns and check what arrives.
     pub validate: bool,
 }
@@ -159,6 +178,7 @@ impl Options {
             report_gbits: false,
             no_peak: false,
             gid_index: None,
+            rdma_cm: false,
             validate: false,
         }
     }
@@ -170,6 +190,8 @@ pub enum PerfError {
     Verbs(#[from] VerbsError),
     #[error("writing the report: {0}")]
     Output(#[from] std::io::Error),
+    #[error("control socket: {0}")]
+    Socket(std::io::Error),
     #[error("invalid options: {0}")]
     Options(String),
     #[error("peer sent {got} bytes for {what}, perftest sends {want}")]
@@ -220,50 +242,82 @@ pub struct Server {
     ctx: Arc<Context>,
     dev: u32,
     opts: Options,
-    listener: Arc<Listener>,
+    door: Door,
+}
+
+/// Where a server waits for its client.
+enum Door {
+    /// `-R`: rdma_cm connection requests (the control connection, then the data QPs).
+    Cm(Arc<Listener>),
+    /// A TCP socket for the exchange.
+    Socket(TcpListener),
 }
 
 impl Server {
     pub fn listen(ctx: &Arc<Context>, o: &Options) -> Result<Server, PerfError> {
         let dev = ctx.device(&o.device)?.index;
         let any = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), o.port);
-        let listener = ctx.listen(dev, any, o.num_qps + 1)?;
-        tracing::info!(
-            port = listener.port,
-            test = o.test.perftest_name(),
-            "perftest server listening"
-        );
-        Ok(Server {
+        let door = if o.rdma_cm {
+            Door::Cm(ctx.listen(dev, any, o.num_qps + 1)?)
+        } else {
+            Door::Socket(TcpListener::bind(any).map_err(PerfError::Socket)?)
+        };
+        let server = Server {
             ctx: ctx.clone(),
             dev,
             opts: o.clone(),
-            listener,
-        })
+            door,
+        };
+        tracing::info!(
+            port = server.port(),
+            rdma_cm = o.rdma_cm,
+            test = o.test.perftest_name(),
+            "perftest server listening"
+        );
+        Ok(server)
     }
 
     pub fn port(&self) -> u16 {
-        self.listener.port
+        match &self.door {
+            Door::Cm(l) => l.port,
+            Door::Socket(l) => l.local_addr().map_or(0, |a| a.port()),
+        }
     }
 
     /// Serve one client, then return.
     pub fn run(self, out: &mut dyn Write) -> Result<Summary, PerfError> {
-        let p = resolve(&self.ctx, self.dev, &self.opts)?;
+        let Server {
+            ctx,
+            dev,
+            opts,
+            door,
+        } = self;
+        let p = resolve(&ctx, dev, &opts)?;
         writeln!(out, "\n************************************")?;
         writeln!(out, "* Waiting for client to connect... *")?;
         writeln!(out, "************************************")?;
-        let req = next_request(&self.listener, ACCEPT_WAIT)?;
-        let ep = Control::endpoint(&self.ctx, self.dev)?;
-        accept(&self.listener, &req, &ep, &conn_param(0))?;
-        let mut s = Session::new(p, Control::new(ep, false), &self.opts, out);
+        let listener = match door {
+            Door::Socket(l) => {
+                let ctrl = SocketControl::accept(&l)?;
+                drop(l);
+                return over_socket(&ctx, dev, p, ctrl, &opts, out);
+            }
+            Door::Cm(l) => l,
+        };
+        let req = next_request(&listener, ACCEPT_WAIT)?;
+        let ep = CmControl::endpoint(&ctx, dev)?;
+        accept(&listener, &req, &ep, &conn_param(0))?;
+        let ctrl = Control::Cm(CmControl::new(ep, false));
+        let mut s = Session::new(p, ctrl, &opts, out);
         s.prologue()?;
         let mut qps = Vec::new();
         for _ in 0..s.p.num_qps {
-            let req = next_request(&self.listener, CONNECT_PATIENCE)?;
-            let ep = DataQp::endpoint(&self.ctx, self.dev, &s.p)?;
-            accept(&self.listener, &req, &ep, &s.data_param())?;
+            let req = next_request(&listener, CONNECT_PATIENCE)?;
+            let ep = DataQp::endpoint(&ctx, dev, &s.p)?;
+            accept(&listener, &req, &ep, &s.data_param())?;
             qps.push(DataQp::new(ep, &s.p));
         }
-        drop(self.listener);
+        drop(listener);
         s.run(qps)
     }
 }
@@ -276,10 +330,14 @@ fn client(
 ) -> Result<Summary, PerfError> {
     let dev = ctx.device(&o.device)?.index;
     let p = resolve(ctx, dev, o)?;
-    let make = || Control::endpoint(ctx, dev);
+    if !o.rdma_cm {
+        let ctrl = SocketControl::connect(peer, CONNECT_PATIENCE)?;
+        return over_socket(ctx, dev, p, ctrl, o, out);
+    }
+    let make = || CmControl::endpoint(ctx, dev);
     let ep = connect_retry(make, peer, &conn_param(0), CONNECT_PATIENCE)?;
     std::thread::sleep(CONTROL_SETTLE);
-    let mut s = Session::new(p, Control::new(ep, true), o, out);
+    let mut s = Session::new(p, Control::Cm(CmControl::new(ep, true)), o, out);
     s.prologue()?;
     let mut qps = Vec::new();
     for _ in 0..s.p.num_qps {
@@ -290,16 +348,60 @@ fn client(
     s.run(qps)
 }
 
-/// Parameters from the options and the device (`check_link`).
+/// Without rdma_cm, either side: the exchange on `ctrl`; the data QPs are created after the
+/// MTU exchange, as perftest does, and connected by Modify QP during the handshakes.
+fn over_socket(
+    ctx: &Arc<Context>,
+    dev: u32,
+    p: Params,
+    ctrl: SocketControl,
+    o: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, PerfError> {
+    let mut s = Session::new(p, Control::Sockets(ctrl), o, out);
+    s.prologue()?;
+    let qps = DataQp::unconnected(ctx, dev, &s.p)?;
+    s.run(qps)
+}
+
+/// Parameters from the options and the device (`check_link`, `set_up_connection`).
 fn resolve(ctx: &Arc<Context>, dev: u32, o: &Options) -> Result<Params, PerfError> {
     if o.test.is_lat() && o.num_qps != 1 {
         return Err(PerfError::Options("latency tests use one QP".into()));
     }
     let info = ctx.query_device(dev)?;
     let port = ctx.query_port(dev, 1)?;
-    let mut p = Params::resolve(o, info.raw.max_ord, wire::mtu_enum(port.active_mtu))?;
-    p.gid = port.gids.get(p.gid_index).copied().unwrap_or_default();
+    let mut p = Params::resolve(
+        o,
+        info.raw.max_ord,
+        wire::mtu_enum(port.active_mtu),
+        info.transport,
+    )?;
+    p.gid_index = o.gid_index.unwrap_or_else(|| best_gid_index(&port.gids));
+    p.gid = match port.gids.get(p.gid_index) {
+        Some(g) => *g,
+        // Informational over iWARP; the source address of every packet over IB.
+        None if info.transport == Transport::Iwarp => [0; 16],
+        None => {
+            return Err(PerfError::Options(format!(
+                "{} has no GID index {} ({} GIDs)",
+                o.device,
+                p.gid_index,
+                port.gids.len()
+            )))
+        }
+    };
     Ok(p)
+}
+
+/// perftest's `get_best_gid_index` without `-x` on an Ethernet link: the first IPv4 GID
+/// (`::ffff:a.b.c.d`), else index 0.
+fn best_gid_index(gids: &[[u8; 16]]) -> usize {
+    gids.iter().position(is_ipv4_gid).unwrap_or(0)
+}
+
+fn is_ipv4_gid(g: &[u8; 16]) -> bool {
+    std::net::Ipv6Addr::from(*g).to_ipv4_mapped().is_some()
 }
 
 /// One run after the control connection is up.
@@ -338,8 +440,8 @@ impl<'a> Session<'a> {
         conn_param(reads)
     }
 
-    /// Versions, page and cache-line sizes, MTU, and the handshake before the data
-    /// connections (`exchange_versions`, `check_sys_data`, `check_mtu`,
+    /// Versions, page and cache-line sizes, MTU, and (rdma_cm) the handshake before the
+    /// data connections (`exchange_versions`, `check_sys_data`, `check_mtu`,
     /// `create_rdma_cm_connection`).
     fn prologue(&mut self) -> Result<(), PerfError> {
         let theirs = self
@@ -359,7 +461,9 @@ impl<'a> Session<'a> {
         if let Some(m) = wire::decode_mtu(&theirs) {
             self.p.mtu = self.p.mtu.min(m);
         }
-        self.ctrl.handshake(&Dest::default())?;
+        if self.ctrl.is_cm() {
+            self.ctrl.handshake(&Dest::default())?;
+        }
         Ok(())
     }
 
@@ -368,12 +472,14 @@ impl<'a> Session<'a> {
         Ok(wire::decode_int(&b, what)?.max(0) as u32)
     }
 
-    /// Everything after the data connections are up.
+    /// Everything after the data connections are up (rdma_cm) or the data QPs created.
     fn run(mut self, mut qps: Vec<DataQp>) -> Result<Summary, PerfError> {
-        self.ctrl.handshake(&Dest::default())?;
+        if self.ctrl.is_cm() {
+            self.ctrl.handshake(&Dest::default())?;
+        }
         let my: Vec<Dest> = qps.iter().map(|q| q.my_dest(&self.p)).collect();
         self.print_info()?;
-        let rem = self.exchange_dests(&my)?;
+        let rem = self.exchange_dests(&qps, &my)?;
         for (q, r) in qps.iter_mut().zip(&rem) {
             q.set_remote(r);
         }
@@ -395,12 +501,24 @@ impl<'a> Session<'a> {
     }
 
     /// The `pingpong_dest` handshakes before the test, in perftest's order, printing
-    /// both sides' records; returns the peer's.
-    fn exchange_dests(&mut self, my: &[Dest]) -> Result<Vec<Dest>, PerfError> {
+    /// both sides' records; without rdma_cm the QPs connect after the first. Returns the
+    /// peer's records.
+    fn exchange_dests(&mut self, qps: &[DataQp], my: &[Dest]) -> Result<Vec<Dest>, PerfError> {
         let mut rem = my
             .iter()
             .map(|d| self.ctrl.handshake(d))
             .collect::<Result<Vec<_>, _>>()?;
+        if !self.ctrl.is_cm() {
+            // `ctx_check_gid_compatibility`, then `ctx_connect`.
+            if is_ipv4_gid(&my[0].gid) != is_ipv4_gid(&rem[0].gid) {
+                return Err(PerfError::Protocol(
+                    "GID types differ (IPv4 and IPv6): use another GID index",
+                ));
+            }
+            for ((q, m), r) in qps.iter().zip(my).zip(&rem) {
+                q.connect(&self.p, m, r)?;
+            }
+        }
         if self.p.test.is_send() {
             self.ctrl.handshake(&my[0])?;
         }
@@ -525,7 +643,16 @@ impl<'a> Session<'a> {
     /// for them to close, then lets the server close the control connection first (a
     /// Send whose completion is still pending in kernel siw fails when the connection
     /// closes under it); the server closes everything at once.
+    /// Without rdma_cm there is nothing to disconnect: the socket closes, and the QPs are
+    /// destroyed with the run (perftest's `destroy_ctx`).
     fn close(&mut self, qps: &[DataQp]) {
+        let ctrl = match &mut self.ctrl {
+            Control::Cm(c) => c,
+            Control::Sockets(s) => {
+                s.close();
+                return;
+            }
+        };
         for q in qps {
             let _ = q.ep.qp.disconnect(false);
         }
@@ -533,10 +660,10 @@ impl<'a> Session<'a> {
             control::await_disconnect(&q.ep, CLOSE_WAIT);
         }
         if self.p.client {
-            self.ctrl.await_peer_close(CLOSE_WAIT);
+            ctrl.await_peer_close(CLOSE_WAIT);
         }
-        self.ctrl.close();
-        control::await_disconnect(&self.ctrl.ep, CLOSE_WAIT);
+        ctrl.close();
+        control::await_disconnect(&ctrl.ep, CLOSE_WAIT);
         tracing::info!("perftest: connections closed");
     }
 
@@ -552,7 +679,12 @@ impl<'a> Session<'a> {
             " Dual-port       : OFF\t\tDevice         : {}",
             self.device
         )?;
-        writeln!(o, " Number of qps   : {}\t\tTransport type : IW", p.num_qps)?;
+        let transport = if p.iwarp { "IW" } else { "IB" };
+        writeln!(
+            o,
+            " Number of qps   : {}\t\tTransport type : {transport}",
+            p.num_qps
+        )?;
         writeln!(o, " Connection type : RC\t\tUsing SRQ      : OFF")?;
         if p.client {
             writeln!(o, " TX depth        : {}", p.tx_depth)?;
@@ -571,24 +703,44 @@ impl<'a> Session<'a> {
         } else {
             writeln!(o, " Max inline data : 0[B]")?;
         }
-        writeln!(o, " rdma_cm QPs\t : ON")?;
-        writeln!(o, " Data ex. method : rdma_cm")?;
+        let (cm_qps, method) = if p.rdma_cm {
+            ("ON", "rdma_cm")
+        } else {
+            ("OFF", "Ethernet")
+        };
+        writeln!(o, " rdma_cm QPs\t : {cm_qps}")?;
+        writeln!(o, " Data ex. method : {method}")?;
         writeln!(o, "{RESULT_LINE}")?;
         Ok(())
     }
 
-    /// `ctx_print_pingpong_data` as perftest -R prints it: the control connection's verb
-    /// (Send) decides the format, so no RKey/VAddr/OUT columns.
+    /// `ctx_print_pingpong_data`. The exchange's verb picks the columns: with -R that is
+    /// the control connection's (Send: none), without it the test's (Read: OUT, RKey and
+    /// VAddr; Write: RKey and VAddr).
     fn print_dest(&mut self, side: &str, d: &Dest) -> Result<(), PerfError> {
         let gid: Vec<String> = d.gid.iter().map(|b| format!("{b:02}")).collect();
-        writeln!(
-            self.out,
-            " {side} address: LID {} QPN {} PSN {}\n GID: {}",
+        let mut line = format!(
+            " {side} address: LID {} QPN {} PSN {}",
             c_alt_hex(d.lid as u64, 4),
             c_alt_hex(d.qpn as u64, 6),
             c_alt_hex(d.psn as u64, 6),
-            gid.join(":")
-        )?;
+        );
+        let verb = if self.p.rdma_cm {
+            Test::SendBw
+        } else {
+            self.p.test
+        };
+        if verb == Test::ReadBw {
+            line.push_str(&format!(" OUT {}", c_alt_hex(d.out_reads as u64, 4)));
+        }
+        if matches!(verb, Test::ReadBw | Test::WriteBw) {
+            line.push_str(&format!(
+                " RKey {} VAddr {}",
+                c_alt_hex(d.rkey as u64, 8),
+                c_alt_hex(d.vaddr, 16)
+            ));
+        }
+        writeln!(self.out, "{line}\n GID: {}", gid.join(":"))?;
         Ok(())
     }
 }

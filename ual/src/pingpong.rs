@@ -9,11 +9,10 @@
 //! `size` bytes; each side, once its last Send and a Receive have completed, sends again,
 //! `iters` times.
 
+use crate::oob::{self, RcPath, RcPeer};
 use crate::verbs::{Context, Qp, QpConfig};
 use crate::RegBuf;
-use rnicpi::{
-    send_flags, Access, Cqe, QpAttr, QpAttrMask, QpCaps, QpState, Result, VerbsError, Wqe, WrOpcode,
-};
+use rnicpi::{send_flags, Access, Cqe, QpCaps, Result, VerbsError, Wqe, WrOpcode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -131,14 +130,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     let buf = RegBuf::new(o.size as usize)?;
     buf.fill(0x7b);
     let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), Access::LOCAL_WRITE)?;
-    let init = QpAttr {
-        state: QpState::Init,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS,
-    )?;
+    oob::to_init(&qp, Access::empty())?;
     let recv = Wqe::recv(RECV_WRID, &[mr.sge(0, o.size)]);
     for _ in 0..o.rx_depth {
         qp.post_recv(&recv)?;
@@ -151,7 +143,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     let me = Dest {
         lid: 0,
         qpn: qp.qp_num,
-        psn: random_psn(),
+        psn: oob::random_psn(qp.qp_num),
         gid,
     };
     writeln!(
@@ -209,56 +201,26 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     Ok((bytes, elapsed))
 }
 
-fn random_psn() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    (t ^ std::process::id().rotate_left(13)).wrapping_mul(2654435761) & 0xff_ffff
-}
-
 /// RTR and RTS towards `peer`, with `ibv_rc_pingpong`'s attributes.
 fn connect_qp(qp: &Qp, o: &Options, me: &Dest, peer: &Dest) -> Result<()> {
-    let rtr = QpAttr {
-        state: QpState::Rtr,
+    let path = RcPath {
         path_mtu: o.mtu,
-        dest_qpn: peer.qpn,
-        rq_psn: peer.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        dgid: peer.gid,
         sgid_index: o.gid_index,
         hop_limit: 1,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )?;
-    let rts = QpAttr {
-        state: QpState::Rts,
+        max_dest_rd_atomic: 1,
+        max_rd_atomic: 1,
+        min_rnr_timer: 12,
         timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
-        sq_psn: me.psn,
-        max_rd_atomic: 1,
-        ..QpAttr::default()
     };
-    qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::MAX_RD_ATOMIC,
-    )
+    let remote = RcPeer {
+        qpn: peer.qpn,
+        psn: peer.psn,
+        gid: peer.gid,
+    };
+    oob::to_rtr(qp, &path, &remote)?;
+    oob::to_rts(qp, &path, me.psn)
 }
 
 fn client_exchange(host: &str, port: u16, me: &Dest) -> Result<Dest> {

@@ -44,7 +44,8 @@ enum Cmd {
     /// RC ping-pong with the out-of-band handshake of rdma-core's ibv_rc_pingpong (IB/RoCE
     /// devices: an iWARP QP reaches RTS only through connection management).
     Pingpong(PingpongArgs),
-    /// perftest over rdma_cm, wire-compatible with `ib_write_bw -R` and friends (perftest 4.5).
+    /// perftest, wire-compatible with `ib_write_bw` and friends (perftest 4.5): with -R over
+    /// rdma_cm (siw0, rxe0), without it over a TCP socket and Modify QP (rxe0).
     #[command(subcommand)]
     Perf(PerfCmd),
 }
@@ -82,13 +83,13 @@ struct PingpongArgs {
 /// The perftest programs, each with perftest's option letters.
 #[derive(Subcommand)]
 enum PerfCmd {
-    /// Like `ib_write_bw -R`: RDMA Write bandwidth.
+    /// Like `ib_write_bw`: RDMA Write bandwidth.
     WriteBw(PerfArgs),
-    /// Like `ib_read_bw -R`: RDMA Read bandwidth.
+    /// Like `ib_read_bw`: RDMA Read bandwidth.
     ReadBw(PerfArgs),
-    /// Like `ib_send_bw -R`: Send bandwidth (with receive credits, as perftest over iWARP).
+    /// Like `ib_send_bw`: Send bandwidth (over iWARP with receive credits, as perftest).
     SendBw(PerfArgs),
-    /// Like `ib_send_lat -R`: Send ping-pong latency.
+    /// Like `ib_send_lat`: Send ping-pong latency.
     SendLat(PerfArgs),
 }
 
@@ -100,7 +101,7 @@ struct PerfArgs {
     /// RDMA device.
     #[arg(short = 'd', long = "ib-dev", default_value = "siw0")]
     device: String,
-    /// Port of the rdma_cm connections.
+    /// Port of the rdma_cm connections, or of the TCP socket without -R.
     #[arg(short = 'p', long = "port", default_value_t = ual::perftest::DEF_PORT)]
     port: u16,
     /// Message size (default 65536 for bandwidth tests, 2 for latency).
@@ -127,13 +128,15 @@ struct PerfArgs {
     /// Number of data QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     qps: u32,
-    /// Use rdma_cm (accepted for compatibility; krdma perf always does).
+    /// Connect and exchange over rdma_cm (required on iWARP devices such as siw0); without
+    /// it a TCP socket carries the exchange and the QPs connect by Modify QP (IB/RoCE).
     #[arg(short = 'R', long = "rdma_cm")]
-    _rdma_cm: bool,
+    rdma_cm: bool,
     /// Accepted and ignored (perftest: do not fail on CPU frequency warnings).
     #[arg(short = 'F', long = "CPU-freq")]
     _cpu_freq: bool,
-    /// GID index advertised in the exchange (informational over iWARP).
+    /// GID index: advertised in the exchange and, without -R, the source of the data QPs
+    /// (default: the first IPv4 GID; informational over iWARP).
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<usize>,
     /// Skip the peak bandwidth computation.
@@ -260,6 +263,7 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         report_gbits: a.report_gbits,
         no_peak: a.no_peak,
         gid_index: a.gid_index,
+        rdma_cm: a.rdma_cm,
         validate: a.validate,
         ..Options::new(test)
     };

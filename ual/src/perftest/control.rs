@@ -2,9 +2,11 @@
 //!
 //! perftest `-R` runs everything over rdma_cm: a first connection carries the parameter
 //! exchange (`ctx_xchg_data`, `ctx_hand_shake`) as small Sends on an RC QP with one receive
-//! posted; the data QPs connect afterwards to the same port. Every exchange is lock-step:
-//! the client sends first and then waits for the server's answer; the server waits first.
+//! posted; the data QPs connect afterwards to the same port. Without `-R` the same
+//! exchange runs over a TCP socket (`sockets`). Every exchange is lock-step: the client
+//! sends first and then waits for the server's answer; the server waits first.
 
+use super::sockets::SocketControl;
 use super::wire::Dest;
 use super::PerfError;
 use crate::perf::{new_endpoint, Endpoint};
@@ -190,8 +192,52 @@ fn retryable(e: VerbsError) -> bool {
     )
 }
 
-/// perftest's control connection.
-pub struct Control {
+/// perftest's control channel, either kind.
+pub enum Control {
+    /// `-R`: Sends on an rdma_cm connection, records in binary.
+    Cm(CmControl),
+    /// Default on IB/RoCE: a TCP socket, records as text.
+    Sockets(SocketControl),
+}
+
+impl Control {
+    /// `ctx_xchg_data`: send `mine`, receive the peer's message of the same length
+    /// (client first).
+    pub fn xchg(&mut self, mine: &[u8], what: &'static str) -> Result<Vec<u8>, PerfError> {
+        match self {
+            Control::Cm(c) => c.xchg(mine, what),
+            Control::Sockets(s) => s.xchg(mine, what),
+        }
+    }
+
+    /// `ctx_hand_shake`: exchange `pingpong_dest` records.
+    pub fn handshake(&mut self, mine: &Dest) -> Result<Dest, PerfError> {
+        match self {
+            Control::Cm(c) => c.handshake(mine),
+            Control::Sockets(s) => s.handshake(mine),
+        }
+    }
+
+    /// The closing handshake (`ctx_close_connection`); over the socket followed by `done`.
+    pub fn finish(&mut self, mine: &Dest) -> Result<(), PerfError> {
+        match self {
+            Control::Cm(c) => c.finish(mine),
+            Control::Sockets(s) => {
+                s.handshake(mine)?;
+                s.done();
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the data QPs were connected by rdma_cm (and close through it).
+    pub fn is_cm(&self) -> bool {
+        matches!(self, Control::Cm(_))
+    }
+}
+
+/// perftest's rdma_cm control connection.
+pub struct CmControl {
     pub ep: Endpoint,
     client: bool,
     /// Messages received and not yet read (one may arrive while we wait for our own
@@ -208,7 +254,7 @@ enum Ctl {
     Other,
 }
 
-impl Control {
+impl CmControl {
     /// The control QP's verbs objects, with its receives posted.
     pub fn endpoint(ctx: &Arc<Context>, dev: u32) -> crate::Result<Endpoint> {
         let ep = new_endpoint(ctx, dev, (SEND_OFF + SLOT) as usize, 8)?;
@@ -218,8 +264,8 @@ impl Control {
         Ok(ep)
     }
 
-    pub fn new(ep: Endpoint, client: bool) -> Control {
-        Control {
+    pub fn new(ep: Endpoint, client: bool) -> CmControl {
+        CmControl {
             ep,
             client,
             received: VecDeque::new(),
@@ -227,9 +273,7 @@ impl Control {
         }
     }
 
-    /// `ctx_xchg_data`: send `mine`, receive the peer's message of the same length
-    /// (client first).
-    pub fn xchg(&mut self, mine: &[u8], what: &'static str) -> Result<Vec<u8>, PerfError> {
+    fn xchg(&mut self, mine: &[u8], what: &'static str) -> Result<Vec<u8>, PerfError> {
         if self.client {
             self.write(mine)?;
             self.read(mine.len(), what)
@@ -240,8 +284,7 @@ impl Control {
         }
     }
 
-    /// `ctx_hand_shake`: exchange `pingpong_dest` records.
-    pub fn handshake(&mut self, mine: &Dest) -> Result<Dest, PerfError> {
+    fn handshake(&mut self, mine: &Dest) -> Result<Dest, PerfError> {
         Dest::decode(&self.xchg(&mine.encode(), "pingpong_dest")?)
     }
 
@@ -270,7 +313,7 @@ impl Control {
     /// The closing handshake (`ctx_close_connection`). The client closes as soon as it
     /// has the server's answer, which can flush the server's Send before its completion
     /// is written: the client had it, so for the server that counts as done.
-    pub fn finish(&mut self, mine: &Dest) -> Result<(), PerfError> {
+    fn finish(&mut self, mine: &Dest) -> Result<(), PerfError> {
         match self.handshake(mine) {
             Err(PerfError::PeerClosed(SEND_WHAT)) if !self.client => Ok(()),
             r => r.map(|_| ()),

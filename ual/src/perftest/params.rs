@@ -2,6 +2,7 @@
 //! `force_dependecies`, `check_link`), and the buffer geometry both sides must agree on.
 
 use super::{Options, PerfError, Test};
+use rnicpi::Transport;
 
 /// `MAX_SIZE`: `-a` runs 2, 4, ... up to 8 MiB, and sizes the buffers for it.
 pub const MAX_SIZE: u64 = 8 << 20;
@@ -27,6 +28,10 @@ pub const DEF_PORT: u16 = 18515;
 pub struct Params {
     pub test: Test,
     pub client: bool,
+    /// `-R`: connections and exchanges over rdma_cm; else a TCP socket and Modify QP.
+    pub rdma_cm: bool,
+    /// The device speaks iWARP (else the IB transport: RoCE).
+    pub iwarp: bool,
     /// Message sizes to run (one, or 2..8 MiB with `-a`).
     pub sizes: Vec<u64>,
     /// The size the buffers are laid out for (`MAX_SIZE` with `-a`).
@@ -52,7 +57,20 @@ pub struct Params {
 impl Params {
     /// perftest's defaults and dependencies for `o`; `max_reads` is the device's
     /// `max_qp_rd_atom`, `mtu` the port's `enum ibv_mtu`.
-    pub fn resolve(o: &Options, max_reads: u32, mtu: u8) -> Result<Params, PerfError> {
+    pub fn resolve(
+        o: &Options,
+        max_reads: u32,
+        mtu: u8,
+        transport: Transport,
+    ) -> Result<Params, PerfError> {
+        let iwarp = transport == Transport::Iwarp;
+        if iwarp && !o.rdma_cm {
+            return Err(PerfError::Options(format!(
+                "{} is an iWARP device: its QPs connect only through rdma_cm, run with -R \
+                 (and -R on the peer)",
+                o.device
+            )));
+        }
         let lat = o.test.is_lat();
         let send = o.test == Test::SendBw || o.test == Test::SendLat;
         let iters = o
@@ -110,6 +128,8 @@ impl Params {
         Ok(Params {
             test: o.test,
             client: o.server.is_some(),
+            rdma_cm: o.rdma_cm,
+            iwarp,
             sizes,
             buf_size,
             iters,
@@ -147,6 +167,12 @@ impl Params {
     /// Receives posted before a send run (`ctx_set_recv_wqes`; never more than messages).
     pub fn initial_recvs(&self) -> u64 {
         (self.rx_depth as u64).min(self.iters)
+    }
+
+    /// Whether send_bw runs with receive credits: over iWARP only (no RNR retry there),
+    /// whatever the exchange method (`ctx.send_rcredit`).
+    pub fn credits(&self) -> bool {
+        self.iwarp && self.test == Test::SendBw
     }
 
     /// Credits every this many receives (send_bw over iWARP; `rx_depth / 3`).
@@ -215,19 +241,22 @@ mod tests {
         Options {
             test,
             server: client.then(|| "10.0.0.1".parse().unwrap()),
+            rdma_cm: true,
             ..Options::new(test)
         }
     }
 
+    const IW: Transport = Transport::Iwarp;
+
     #[test]
     fn defaults_like_perftest() {
-        let p = Params::resolve(&opts(Test::WriteBw, true), 32, 3).unwrap();
+        let p = Params::resolve(&opts(Test::WriteBw, true), 32, 3, IW).unwrap();
         assert_eq!(
             (p.sizes.clone(), p.iters, p.tx_depth),
             (vec![65536], 5000, 128)
         );
         assert_eq!(p.cq_mod, 1, "64 KiB messages turn CQ moderation off");
-        let p = Params::resolve(&opts(Test::SendLat, false), 32, 3).unwrap();
+        let p = Params::resolve(&opts(Test::SendLat, false), 32, 3, IW).unwrap();
         assert_eq!(
             (p.sizes[0], p.iters, p.tx_depth, p.rx_depth),
             (2, 1000, 1, 512)
@@ -235,14 +264,28 @@ mod tests {
         let mut o = opts(Test::SendBw, false);
         o.iters = Some(101);
         o.size = Some(4096);
-        let p = Params::resolve(&o, 32, 3).unwrap();
+        let p = Params::resolve(&o, 32, 3, IW).unwrap();
         assert_eq!((p.tx_depth, p.rx_depth, p.cq_mod), (101, 102, 100));
         assert!(p.no_peak, "send_bw server reports no peak");
         let mut o = opts(Test::ReadBw, true);
         o.all_sizes = true;
-        let p = Params::resolve(&o, 32, 3).unwrap();
+        let p = Params::resolve(&o, 32, 3, IW).unwrap();
         assert_eq!(p.out_reads, 32);
         assert_eq!((p.sizes.len(), p.sizes[0], p.buf_size), (23, 2, MAX_SIZE));
+    }
+
+    #[test]
+    fn exchange_method_and_credits() {
+        let mut o = opts(Test::SendBw, true);
+        assert!(Params::resolve(&o, 32, 3, IW).unwrap().credits());
+        let p = Params::resolve(&o, 16, 3, Transport::Ib).unwrap();
+        assert!(!p.credits(), "no credits over the IB transport");
+        o.rdma_cm = false;
+        assert!(!Params::resolve(&o, 16, 3, Transport::Ib).unwrap().rdma_cm);
+        match Params::resolve(&o, 32, 3, IW) {
+            Err(PerfError::Options(m)) => assert!(m.contains("-R"), "{m}"),
+            r => panic!("iWARP without rdma_cm must be refused: {r:?}"),
+        }
     }
 
     #[test]

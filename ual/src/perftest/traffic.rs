@@ -5,15 +5,20 @@
 //! requests go out of (and RDMA Reads land in) the lower half; the upper half is what the
 //! peer writes, reads or sends into; its address and rkey are what `pingpong_dest`
 //! advertises (for send_bw over iWARP the credit word is advertised instead).
+//!
+//! Without rdma_cm (IB/RoCE) the QPs are connected by Modify QP with perftest's attributes
+//! (`ctx_connect`): RTR towards the peer's record, and RTS for latency tests and the
+//! client (a bandwidth server only receives, so it stays in RTR).
 
 use super::control::{check, closed, next_cqe, DATA_IDLE};
 use super::params::{Cycle, Params};
 use super::report::{bw_result, lat_result, BwTimes, LatReport};
-use super::wire::{BwReport, Dest};
+use super::wire::{self, BwReport, Dest};
 use super::{PerfError, Test};
+use crate::oob::{self, RcPath, RcPeer};
 use crate::perf::{new_endpoint, Endpoint};
 use crate::{Context, Cqe};
-use rnicpi::{send_flags, WcOpcode};
+use rnicpi::{send_flags, Access, WcOpcode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +28,11 @@ const CREDIT_AREA: u64 = 64;
 const CREDIT_OUT: u64 = 8;
 /// wr_id of credit writes (data requests carry their QP's index, like perftest).
 const CREDIT_ID: u64 = u64::MAX - 1;
+/// perftest's `MIN_RNR_TIMER` (0.64 ms) and `DEF_QP_TIME` (4.096 µs × 2^14 ≈ 67 ms).
+const MIN_RNR_TIMER: u8 = 12;
+const QP_TIMEOUT: u8 = 14;
+/// `ah_attr.grh.hop_limit` in `ctx_modify_qp_to_rtr`.
+const HOP_LIMIT: u8 = 0xff;
 /// Seeds of the fill patterns (`--validate`): what each side's buffers hold at the start.
 pub const CLIENT_SEED: u32 = 0x6b72_646d;
 pub const SERVER_SEED: u32 = 0x7065_7266;
@@ -35,7 +45,8 @@ pub struct DataQp {
 }
 
 impl DataQp {
-    /// A data QP's verbs objects, its buffer filled with this side's pattern.
+    /// A data QP's verbs objects, its buffer filled with this side's pattern; without
+    /// rdma_cm the QP is in INIT with perftest's access rights (`ctx_modify_qp_to_init`).
     pub fn endpoint(ctx: &Arc<Context>, dev: u32, p: &Params) -> crate::Result<Endpoint> {
         let half = p.half();
         let depth = p.tx_depth.max(p.rx_depth) + 8;
@@ -43,17 +54,65 @@ impl DataQp {
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
+        if !p.rdma_cm {
+            let access = match p.test {
+                Test::WriteBw => Access::REMOTE_WRITE,
+                Test::ReadBw => Access::REMOTE_READ,
+                Test::SendBw | Test::SendLat => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+            };
+            oob::to_init(&ep.qp, access)?;
+        }
         Ok(ep)
+    }
+
+    /// `ctx_connect` (without rdma_cm): RTR towards the peer's record; RTS as well for a
+    /// latency test or the client. IRD is our `out_reads`, ORD the peer's (the device
+    /// lowers both to what it supports).
+    pub fn connect(&self, p: &Params, my: &Dest, rem: &Dest) -> Result<(), PerfError> {
+        let path = RcPath {
+            path_mtu: wire::mtu_bytes(p.mtu),
+            sgid_index: u8::try_from(p.gid_index)
+                .map_err(|_| PerfError::Options("GID index above 255".into()))?,
+            hop_limit: HOP_LIMIT,
+            max_dest_rd_atomic: my.out_reads.min(255) as u8,
+            max_rd_atomic: rem.out_reads.min(255) as u8,
+            min_rnr_timer: MIN_RNR_TIMER,
+            timeout: QP_TIMEOUT,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        };
+        let peer = RcPeer {
+            qpn: rem.qpn,
+            psn: rem.psn,
+            gid: rem.gid,
+        };
+        oob::to_rtr(&self.ep.qp, &path, &peer)?;
+        if p.test.is_lat() || p.client {
+            oob::to_rts(&self.ep.qp, &path, my.psn)?;
+        }
+        tracing::info!(
+            qpn = self.ep.qp.qp_num,
+            peer_qpn = rem.qpn,
+            "perftest: QP connected"
+        );
+        Ok(())
     }
 
     pub fn new(ep: Endpoint, p: &Params) -> DataQp {
         DataQp { ep, half: p.half() }
     }
 
+    /// Without rdma_cm: the run's data QPs, in INIT until [`DataQp::connect`].
+    pub fn unconnected(ctx: &Arc<Context>, dev: u32, p: &Params) -> Result<Vec<DataQp>, PerfError> {
+        (0..p.num_qps)
+            .map(|_| Ok(DataQp::new(Self::endpoint(ctx, dev, p)?, p)))
+            .collect()
+    }
+
     /// What this side advertises for the QP (`set_up_connection`, `ctx_alloc_credit`).
     pub fn my_dest(&self, p: &Params) -> Dest {
         let base = self.ep.mr.addr;
-        let vaddr = if p.test == Test::SendBw {
+        let vaddr = if p.credits() {
             base + 2 * self.half
         } else {
             base + self.half
@@ -62,7 +121,7 @@ impl DataQp {
             lid: 0,
             out_reads: p.out_reads,
             qpn: self.ep.qp.qp_num,
-            psn: random_psn(self.ep.qp.qp_num),
+            psn: oob::random_psn(self.ep.qp.qp_num),
             rkey: self.ep.mr.rkey,
             vaddr,
             gid: p.gid,
@@ -178,7 +237,7 @@ impl<'a> BwRun<'a> {
         let (f, p) = (&self.flows[q], self.p);
         f.posted < p.iters
             && f.posted < f.completed + p.tx_depth as u64
-            && (p.test != Test::SendBw || f.posted + 1 < self.qps[q].credit() + p.rx_depth as u64)
+            && (!p.credits() || f.posted + 1 < self.qps[q].credit() + p.rx_depth as u64)
     }
 
     /// Fill every QP's window; a completion is asked for every `cq_mod` requests and on
@@ -283,7 +342,7 @@ fn poll_any(qps: &[DataQp], which: &[usize]) -> Result<(usize, Cqe), PerfError> 
 }
 
 /// `run_iter_bw_server` (send_bw): take `iters` messages per QP, re-posting receives and
-/// writing credits back every `rx_depth / 3` messages. The clock runs from the first
+/// (over iWARP) writing credits back every `rx_depth / 3` messages. The clock runs from the first
 /// message to the last; no peak.
 pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, PerfError> {
     let cyc = p.cycle(size);
@@ -311,7 +370,7 @@ pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwRep
             qps[q].post_recv(posted[q], &cyc)?;
             posted[q] += 1;
         }
-        if (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every()) {
+        if p.credits() && (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every()) {
             while credits_out[q] >= p.tx_depth as u64 {
                 let c = next_cqe(&qps[q].ep, DATA_IDLE, "credit write")?;
                 if c.opcode() != Some(WcOpcode::Recv) {
@@ -421,15 +480,6 @@ pub fn pattern(seed: u32, len: usize) -> Vec<u8> {
     v
 }
 
-/// perftest's PSN is `lrand48() & 0xffffff`; iWARP ignores it.
-fn random_psn(qpn: u32) -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    (t ^ std::process::id().rotate_left(8) ^ qpn.wrapping_mul(0x9e37_79b9)) & 0xff_ffff
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +488,5 @@ mod tests {
     fn pattern_is_deterministic() {
         assert_eq!(pattern(CLIENT_SEED, 10), pattern(CLIENT_SEED, 12)[..10]);
         assert_ne!(pattern(CLIENT_SEED, 8), pattern(SERVER_SEED, 8));
-        assert!(random_psn(7) <= 0xff_ffff);
     }
 }

@@ -1,6 +1,9 @@
-//! The messages perftest 4.5 (version string "6.06") exchanges on its rdma_cm control
-//! connection, byte for byte. Every message is one RDMA Send; multi-byte integers travel
-//! big-endian (`htobe32`/`htobe64` in perftest built with `HAVE_ENDIAN`, as Debian's is).
+//! The messages perftest 4.5 (version string "6.06") exchanges before, between and after
+//! its tests, byte for byte. Over rdma_cm (`-R`) every message is one RDMA Send and
+//! multi-byte integers travel big-endian (`htobe32`/`htobe64` in perftest built with
+//! `HAVE_ENDIAN`, as Debian's is). Over the TCP socket (perftest's default on IB/RoCE) the
+//! same messages are written as they are, except `pingpong_dest`, which travels as text
+//! ([`Dest::to_text`]).
 
 use super::PerfError;
 
@@ -15,6 +18,12 @@ pub const VERSION_LEN: usize = 16;
 pub const DEST_LEN: usize = 56;
 /// The MTU message: `sprintf("%d", enum ibv_mtu)`, 2 bytes (`char[2]`) from version 5.31 on.
 pub const MTU_LEN: usize = 2;
+/// `KEY_MSG_SIZE_GID`: a `pingpong_dest` as text over the socket, with the GID (every
+/// RoCE run: perftest always has a GID index on an Ethernet link), NUL included.
+pub const DEST_TEXT_LEN: usize = 108;
+/// Colon-separated fields of the text form: lid, out_reads, qpn, psn, rkey, vaddr, the 16
+/// GID bytes, srqn (then an empty field before the NUL).
+const DEST_TEXT_FIELDS: usize = 23;
 
 /// `struct pingpong_dest`: what each side tells the other about one data QP.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,6 +54,64 @@ impl Dest {
         b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
         b[52..56].copy_from_slice(&self.gid_index.to_be_bytes());
         b
+    }
+
+    /// `KEY_PRINT_FMT_GID`: `"%04x:%04x:%06x:%06x:%08x:%016llx:"`, the GID bytes as
+    /// `"%02x:"` each, `"%08x:"` for srqn, then the NUL (`ethernet_write_keys`). Fields are
+    /// masked to their widths so the message is always 108 bytes.
+    pub fn to_text(&self) -> [u8; DEST_TEXT_LEN] {
+        let mut t = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid & 0xffff,
+            self.out_reads & 0xffff,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff,
+            self.rkey,
+            self.vaddr
+        );
+        for g in self.gid {
+            t.push_str(&format!("{g:02x}:"));
+        }
+        t.push_str(&format!("{:08x}:", self.srqn));
+        let mut b = [0u8; DEST_TEXT_LEN];
+        b[..t.len()].copy_from_slice(t.as_bytes());
+        b
+    }
+
+    /// The text form as `ethernet_read_keys` reads it (hex fields between colons, up to
+    /// the NUL). The GID index is not on the wire: the caller's own applies.
+    pub fn from_text(b: &[u8]) -> Result<Dest, PerfError> {
+        const BAD: PerfError = PerfError::Protocol("malformed pingpong_dest text");
+        if b.len() != DEST_TEXT_LEN {
+            return Err(PerfError::BadLength {
+                what: "pingpong_dest text",
+                want: DEST_TEXT_LEN,
+                got: b.len(),
+            });
+        }
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        let text = std::str::from_utf8(&b[..end]).map_err(|_| BAD)?;
+        let fields: Vec<&str> = text.split(':').collect();
+        if fields.len() < DEST_TEXT_FIELDS {
+            return Err(BAD);
+        }
+        let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| BAD);
+        let u32f = |s: &str| hex(s).and_then(|v| u32::try_from(v).map_err(|_| BAD));
+        let mut gid = [0u8; 16];
+        for (g, f) in gid.iter_mut().zip(&fields[6..22]) {
+            *g = u8::try_from(hex(f)?).map_err(|_| BAD)?;
+        }
+        Ok(Dest {
+            lid: u32f(fields[0])?,
+            out_reads: u32f(fields[1])?,
+            qpn: u32f(fields[2])? & 0xff_ffff,
+            psn: u32f(fields[3])? & 0xff_ffff,
+            rkey: u32f(fields[4])?,
+            vaddr: hex(fields[5])?,
+            gid,
+            srqn: u32f(fields[22])?,
+            gid_index: 0,
+        })
     }
 
     pub fn decode(b: &[u8]) -> Result<Dest, PerfError> {
@@ -232,6 +299,47 @@ mod tests {
         again[20..24].copy_from_slice(&b[20..24]);
         assert_eq!(&again[..], &b[..]);
         assert!(Dest::decode(&b[..55]).is_err());
+    }
+
+    /// The server's record in `send_lat_rxe.pcap` frame 33 (kernel rxe, perftest 4.5,
+    /// `-x 1`): 107 characters and the NUL.
+    #[test]
+    fn dest_text_from_capture() {
+        let text = concat!(
+            "0000:0001:000011:8e8030:00000000:0000562b7abbc000:",
+            "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:4d:00:0b:00000000:"
+        );
+        let mut b = text.as_bytes().to_vec();
+        b.push(0);
+        assert_eq!(b.len(), DEST_TEXT_LEN);
+        let d = Dest::from_text(&b).unwrap();
+        assert_eq!((d.lid, d.out_reads, d.qpn, d.psn), (0, 1, 0x11, 0x8e8030));
+        assert_eq!((d.rkey, d.vaddr), (0, 0x562b_7abb_c000));
+        assert_eq!(
+            d.gid,
+            std::net::Ipv4Addr::new(10, 77, 0, 11)
+                .to_ipv6_mapped()
+                .octets()
+        );
+        assert_eq!(&d.to_text()[..], &b[..]);
+        let wide = Dest {
+            qpn: 0x1ff_ffff,
+            rkey: u32::MAX,
+            vaddr: u64::MAX,
+            gid: [0xff; 16],
+            srqn: u32::MAX,
+            ..d
+        };
+        assert_eq!(wide.to_text()[DEST_TEXT_LEN - 1], 0, "always 108 bytes");
+        assert_eq!(Dest::from_text(&wide.to_text()).unwrap().qpn, 0xff_ffff);
+        assert!(Dest::from_text(&b[..100]).is_err());
+        let mut bad = b.clone();
+        bad[60] = b'z';
+        assert!(Dest::from_text(&bad).is_err());
+        let mut short = b.clone();
+        short[70] = 0;
+        assert!(Dest::from_text(&short).is_err(), "too few fields");
+        assert!(Dest::from_text(&[0xff; DEST_TEXT_LEN]).is_err());
     }
 
     #[test]
