@@ -117,19 +117,27 @@ const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
 }
 
 /// For an `IPPROTO_UDP` raw socket (data starts at the IP header): keep datagrams to
-/// UDP destination `port`, drop the rest.
-fn udp_port_filter(port: u16) -> [libc::sock_filter; 5] {
+/// UDP destination `port` (and to IPv4 destination `dst`, for a device bound to one
+/// address, so instances on other addresses do not each get a copy), drop the rest.
+fn udp_port_filter(port: u16, dst: Option<Ipv4Addr>) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const LDX_MSH: u16 = (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16;
     const LDH_IND: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16;
     const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
-    [
+    let mut prog = Vec::new();
+    if let Some(d) = dst {
+        prog.push(bpf(LD_W_ABS, 0, 0, 16)); // A = IPv4 destination
+        prog.push(bpf(JEQ, 0, 4, u32::from(d))); // else drop
+    }
+    prog.extend([
         bpf(LDX_MSH, 0, 0, 0), // X = IP header length
         bpf(LDH_IND, 0, 0, 2), // A = UDP destination port
         bpf(JEQ, 0, 1, port as u32),
         bpf(RET, 0, 0, 0xffff),
         bpf(RET, 0, 0, 0),
-    ]
+    ]);
+    prog
 }
 
 impl Net {
@@ -144,7 +152,7 @@ impl Net {
         let on: libc::c_int = 1;
         setsockopt(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, &on)?;
         grow_buffers(fd);
-        let raw = if use_raw { open_raw(port) } else { None };
+        let raw = if use_raw { open_raw(port, bind) } else { None };
         let (raw_rx, raw_tx) = match raw {
             Some((rx, tx)) => {
                 // The UDP socket only holds the port: drop whatever is queued on it.
@@ -514,10 +522,10 @@ fn grow_buffers(fd: RawFd) {
     }
 }
 
-fn open_raw(port: u16) -> Option<(OwnedFd, OwnedFd)> {
+fn open_raw(port: u16, dst: Option<Ipv4Addr>) -> Option<(OwnedFd, OwnedFd)> {
     let rx = raw_socket(libc::IPPROTO_UDP).ok()?;
     let tx = raw_socket(libc::IPPROTO_RAW).ok()?;
-    attach_filter(rx.as_raw_fd(), &udp_port_filter(port)).ok()?;
+    attach_filter(rx.as_raw_fd(), &udp_port_filter(port, dst)).ok()?;
     grow_buffers(rx.as_raw_fd());
     grow_buffers(tx.as_raw_fd());
     Some((rx, tx))
@@ -736,8 +744,14 @@ mod tests {
 
     #[test]
     fn filter_program_shape() {
-        let f = udp_port_filter(4791);
-        assert_eq!(f[2].k, 4791);
-        assert_eq!(f[3].k, 0xffff);
+        let f = udp_port_filter(4791, None);
+        assert_eq!((f.len(), f[2].k, f[3].k), (5, 4791, 0xffff));
+        let f = udp_port_filter(4791, Some(Ipv4Addr::new(127, 10, 0, 1)));
+        assert_eq!((f.len(), f[1].k, f[1].jf as usize), (7, 0x7f0a_0001, 4));
+        assert_eq!(
+            f[1 + 1 + 4].k,
+            0,
+            "the false branch lands on the final drop"
+        );
     }
 }
