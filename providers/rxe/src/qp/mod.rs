@@ -248,7 +248,7 @@ impl RxeQp {
                 self.dev.count(&self.dev.counters.rx_malformed);
                 return;
             }
-            match p.bth.opcode.direction() {
+            let ready = match p.bth.opcode.direction() {
                 wire::Direction::Request => {
                     if !matches!(st.qp, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                         self.dev.count(&self.dev.counters.rx_dropped_state);
@@ -263,7 +263,12 @@ impl RxeQp {
                     }
                     self.on_response(&mut st, p)
                 }
-            }
+            };
+            // What the packet made ready (an ACK, a Read response, the next window of
+            // requests) goes out from this thread while it is here; only a remainder waits
+            // for the transmit thread, which saves a thread wake-up per message.
+            let mut budget = INLINE_BUDGET;
+            ready && self.transmit(&mut st, &mut budget)
         };
         if schedule {
             self.schedule();
