@@ -195,3 +195,29 @@ pub fn fill_pattern(buf: &mut [u8], seed: u32) {
 pub fn crc(buf: &[u8]) -> u32 {
     crc32fast::hash(buf)
 }
+
+/// Fill an endpoint's buffer with [`fill_pattern`]; returns its checksum.
+pub fn fill_endpoint(ep: &ual::perf::Endpoint, seed: u32) -> u32 {
+    let mut v = vec![0u8; ep.buf.len()];
+    fill_pattern(&mut v, seed);
+    ep.buf.write(0, &v);
+    crc(&v)
+}
+
+/// Two contexts opened through `door` and a connected server/client endpoint pair on
+/// `device`, each with a `len`-byte buffer.
+pub fn connected_pair(
+    door: &FrontDoor,
+    device: &str,
+    len: usize,
+) -> (
+    Arc<Context>,
+    Arc<Context>,
+    ual::perf::Endpoint,
+    ual::perf::Endpoint,
+) {
+    let (a, b) = (door.open(), door.open());
+    let (s, c) = ual::perf::connect_pair(&a, &b, device, len, 64)
+        .unwrap_or_else(|e| panic!("connect over {device}: {e:?}"));
+    (a, b, s, c)
+}

@@ -1,10 +1,12 @@
 //! End-to-end over rxe (RoCEv2) on loopback, through both kAL front doors: real UDP
 //! datagrams with ICRCs, the IB CM over QP1, the RC transport, byte-exact data.
 
-use krdma_tests::{crc, each_front_door, fill_pattern, FrontDoor};
+use krdma_tests::{
+    connected_pair, crc, each_front_door, fill_endpoint as fill, fill_pattern, FrontDoor,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ual::perf::{connect_pair, Endpoint};
+use ual::perf::Endpoint;
 use ual::{
     send_flags, wc_flags, Access, ConnParam, Context, Cq, EventKind, Mr, Pd, Qp, QpAttr,
     QpAttrMask, QpCaps, QpConfig, QpState, RegBuf, WcOpcode, WcStatus, Wqe, WrOpcode,
@@ -13,17 +15,8 @@ use ual::{
 const SIG: u8 = send_flags::SIGNALED;
 const T: Duration = Duration::from_secs(20);
 
-fn fill(ep: &Endpoint, seed: u32) -> u32 {
-    let mut v = vec![0u8; ep.buf.len()];
-    fill_pattern(&mut v, seed);
-    ep.buf.write(0, &v);
-    crc(&v)
-}
-
 fn pair(door: &FrontDoor, len: usize) -> (Arc<Context>, Arc<Context>, Endpoint, Endpoint) {
-    let (a, b) = (door.open(), door.open());
-    let (s, c) = connect_pair(&a, &b, "rxe0", len, 64).expect("connect over rxe0");
-    (a, b, s, c)
+    connected_pair(door, "rxe0", len)
 }
 
 #[test]

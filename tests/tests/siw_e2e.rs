@@ -1,7 +1,7 @@
 //! End-to-end over siw on loopback, through both kAL front doors: real TCP, real MPA/DDP/
 //! RDMAP, real shared rings, byte-exact data.
 
-use krdma_tests::{crc, each_front_door, fill_pattern, FrontDoor};
+use krdma_tests::{connected_pair, crc, each_front_door, fill_endpoint as fill, FrontDoor};
 use std::sync::Arc;
 use std::time::Duration;
 use ual::perf::{connect_pair, Endpoint};
@@ -12,18 +12,8 @@ use ual::{
 
 const SIG: u8 = send_flags::SIGNALED;
 
-/// Fill an endpoint's buffer with a pattern; returns its checksum.
-fn fill(ep: &Endpoint, seed: u32) -> u32 {
-    let mut v = vec![0u8; ep.buf.len()];
-    fill_pattern(&mut v, seed);
-    ep.buf.write(0, &v);
-    crc(&v)
-}
-
 fn pair(door: &FrontDoor, len: usize) -> (Arc<Context>, Arc<Context>, Endpoint, Endpoint) {
-    let (a, b) = (door.open(), door.open());
-    let (s, c) = connect_pair(&a, &b, "siw0", len, 64).expect("connect over siw0");
-    (a, b, s, c)
+    connected_pair(door, "siw0", len)
 }
 
 #[test]
