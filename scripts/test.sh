@@ -30,3 +30,6 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # assertions and overflow checks on.
 cargo test --workspace --doc --profile ci
 cargo nextest run --workspace --cargo-profile ci --no-fail-fast "$@"
+
+# Short coverage-guided fuzz runs of every target (replaying every stored crash first).
+bash scripts/fuzz.sh short

@@ -691,3 +691,16 @@ proptest! {
         }
     }
 }
+
+/// `scripts/fuzz.sh seed`: the captured datagrams become the `rxe_packet` fuzz corpus.
+#[test]
+fn write_fuzz_seeds() {
+    let Some(dir) = std::env::var_os("KRDMA_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir).join("rxe_packet");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, d) in corpus().iter().enumerate() {
+        std::fs::write(dir.join(format!("capture-{i:04}")), d).unwrap();
+    }
+}

@@ -310,3 +310,16 @@ proptest! {
         }
     }
 }
+
+/// `scripts/fuzz.sh seed`: the captured FPDUs become the `siw_fpdu` fuzz corpus.
+#[test]
+fn write_fuzz_seeds() {
+    let Some(dir) = std::env::var_os("KRDMA_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir).join("siw_fpdu");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, f) in corpus().iter().enumerate() {
+        std::fs::write(dir.join(format!("capture-{i:04}")), f).unwrap();
+    }
+}
