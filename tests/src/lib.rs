@@ -221,3 +221,113 @@ pub fn connected_pair(
         .unwrap_or_else(|e| panic!("connect over {device}: {e:?}"));
     (a, b, s, c)
 }
+
+/// What a [`Bystander`] saw while it ran.
+#[derive(Debug, Clone)]
+pub struct BystanderReport {
+    pub device: String,
+    pub round_trips: u64,
+    pub median: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+    /// The first error, if the bystander's traffic failed.
+    pub error: Option<String>,
+}
+
+impl BystanderReport {
+    /// Panic unless the bystander kept being served: no error, traffic moved, and no round
+    /// trip took longer than `bound` (what "a slow tenant costs only itself" means in a test).
+    pub fn assert_served(&self, bound: Duration) {
+        eprintln!("bystander: {self:?}");
+        assert!(self.error.is_none(), "bystander failed: {self:?}");
+        assert!(self.round_trips > 0, "bystander moved no traffic: {self:?}");
+        assert!(
+            self.max <= bound,
+            "bystander stalled beyond {bound:?}: {self:?}"
+        );
+    }
+}
+
+/// An innocent tenant: two contexts of their own, opened through `door`, with a connected
+/// pair on `device` that keeps doing 8-byte Send ping-pongs on a thread of its own while a
+/// test attacks something else. Create it before the attack, check it after.
+pub struct Bystander {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<BystanderReport>>,
+}
+
+impl Bystander {
+    pub fn start(door: &FrontDoor, device: &str) -> Bystander {
+        let (a, b, s, c) = connected_pair(door, device, 4096);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = stop.clone();
+        let device = device.to_string();
+        let thread = std::thread::Builder::new()
+            .name("bystander".into())
+            .spawn(move || {
+                let _keep = (a, b);
+                let mut times = Vec::new();
+                let mut error = None;
+                let mut i = 0u64;
+                while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let r = (|| -> rnicpi::Result<()> {
+                        s.post_recv(i, 0, 8)?;
+                        c.post_recv(i, 0, 8)?;
+                        c.send(i, 0, 8, rnicpi::send_flags::SIGNALED)?;
+                        s.complete(1)?;
+                        s.send(i, 0, 8, rnicpi::send_flags::SIGNALED)?;
+                        s.complete(1)?;
+                        c.complete(2)?;
+                        Ok(())
+                    })();
+                    if let Err(e) = r {
+                        error = Some(format!("round trip {i}: {e:?}"));
+                        break;
+                    }
+                    times.push(t0.elapsed());
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                times.sort();
+                let at = |q: f64| {
+                    times
+                        .get(((times.len() as f64 * q) as usize).min(times.len().saturating_sub(1)))
+                        .copied()
+                        .unwrap_or_default()
+                };
+                BystanderReport {
+                    device,
+                    round_trips: times.len() as u64,
+                    median: at(0.5),
+                    p99: at(0.99),
+                    max: times.last().copied().unwrap_or_default(),
+                    error,
+                }
+            })
+            .expect("spawn bystander");
+        Bystander {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop the traffic and report.
+    pub fn finish(mut self) -> BystanderReport {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .unwrap()
+            .join()
+            .expect("bystander thread panicked")
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
