@@ -9,7 +9,7 @@
 use bytemuck::{Pod, Zeroable};
 
 /// Version of this ABI; bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// The ioctl type letter (a private one: the VFS claims some generic numbers).
 pub const IOC_TYPE: u8 = b'k';
 /// Most devices `LIST_DEVICES` reports.
@@ -374,10 +374,14 @@ pub struct CounterRow {
     pub value: u64,
 }
 
+/// `StatDevice::dev` asking for the kAL's own counters (quota refusals, refused ring
+/// memory and doorbells, what the engines could not do with consumers' rings).
+pub const KAL_COUNTERS: u32 = u32::MAX;
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct StatDevice {
-    /// in: device number.
+    /// in: device number, or [`KAL_COUNTERS`].
     pub dev: u32,
     /// in: first row wanted.
     pub start: u32,

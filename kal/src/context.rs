@@ -3,13 +3,17 @@
 //! Handles are numbers private to one context: they index this context's own table and
 //! nothing else, so no process can name another's objects, whatever number it guesses.
 //! Objects hold use counts of their parents (PD ← QP/MR, CQ ← QP) and a parent in use
-//! cannot be destroyed; tearing a context down destroys children first.
+//! cannot be destroyed; tearing a context down destroys children first. Each object
+//! holds its quota [`Charges`] (given back when it is gone), and so does the context.
 
+use crate::doorbell::Doorbells;
 use crate::events::EventQueue;
 use crate::peer::{Caller, Peer};
+use crate::quota::{Charge, Charges};
+use parking_lot::Mutex;
 use rnicpi::{
-    MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp, ProviderSrq, Region, Result,
-    VerbsError,
+    Event, EventKind, EventSink, MemoryAccess, Provider, ProviderCq, ProviderListener, ProviderQp,
+    ProviderSrq, Region, Result, VerbsError,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,6 +64,8 @@ pub enum Object {
         srq: u32,
         qp: Arc<dyn ProviderQp>,
         doorbell: Option<u64>,
+        /// The QP's connection as the quotas see it.
+        conn: Arc<ConnAccount>,
     },
     Srq {
         dev: u32,
@@ -121,10 +127,16 @@ pub struct Counts {
     pub mws: u32,
 }
 
+/// An object with what it is charged.
+struct Entry {
+    obj: Object,
+    charges: Charges,
+}
+
 #[derive(Default)]
 pub struct Objects {
     next: u32,
-    map: BTreeMap<u32, Object>,
+    map: BTreeMap<u32, Entry>,
     pub counts: Counts,
     pub pinned: u64,
 }
@@ -161,38 +173,43 @@ impl Objects {
     }
 
     /// Reserve the handle the next inserted object will get (needed by event sinks).
-    pub fn next_handle(&mut self) -> u32 {
-        loop {
-            self.next = self.next.wrapping_add(1);
-            if self.next != 0 && !self.map.contains_key(&self.next) {
-                return self.next;
-            }
-        }
+    pub fn next_handle(&mut self) -> Result<u32> {
+        let map = &self.map;
+        rnicpi::ids::next_free(&mut self.next, map.len(), |h| map.contains_key(&h))
+            .ok_or(VerbsError::Exhausted)
     }
 
-    pub fn insert(&mut self, handle: u32, obj: Object) {
+    pub fn insert(&mut self, handle: u32, obj: Object, charges: Charges) {
         *self.slot(obj.kind()) += 1;
         if let Object::Mr { pinned, .. } = obj {
             self.pinned += pinned;
         }
-        self.map.insert(handle, obj);
+        self.map.insert(handle, Entry { obj, charges });
     }
 
     pub fn get(&self, handle: u32) -> Result<&Object> {
-        self.map.get(&handle).ok_or(VerbsError::NoSuchResource)
+        self.map
+            .get(&handle)
+            .map(|e| &e.obj)
+            .ok_or(VerbsError::NoSuchResource)
     }
 
     pub fn get_mut(&mut self, handle: u32) -> Result<&mut Object> {
-        self.map.get_mut(&handle).ok_or(VerbsError::NoSuchResource)
+        self.map
+            .get_mut(&handle)
+            .map(|e| &mut e.obj)
+            .ok_or(VerbsError::NoSuchResource)
     }
 
-    pub fn remove(&mut self, handle: u32) -> Option<Object> {
-        let obj = self.map.remove(&handle)?;
+    /// Take an object out of the table; its charges are given back when the caller
+    /// drops them, after destroying it.
+    pub fn remove(&mut self, handle: u32) -> Option<(Object, Charges)> {
+        let Entry { obj, charges } = self.map.remove(&handle)?;
         *self.slot(obj.kind()) -= 1;
         if let Object::Mr { pinned, .. } = obj {
             self.pinned -= pinned;
         }
-        Some(obj)
+        Some((obj, charges))
     }
 
     pub fn pd(&self, handle: u32) -> Result<(u32, u32)> {
@@ -210,8 +227,13 @@ impl Objects {
     }
 
     pub fn qp(&self, handle: u32) -> Result<(u32, Arc<dyn ProviderQp>)> {
+        self.qp_conn(handle).map(|(dev, qp, _)| (dev, qp))
+    }
+
+    /// A QP with its connection account.
+    pub fn qp_conn(&self, handle: u32) -> Result<(u32, Arc<dyn ProviderQp>, Arc<ConnAccount>)> {
         match self.get(handle)? {
-            Object::Qp { dev, qp, .. } => Ok((*dev, qp.clone())),
+            Object::Qp { dev, qp, conn, .. } => Ok((*dev, qp.clone(), conn.clone())),
             _ => Err(VerbsError::NoSuchResource),
         }
     }
@@ -262,7 +284,7 @@ impl Objects {
 
     /// Handles in teardown order: listeners, QPs, SRQs, MWs, MRs, CQs, PDs.
     pub fn teardown_order(&self) -> Vec<u32> {
-        let mut v: Vec<(Kind, u32)> = self.map.iter().map(|(h, o)| (o.kind(), *h)).collect();
+        let mut v: Vec<(Kind, u32)> = self.map.iter().map(|(h, e)| (e.obj.kind(), *h)).collect();
         v.sort();
         v.into_iter().map(|(_, h)| h).collect()
     }
@@ -276,10 +298,20 @@ pub struct Context {
     pub memory: Arc<dyn MemoryAccess>,
     pub objects: parking_lot::Mutex<Objects>,
     pub events: Arc<EventQueue>,
+    /// The doorbells of the context's daemon-mode QPs, on a thread of the context's own.
+    pub doorbells: Doorbells,
+    /// The context's own place in the opener's quota.
+    _charge: Charge,
 }
 
 impl Context {
-    pub fn new(id: u32, caller: Caller, peer: Arc<dyn Peer>, event_queue: usize) -> Self {
+    pub fn new(
+        id: u32,
+        caller: Caller,
+        peer: Arc<dyn Peer>,
+        event_queue: usize,
+        charge: Charge,
+    ) -> Self {
         let memory = peer.memory();
         Context {
             id,
@@ -288,7 +320,66 @@ impl Context {
             memory,
             objects: parking_lot::Mutex::new(Objects::default()),
             events: Arc::new(EventQueue::new(event_queue)),
+            doorbells: Doorbells::new(id),
+            _charge: charge,
         }
+    }
+}
+
+/// A QP's connection as the quotas see it: the connection (and the provider's threads
+/// for it) from CONNECT or ACCEPT until it ends or the QP goes, and a CONNECT's
+/// half-open state until its outcome arrives.
+#[derive(Debug, Default)]
+pub struct ConnAccount(Mutex<ConnCharges>);
+
+#[derive(Debug, Default)]
+struct ConnCharges {
+    half_open: Option<Charges>,
+    connection: Option<Charges>,
+}
+
+impl ConnAccount {
+    /// Hold a new connection's charges; `Busy` while the QP already has one (a second
+    /// CONNECT on a QP would otherwise cost the provider another thread each time).
+    pub fn begin(&self, connection: Charges, half_open: Option<Charges>) -> Result<()> {
+        let mut c = self.0.lock();
+        if c.connection.is_some() || c.half_open.is_some() {
+            return Err(VerbsError::Busy);
+        }
+        (c.connection, c.half_open) = (Some(connection), half_open);
+        Ok(())
+    }
+
+    /// The connection never formed (the provider refused to start it).
+    pub fn abandon(&self) {
+        let mut c = self.0.lock();
+        (c.connection, c.half_open) = (None, None);
+    }
+
+    /// What a connection event means for the charges.
+    fn on_event(&self, kind: EventKind) {
+        let mut c = self.0.lock();
+        match kind {
+            EventKind::Established => c.half_open = None,
+            EventKind::Rejected
+            | EventKind::Unreachable
+            | EventKind::Disconnected
+            | EventKind::ConnectionBroken => (c.connection, c.half_open) = (None, None),
+            _ => {}
+        }
+    }
+}
+
+/// A QP's event sink that also keeps its [`ConnAccount`] up to date.
+pub struct ConnWatch {
+    pub inner: Arc<dyn EventSink>,
+    pub conn: Arc<ConnAccount>,
+}
+
+impl EventSink for ConnWatch {
+    fn deliver(&self, ev: Event) {
+        self.conn.on_event(ev.kind);
+        self.inner.deliver(ev);
     }
 }
 

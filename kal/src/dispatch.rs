@@ -1,8 +1,9 @@
 //! System call management: decode, validate and execute one ioctl command.
 
 use crate::abi::{self, cmd};
-use crate::context::{Context, Kind, Object};
+use crate::context::{ConnAccount, ConnWatch, Context, Kind, Object};
 use crate::events::ObjectSink;
+use crate::quota::{Charges, Resource};
 use crate::{peer, pin, Kal};
 use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use rnicpi::queue::{ring_bytes, ring_capacity};
@@ -10,6 +11,8 @@ use rnicpi::{
     Access, ConnParam, CqInit, Cqe, QpAttr, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpState,
     QpType, Result, Ring, SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
 };
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Copy the argument struct in, run `f`, copy it back out. `arg` may be unaligned.
@@ -21,6 +24,48 @@ fn with<T: Pod>(arg: &mut [u8], f: impl FnOnce(&mut T) -> Result<()>) -> Result<
     f(&mut v)?;
     arg.copy_from_slice(bytes_of(&v));
     Ok(())
+}
+
+/// Charge each `(resource, amount)` to the caller (verbs objects to device `dev` too):
+/// all or nothing.
+fn charge(kal: &Kal, c: &Context, dev: Option<u32>, items: &[(Resource, u64)]) -> Result<Charges> {
+    let mut charges = Charges::default();
+    for &(r, n) in items {
+        charges.push(kal.charge(c.caller.uid, dev, r, n)?);
+    }
+    Ok(charges)
+}
+
+/// What an object living in a ring costs: the object, and the daemon's mapping of it.
+fn ring_object(kind: Resource, bytes: usize) -> [(Resource, u64); 3] {
+    [
+        (kind, 1),
+        (Resource::Mapping, 1),
+        (Resource::MappedBytes, bytes as u64),
+    ]
+}
+
+/// The caller's descriptor `fd` as the memory of a ring of `len` bytes: a memfd sealed
+/// against shrinking, growing and sealing, or nothing (counted).
+fn ring_memory(kal: &Kal, c: &Context, fd: i32, len: usize) -> Result<Arc<SharedMem>> {
+    match SharedMem::from_fd(c.peer.take_fd(fd)?, len) {
+        Ok(m) => Ok(Arc::new(m)),
+        Err(e) => {
+            kal.refusals.ring_memory.fetch_add(1, Ordering::Relaxed);
+            rnicpi::warn_limited!(ctx = c.id, error = %e, "ring memory refused");
+            Err(e.into())
+        }
+    }
+}
+
+/// What a connection costs the caller: the connection and the provider's threads for it.
+fn connection(kal: &Kal, c: &Context, dev: u32) -> Result<Charges> {
+    let threads = kal.device(dev)?.threads_per_connection();
+    let mut items = vec![(Resource::Connection, 1)];
+    if threads > 0 {
+        items.push((Resource::Thread, u64::from(threads)));
+    }
+    charge(kal, c, Some(dev), &items)
 }
 
 fn pdata(buf: &[u8], len: u32) -> Result<Vec<u8>> {
@@ -51,8 +96,9 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             let dev = kal.device(a.dev)?;
             let mut objs = c.objects.lock();
             objs.check_limit(Kind::Pd, &kal.config.limits)?;
+            let charges = charge(kal, c, Some(a.dev), &[(Resource::Pd, 1)])?;
+            let h = objs.next_handle()?;
             let pd = dev.alloc_pd()?;
-            let h = objs.next_handle();
             objs.insert(
                 h,
                 Object::Pd {
@@ -60,6 +106,7 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
                     pd,
                     users: 0,
                 },
+                charges,
             );
             a.handle = h;
             Ok(())
@@ -93,8 +140,9 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             let (dev_no, pd) = objs.pd(a.pd)?;
             let dev = kal.device(dev_no)?;
             objs.check_limit(Kind::Mw, &kal.config.limits)?;
+            let charges = charge(kal, c, Some(dev_no), &[(Resource::Mw, 1)])?;
+            let h = objs.next_handle()?;
             let key = dev.alloc_mw(pd)?;
-            let h = objs.next_handle();
             objs.use_parent(a.pd, 1);
             objs.insert(
                 h,
@@ -103,6 +151,7 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
                     pd: a.pd,
                     key,
                 },
+                charges,
             );
             (a.handle, a.rkey) = (h, key);
             Ok(())
@@ -129,7 +178,8 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             let dev = kal.device(a.dev)?;
             let mut objs = c.objects.lock();
             objs.check_limit(Kind::Listener, &kal.config.limits)?;
-            let h = objs.next_handle();
+            let charges = charge(kal, c, Some(a.dev), &[(Resource::Listener, 1)])?;
+            let h = objs.next_handle()?;
             let addr = rnicpi::sockaddr_from_parts(a.addr, a.port);
             let l = dev.listen(
                 addr,
@@ -143,25 +193,29 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
                     dev: a.dev,
                     listener: l,
                 },
+                charges,
             );
             a.handle = h;
             Ok(())
         }),
         cmd::CONNECT => with(arg, |a: &mut abi::Connect| {
-            let (_, qp) = c.objects.lock().qp(a.qp)?;
+            let (dev, qp, conn) = c.objects.lock().qp_conn(a.qp)?;
             let param = ConnParam {
                 private_data: pdata(&a.pdata, a.pdata_len)?,
                 ird: a.ird,
                 ord: a.ord,
             };
+            let half_open = charge(kal, c, None, &[(Resource::HalfOpen, 1)])?;
+            conn.begin(connection(kal, c, dev)?, Some(half_open))?;
             qp.connect(rnicpi::sockaddr_from_parts(a.addr, a.port), param)
+                .inspect_err(|_| conn.abandon())
         }),
         cmd::ACCEPT => with(arg, |a: &mut abi::Accept| {
-            let (ldev, l, qdev, qp) = {
+            let (ldev, l, qdev, qp, conn) = {
                 let objs = c.objects.lock();
                 let (ldev, l) = objs.listener(a.listen)?;
-                let (qdev, qp) = objs.qp(a.qp)?;
-                (ldev, l, qdev, qp)
+                let (qdev, qp, conn) = objs.qp_conn(a.qp)?;
+                (ldev, l, qdev, qp, conn)
             };
             if ldev != qdev {
                 return Err(VerbsError::Invalid);
@@ -171,7 +225,9 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
                 ird: a.ird,
                 ord: a.ord,
             };
+            conn.begin(connection(kal, c, qdev)?, None)?;
             l.accept(a.conn_id, &qp, param)
+                .inspect_err(|_| conn.abandon())
         }),
         cmd::REJECT => with(arg, |a: &mut abi::Reject| {
             let (_, l) = c.objects.lock().listener(a.listen)?;
@@ -243,18 +299,18 @@ fn create_cq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateCq) -> Result<()> {
         return Err(VerbsError::Invalid);
     }
     let cap = ring_capacity(a.cqe).ok_or(VerbsError::Invalid)?;
-    let mem = Arc::new(SharedMem::from_fd(
-        c.peer.take_fd(a.memfd)?,
-        ring_bytes::<Cqe>(cap),
-    )?);
-    let ring = Ring::attach(mem, 0, cap)?;
+    let len = ring_bytes::<Cqe>(cap);
     let mut objs = c.objects.lock();
     objs.check_limit(Kind::Cq, &kal.config.limits)?;
-    let h = objs.next_handle();
+    let charges = charge(kal, c, Some(a.dev), &ring_object(Resource::Cq, len))?;
+    let mem = ring_memory(kal, c, a.memfd, len)?;
+    let ring = Ring::attach(mem, 0, cap)?.producer();
+    let h = objs.next_handle()?;
     let cq = dev.create_cq(CqInit {
         depth: cap,
         ring,
         sink: ObjectSink::bound(&c.events, h),
+        stats: kal.ring_stats.clone(),
     })?;
     objs.insert(
         h,
@@ -263,6 +319,7 @@ fn create_cq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateCq) -> Result<()> {
             cq,
             users: 0,
         },
+        charges,
     );
     a.cqe = cap;
     a.handle = h;
@@ -313,15 +370,22 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
     objs.check_limit(Kind::Qp, &kal.config.limits)?;
     let layout =
         QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
-    let mem = Arc::new(SharedMem::from_fd(c.peer.take_fd(a.memfd)?, layout.total)?);
-    let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?;
-    let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?;
     let doorbell_fd = match (a.doorbell_fd, c.peer.in_process()) {
-        (fd, _) if fd >= 0 => Some(c.peer.take_fd(fd)?),
+        (fd, _) if fd >= 0 => Some(doorbell(kal, c, fd)?),
         (_, true) => None,
         (_, false) => return Err(VerbsError::Invalid),
     };
-    let h = objs.next_handle();
+    let charges = charge(
+        kal,
+        c,
+        Some(dev_no),
+        &ring_object(Resource::Qp, layout.total),
+    )?;
+    let mem = ring_memory(kal, c, a.memfd, layout.total)?;
+    let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?.consumer();
+    let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?.consumer();
+    let h = objs.next_handle()?;
+    let conn = Arc::new(ConnAccount::default());
     let init = QpInit {
         qp_type,
         pd,
@@ -331,18 +395,21 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         sq,
         rq,
         srq,
-        sink: ObjectSink::bound(&c.events, h),
+        sink: Arc::new(ConnWatch {
+            inner: ObjectSink::bound(&c.events, h),
+            conn: conn.clone(),
+        }),
+        stats: kal.ring_stats.clone(),
     };
     let qp = dev.create_qp(init)?;
     let doorbell = match doorbell_fd {
         Some(fd) => {
-            let reactor = kal.reactor.get_or_init(crate::doorbell::Reactor::start);
-            let r = reactor.as_ref().map_err(|_| VerbsError::Io)?;
-            match r.add(fd, Arc::downgrade(&qp)) {
+            let thread = || kal.charge(c.caller.uid, None, Resource::Thread, 1);
+            match c.doorbells.add(fd, Arc::downgrade(&qp), thread) {
                 Ok(t) => Some(t),
-                Err(_) => {
+                Err(e) => {
                     qp.destroy();
-                    return Err(VerbsError::Io);
+                    return Err(e);
                 }
             }
         }
@@ -357,14 +424,27 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         srq: a.srq,
         qp,
         doorbell,
+        conn,
     };
     for p in crate::context::Objects::parents(&obj) {
         objs.use_parent(p, 1);
     }
-    objs.insert(h, obj);
+    objs.insert(h, obj, charges);
     a.handle = h;
     tracing::debug!(ctx = c.id, handle = h, qp_num = a.qp_num, "QP created");
     Ok(())
+}
+
+/// The caller's descriptor `fd` as a doorbell: a non-blocking eventfd, or nothing
+/// (counted).
+fn doorbell(kal: &Kal, c: &Context, fd: i32) -> Result<std::os::fd::OwnedFd> {
+    let fd = c.peer.take_fd(fd)?;
+    if let Err(e) = crate::doorbell::verify(fd.as_fd()) {
+        kal.refusals.doorbell.fetch_add(1, Ordering::Relaxed);
+        rnicpi::warn_limited!(ctx = c.id, error = %e, "doorbell refused");
+        return Err(e.into());
+    }
+    Ok(fd)
 }
 
 fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()> {
@@ -380,13 +460,12 @@ fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()>
         });
     }
     let cap = ring_capacity(a.max_wr).ok_or(VerbsError::Invalid)?;
+    let len = ring_bytes::<Wqe>(cap);
     objs.check_limit(Kind::Srq, &kal.config.limits)?;
-    let mem = Arc::new(SharedMem::from_fd(
-        c.peer.take_fd(a.memfd)?,
-        ring_bytes::<Wqe>(cap),
-    )?);
-    let rq = Ring::attach(mem, 0, cap)?;
-    let h = objs.next_handle();
+    let charges = charge(kal, c, Some(dev_no), &ring_object(Resource::Srq, len))?;
+    let mem = ring_memory(kal, c, a.memfd, len)?;
+    let rq = Ring::attach(mem, 0, cap)?.consumer();
+    let h = objs.next_handle()?;
     let srq = dev.create_srq(SrqInit {
         pd,
         attr: SrqAttr {
@@ -396,6 +475,7 @@ fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()>
         },
         rq,
         sink: ObjectSink::bound(&c.events, h),
+        stats: kal.ring_stats.clone(),
     })?;
     let obj = Object::Srq {
         dev: dev_no,
@@ -406,7 +486,7 @@ fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()>
     for p in crate::context::Objects::parents(&obj) {
         objs.use_parent(p, 1);
     }
-    objs.insert(h, obj);
+    objs.insert(h, obj, charges);
     (a.max_wr, a.handle) = (cap, h);
     Ok(())
 }
@@ -424,6 +504,7 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     }
     let span = pin::pinned_span(a.addr, a.length).ok_or(VerbsError::Invalid)?;
     objs.check_limit(Kind::Mr, &kal.config.limits)?;
+    let mut charges = charge(kal, c, Some(dev_no), &[(Resource::Mr, 1)])?;
     let writable =
         access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
     peer::check_mapping(c.caller.pid, a.addr, a.length, writable)?;
@@ -433,7 +514,23 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
         (None, false) => c.peer.memlock_limit(),
     };
     kal.pins.charge(c.caller.uid, span, limit)?;
-    let memory = c.peer.memory_for(a.addr, a.length);
+    let mut memory = c.peer.memory_for(a.addr, a.length);
+    if memory.mapped_bytes() > 0 {
+        // Mapped directly into the daemon: charged as a mapping, or, past the quota,
+        // reached by copies instead (drops the mapping).
+        match charge(
+            kal,
+            c,
+            None,
+            &[
+                (Resource::Mapping, 1),
+                (Resource::MappedBytes, memory.mapped_bytes()),
+            ],
+        ) {
+            Ok(m) => charges.append(m),
+            Err(_) => memory = c.peer.memory(),
+        }
+    }
     let region = match dev.reg_mr(pd, a.addr, a.length, access, memory) {
         Ok(r) => r,
         Err(e) => {
@@ -441,7 +538,14 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
             return Err(e);
         }
     };
-    let h = objs.next_handle();
+    let h = match objs.next_handle() {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = dev.dereg_mr(region.stag);
+            kal.pins.release(c.caller.uid, span);
+            return Err(e);
+        }
+    };
     a.lkey = region.stag;
     a.rkey = region.stag;
     let obj = Object::Mr {
@@ -453,13 +557,13 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     for p in crate::context::Objects::parents(&obj) {
         objs.use_parent(p, 1);
     }
-    objs.insert(h, obj);
+    objs.insert(h, obj, charges);
     a.handle = h;
     Ok(())
 }
 
 fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
-    let obj = {
+    let (obj, charges) = {
         let mut objs = c.objects.lock();
         let o = objs.get(handle)?;
         if o.kind() != want {
@@ -470,13 +574,14 @@ fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
                 return Err(VerbsError::Busy);
             }
         }
-        let obj = objs.remove(handle).ok_or(VerbsError::NoSuchResource)?;
+        let (obj, charges) = objs.remove(handle).ok_or(VerbsError::NoSuchResource)?;
         for p in crate::context::Objects::parents(&obj) {
             objs.use_parent(p, -1);
         }
-        obj
+        (obj, charges)
     };
     kal.destroy(c, &obj);
+    drop(charges); // given back once the object is really gone
     Ok(())
 }
 
@@ -561,8 +666,10 @@ fn stat_contexts(kal: &Kal, a: &mut abi::StatContexts) {
 }
 
 fn stat_device(kal: &Kal, a: &mut abi::StatDevice) -> Result<()> {
-    let dev = kal.device(a.dev)?;
-    let counters = dev.counters();
+    let counters = match a.dev {
+        abi::KAL_COUNTERS => kal.counters(),
+        dev => kal.device(dev)?.counters(),
+    };
     a.total = counters.len() as u32;
     a.count = 0;
     for (row, (name, value)) in a

@@ -5,7 +5,8 @@
 //!
 //! * interface adapter management — providers register at start-up ([`Kal::register`]);
 //! * resource management — a [`context`] per open of the device, the root of its
-//!   resource tree, torn down children-first on close or process death;
+//!   resource tree, torn down children-first on close or process death; per-user and
+//!   global [`quota`]s on everything a context holds in the kAL;
 //! * memory management — registration checks, pin accounting per user ([`pin`]), and the
 //!   engine's access to consumer memory through the context's [`Peer`];
 //! * event management — a bounded event queue per context ([`events`]);
@@ -25,18 +26,21 @@ pub mod mapped;
 pub mod peer;
 pub mod pin;
 pub mod process;
+pub mod quota;
 pub mod services;
 pub mod stack;
 
 pub use context::Limits;
 pub use peer::{Caller, EmbeddedPeer, Peer};
+pub use quota::{Quota, Resource};
 
 use context::Context;
-use parking_lot::RwLock;
-use rnicpi::{Doorbell, Provider, Result, VerbsError};
+use parking_lot::{Mutex, RwLock};
+use quota::{Charge, Ledger};
+use rnicpi::{Counter, Doorbell, Provider, Result, RingStats, VerbsError};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 pub type ContextId = u32;
 
@@ -47,8 +51,10 @@ pub struct Config {
     pub limits: Limits,
     /// Event records one context may have queued.
     pub event_queue: usize,
-    /// Most contexts at once.
-    pub max_contexts: u32,
+    /// What one user (uid) may hold over all their contexts.
+    pub quota: Quota,
+    /// What all users together may hold (within each device's own limits as well).
+    pub limit: Quota,
     /// Pin limit per user in bytes, overriding each caller's RLIMIT_MEMLOCK.
     pub pin_limit: Option<u64>,
 }
@@ -58,10 +64,20 @@ impl Default for Config {
         Config {
             limits: Limits::default(),
             event_queue: 4096,
-            max_contexts: 4096,
+            quota: Quota::PER_USER,
+            limit: Quota::GLOBAL,
             pin_limit: None,
         }
     }
+}
+
+/// What the kAL refused at its own level (besides quotas), for `krdma stat`.
+#[derive(Debug, Default)]
+struct Refusals {
+    /// Ring memory that was not a sealed memfd of the right size.
+    ring_memory: AtomicU64,
+    /// Doorbells that were not non-blocking eventfds.
+    doorbell: AtomicU64,
 }
 
 /// The kernel access layer.
@@ -69,21 +85,49 @@ pub struct Kal {
     config: Config,
     devices: RwLock<Vec<Arc<dyn Provider>>>,
     contexts: RwLock<BTreeMap<ContextId, Arc<Context>>>,
-    next_ctx: AtomicU32,
+    /// The next context id to try (ids in use are skipped, so one never aliases).
+    next_ctx: Mutex<u32>,
     pins: pin::PinAccounts,
-    reactor: OnceLock<std::io::Result<doorbell::Reactor>>,
+    ledger: Arc<Ledger>,
+    ring_stats: Arc<RingStats>,
+    refusals: Refusals,
 }
 
 impl Kal {
     pub fn new(config: Config) -> Arc<Kal> {
         Arc::new(Kal {
+            ledger: Ledger::new(config.quota, config.limit),
             config,
             devices: RwLock::new(Vec::new()),
             contexts: RwLock::new(BTreeMap::new()),
-            next_ctx: AtomicU32::new(1),
+            next_ctx: Mutex::new(1),
             pins: pin::PinAccounts::default(),
-            reactor: OnceLock::new(),
+            ring_stats: Arc::default(),
+            refusals: Refusals::default(),
         })
+    }
+
+    /// Charge `n` of `r` to `uid` (to device `dev` too for verbs objects).
+    fn charge(&self, uid: u32, dev: Option<u32>, r: Resource, n: u64) -> Result<Charge> {
+        let provider = dev.map(|d| self.device(d)).transpose()?;
+        let dev = dev.zip(provider.as_ref()).map(|(d, p)| (d, p.attr()));
+        Ok(self.ledger.charge(uid, dev, r, n)?)
+    }
+
+    /// The kAL's own counters: refusals (quotas, ring memory, doorbells) and what the
+    /// engines could not do with consumers' rings.
+    pub fn counters(&self) -> Vec<Counter> {
+        let mut v = self.ledger.counters();
+        v.push((
+            "ring_memory_refused",
+            self.refusals.ring_memory.load(Ordering::Relaxed),
+        ));
+        v.push((
+            "doorbell_refused",
+            self.refusals.doorbell.load(Ordering::Relaxed),
+        ));
+        v.extend(self.ring_stats.counters());
+        v
     }
 
     /// Register a provider's device; returns its device number.
@@ -119,14 +163,21 @@ impl Kal {
 
     /// Open a context for `caller`, reached through `peer`.
     pub fn open(&self, caller: Caller, peer: Arc<dyn Peer>) -> Result<ContextId> {
+        let charge = self.charge(caller.uid, None, Resource::Context, 1)?;
         let mut ctxs = self.contexts.write();
-        if ctxs.len() as u32 >= self.config.max_contexts {
-            return Err(VerbsError::Exhausted);
-        }
-        let id = self.next_ctx.fetch_add(1, Ordering::Relaxed);
+        let id = rnicpi::ids::next_free(&mut self.next_ctx.lock(), ctxs.len(), |id| {
+            ctxs.contains_key(&id)
+        })
+        .ok_or(VerbsError::Exhausted)?;
         ctxs.insert(
             id,
-            Arc::new(Context::new(id, caller, peer, self.config.event_queue)),
+            Arc::new(Context::new(
+                id,
+                caller,
+                peer,
+                self.config.event_queue,
+                charge,
+            )),
         );
         tracing::info!(
             ctx = id,
@@ -183,12 +234,14 @@ impl Kal {
             return;
         };
         c.events.set_waker(None);
+        c.doorbells.stop();
         let mut objs = c.objects.lock();
         let order = objs.teardown_order();
         let n = order.len();
         for h in order {
-            if let Some(obj) = objs.remove(h) {
+            if let Some((obj, charges)) = objs.remove(h) {
                 self.destroy(&c, &obj);
+                drop(charges);
             }
         }
         tracing::info!(ctx, pid = c.caller.pid, objects = n, "context released");
@@ -196,20 +249,18 @@ impl Kal {
 
     /// Destroy an object already removed from its context's table.
     fn destroy(&self, c: &Context, obj: &context::Object) {
+        if let context::Object::Qp {
+            doorbell: Some(token),
+            ..
+        } = obj
+        {
+            c.doorbells.remove(*token);
+        }
         if let Ok(dev) = self.device(context::object_dev(obj)) {
             context::destroy_object(dev.as_ref(), obj);
         }
-        match obj {
-            context::Object::Mr { pinned, .. } => self.pins.release(c.caller.uid, *pinned),
-            context::Object::Qp {
-                doorbell: Some(token),
-                ..
-            } => {
-                if let Some(Ok(r)) = self.reactor.get() {
-                    r.remove(*token);
-                }
-            }
-            _ => {}
+        if let context::Object::Mr { pinned, .. } = obj {
+            self.pins.release(c.caller.uid, *pinned);
         }
     }
 

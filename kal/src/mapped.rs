@@ -68,22 +68,27 @@ impl MappedMemory {
             return None;
         }
         let size = file.metadata().ok()?.len();
-        let span = hi - lo;
-        if offset.checked_add(span)? > size {
+        // Only the pages of the registration, not the whole VMA: what the daemon maps
+        // is what the registration is charged for (a 1-byte registration inside a huge
+        // sparse mapping costs one page of the daemon's address space, not the mapping).
+        let first = addr & !(crate::pin::PAGE - 1);
+        let span = crate::pin::pinned_span(addr, len)?;
+        let file_off = offset.checked_add(first - lo)?;
+        if first.checked_add(span)? > hi || file_off.checked_add(span)? > size {
             return None;
         }
         let map = memmap2::MmapOptions::new()
-            .offset(offset)
+            .offset(file_off)
             .len(span as usize)
             .map_raw(&file)
             .ok()?;
         tracing::debug!(
             pid,
-            base = format_args!("{lo:#x}"),
+            base = format_args!("{first:#x}"),
             span,
             "consumer memory mapped directly"
         );
-        Some(MappedMemory { map, base: lo })
+        Some(MappedMemory { map, base: first })
     }
 
     /// Our pointer to consumer range `[addr, addr+len)`, if it lies in the mapping.
@@ -99,6 +104,10 @@ impl MappedMemory {
 }
 
 impl MemoryAccess for MappedMemory {
+    fn mapped_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let p = self.at(addr, buf.len())?;
         // SAFETY: `p..p+len` is inside our mapping, which stays valid while we hold it

@@ -87,7 +87,7 @@ impl Provider for TestDev {
     }
     fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
         Ok(Arc::new(TestCq(
-            EngineCq::new(init.ring, init.sink),
+            EngineCq::new(init.ring, init.sink, init.stats),
             self.log.clone(),
         )))
     }

@@ -33,6 +33,9 @@ pub enum VerbsError {
     AddrInUse,
     #[error("pinned-memory quota exceeded")]
     PinLimit,
+    /// A per-user quota (contexts, objects, mappings, threads, connections) is reached.
+    #[error("per-user quota exceeded")]
+    Quota,
     #[error("the access layer is gone (daemon died)")]
     Dead,
     #[error("input/output error")]
@@ -58,7 +61,7 @@ impl VerbsError {
             TimedOut => libc::ETIMEDOUT,
             Unreachable => libc::ENETUNREACH,
             AddrInUse => libc::EADDRINUSE,
-            PinLimit => libc::EDQUOT,
+            PinLimit | Quota => libc::EDQUOT,
             Dead => libc::ENOTCONN,
             Io => libc::EIO,
         }
@@ -82,7 +85,7 @@ impl VerbsError {
             libc::ETIMEDOUT => TimedOut,
             libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL => Unreachable,
             libc::EADDRINUSE => AddrInUse,
-            libc::EDQUOT => PinLimit,
+            libc::EDQUOT => Quota,
             libc::ENOTCONN => Dead,
             _ => Io,
         }

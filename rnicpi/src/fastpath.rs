@@ -1,22 +1,27 @@
 //! The two ends of the fast path for providers whose engine runs in software
 //! (siw, rxe): the consumer's posting/polling end and the engine's completion end.
 //!
-//! The consumer end ([`UserQp`], [`UserCq`]) is what a uVP does in the consumer
-//! process: validate a work request against the QP's limits, write it into the shared
-//! ring and ring the doorbell; poll and arm the shared completion ring. No system call
-//! is made on this path in embedded mode; in daemon mode the doorbell is one `write`
-//! to an eventfd.
+//! The consumer end ([`UserQp`], [`UserCq`], [`UserSrq`]) is what a uVP does in the
+//! consumer process: validate a work request against the QP's limits, write it into the
+//! shared ring and ring the doorbell; poll and arm the shared completion ring. No system
+//! call is made on this path in embedded mode; in daemon mode the doorbell is one
+//! `write` to an eventfd.
 //!
-//! The engine end ([`EngineCq`]) is what a kVP does: append completions (serialised
-//! between the engine's threads), count overflows, and fire the armed notification.
+//! The engine end ([`EngineCq`], [`EngineSrq`]) is what a kVP does: append completions
+//! (serialised between the engine's threads), take shared receives, count overflows,
+//! drops and corrupt rings in [`RingStats`], and fire the armed notification. The
+//! consumer may be hostile: every engine loop over a ring is bounded by the ring's
+//! capacity, and a ring whose indices make no sense moves its object to an error state
+//! (with an event and a counter) instead of being looped over.
 
 use crate::error::{Result, VerbsError};
 use crate::event::{Event, EventKind, EventSink};
-use crate::queue::Ring;
+use crate::provider::Counter;
+use crate::queue::{Consumer, Producer, RingCorrupt, SharedMem};
 use crate::types::{QpCaps, SrqAttr};
 use crate::wr::{wc_flags, Cqe, WcStatus, Wqe, WrOpcode, MAX_SGE};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Tells the engine that a QP's rings have new entries.
@@ -24,12 +29,46 @@ pub trait Doorbell: Send + Sync {
     fn ring(&self);
 }
 
+/// What the engines did about consumers' rings that they could not serve as asked: one
+/// set per kAL, shared by every device (shown by `krdma stat` among the kAL's counters).
+#[derive(Debug, Default)]
+pub struct RingStats {
+    /// Completions lost: the CQ was full, or in error.
+    pub cqe_lost: AtomicU64,
+    /// Completion rings moved to error because the consumer corrupted their index.
+    pub cq_corrupt: AtomicU64,
+    /// Send, receive and shared receive rings moved to error (with their QP or SRQ)
+    /// because the consumer corrupted their index.
+    pub wq_corrupt: AtomicU64,
+    /// Shared-receive entries dropped for a scatter list beyond the SRQ's `max_sge`.
+    pub srq_dropped: AtomicU64,
+    /// Engine calls that stopped at their budget with ring entries left for later.
+    pub drain_budget_spent: AtomicU64,
+}
+
+impl RingStats {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn counters(&self) -> Vec<Counter> {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("cqe_lost", v(&self.cqe_lost)),
+            ("cq_ring_corrupt", v(&self.cq_corrupt)),
+            ("wq_ring_corrupt", v(&self.wq_corrupt)),
+            ("srq_entries_dropped", v(&self.srq_dropped)),
+            ("drain_budget_spent", v(&self.drain_budget_spent)),
+        ]
+    }
+}
+
 /// The consumer's view of one QP's send and receive rings.
 pub struct UserQp {
     pub qp_num: u32,
     pub caps: QpCaps,
-    sq: Mutex<Ring<Wqe>>,
-    rq: Mutex<Ring<Wqe>>,
+    sq: Mutex<Producer<Wqe>>,
+    rq: Mutex<Producer<Wqe>>,
     doorbell: Arc<dyn Doorbell>,
 }
 
@@ -45,8 +84,8 @@ impl UserQp {
     pub fn new(
         qp_num: u32,
         caps: QpCaps,
-        sq: Ring<Wqe>,
-        rq: Ring<Wqe>,
+        sq: Producer<Wqe>,
+        rq: Producer<Wqe>,
         doorbell: Arc<dyn Doorbell>,
     ) -> Self {
         UserQp {
@@ -87,8 +126,8 @@ impl UserQp {
             }
         }
         {
-            let sq = self.sq.lock();
-            let used = sq.len().map_err(|_| VerbsError::BadState)?;
+            let mut sq = self.sq.lock();
+            let used = sq.used().map_err(|_| VerbsError::BadState)?;
             if used as usize + wqes.len() > self.caps.max_send_wr as usize {
                 return Err(VerbsError::QueueFull);
             }
@@ -109,14 +148,20 @@ impl UserQp {
         w.flags &= !crate::wr::send_flags::INLINE;
         self.check(&w, self.caps.max_recv_sge)?;
         {
-            let rq = self.rq.lock();
-            let used = rq.len().map_err(|_| VerbsError::BadState)?;
+            let mut rq = self.rq.lock();
+            let used = rq.used().map_err(|_| VerbsError::BadState)?;
             if used >= self.caps.max_recv_wr || !rq.push(&w).map_err(|_| VerbsError::BadState)? {
                 return Err(VerbsError::QueueFull);
             }
         }
         self.doorbell.ring();
         Ok(())
+    }
+
+    /// The memory both rings live in (a consumer may do with it what it likes: it is its
+    /// own; tests use it to play a hostile consumer).
+    pub fn ring_memory(&self) -> Arc<SharedMem> {
+        self.sq.lock().memory().clone()
     }
 }
 
@@ -125,7 +170,7 @@ impl UserQp {
 /// engine looks at the ring when a message arrives).
 pub struct UserSrq {
     pub attr: SrqAttr,
-    rq: Mutex<Ring<Wqe>>,
+    rq: Mutex<Producer<Wqe>>,
 }
 
 impl std::fmt::Debug for UserSrq {
@@ -135,7 +180,7 @@ impl std::fmt::Debug for UserSrq {
 }
 
 impl UserSrq {
-    pub fn new(attr: SrqAttr, rq: Ring<Wqe>) -> Self {
+    pub fn new(attr: SrqAttr, rq: Producer<Wqe>) -> Self {
         UserSrq {
             attr,
             rq: Mutex::new(rq),
@@ -150,8 +195,8 @@ impl UserSrq {
         if u32::from(w.num_sge) > self.attr.max_sge.min(MAX_SGE as u32) {
             return Err(VerbsError::Invalid);
         }
-        let rq = self.rq.lock();
-        let used = rq.len().map_err(|_| VerbsError::BadState)?;
+        let mut rq = self.rq.lock();
+        let used = rq.used().map_err(|_| VerbsError::BadState)?;
         if used >= self.attr.max_wr || !rq.push(&w).map_err(|_| VerbsError::BadState)? {
             return Err(VerbsError::QueueFull);
         }
@@ -160,11 +205,16 @@ impl UserSrq {
 
     /// Receive requests queued and not yet taken by a QP.
     pub fn len(&self) -> u32 {
-        self.rq.lock().len().unwrap_or(0)
+        self.rq.lock().used().unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The memory of the ring (see [`UserQp::ring_memory`]).
+    pub fn ring_memory(&self) -> Arc<SharedMem> {
+        self.rq.lock().memory().clone()
     }
 }
 
@@ -174,9 +224,12 @@ pub struct EngineSrq {
     pub pd: u32,
     max_wr: u32,
     max_sge: u32,
-    rq: Mutex<Ring<Wqe>>,
-    limit: std::sync::atomic::AtomicU32,
+    rq: Mutex<Consumer<Wqe>>,
+    limit: AtomicU32,
+    /// The consumer corrupted the ring's index: no receive is taken from it any more.
+    broken: AtomicBool,
     sink: Arc<dyn EventSink>,
+    stats: Arc<RingStats>,
 }
 
 impl std::fmt::Debug for EngineSrq {
@@ -186,34 +239,64 @@ impl std::fmt::Debug for EngineSrq {
 }
 
 impl EngineSrq {
-    pub fn new(pd: u32, attr: SrqAttr, rq: Ring<Wqe>, sink: Arc<dyn EventSink>) -> Self {
+    pub fn new(
+        pd: u32,
+        attr: SrqAttr,
+        rq: Consumer<Wqe>,
+        sink: Arc<dyn EventSink>,
+        stats: Arc<RingStats>,
+    ) -> Self {
         EngineSrq {
             pd,
             max_wr: attr.max_wr,
             max_sge: attr.max_sge,
             rq: Mutex::new(rq),
             limit: attr.limit.into(),
+            broken: AtomicBool::new(false),
             sink,
+            stats,
         }
     }
 
     /// Take the oldest receive. A slot whose scatter list exceeds the SRQ's shape is
-    /// dropped (the consumer wrote it past the uVP's checks) and the next one is tried;
-    /// `Err(RingCorrupt)` when the consumer scribbled on the indices.
-    pub fn take(&self) -> Result<Option<Wqe>, crate::queue::RingCorrupt> {
-        let rq = self.rq.lock();
-        let w = loop {
-            match rq.pop()? {
-                Some(w) if u32::from(w.num_sge) > self.max_sge => {
-                    tracing::warn!(wr_id = w.wr_id, "SRQ entry beyond max_sge dropped");
+    /// dropped (the consumer wrote it past the uVP's checks, counted) and the next one
+    /// is tried, at most a ring's worth per call. `Err(RingCorrupt)` when the consumer
+    /// scribbled on the producer index: the SRQ is then in error for good (`SrqError`
+    /// once), and every later take fails the same way.
+    pub fn take(&self) -> Result<Option<Wqe>, RingCorrupt> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(RingCorrupt);
+        }
+        let mut rq = self.rq.lock();
+        let mut taken = None;
+        let mut result = Ok(());
+        for _ in 0..rq.capacity() {
+            match rq.pop() {
+                Ok(Some(w)) if u32::from(w.num_sge) > self.max_sge => {
+                    RingStats::count(&self.stats.srq_dropped);
+                    crate::warn_limited!(wr_id = w.wr_id, "SRQ entry beyond max_sge dropped");
                 }
-                other => break other,
+                Ok(w) => {
+                    taken = w;
+                    break;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let left = match result.and_then(|()| rq.len()) {
+            Ok(n) => n,
+            Err(e) => {
+                drop(rq);
+                self.fail();
+                return Err(e);
             }
         };
-        let left = rq.len()?;
         drop(rq);
         let limit = self.limit.load(Ordering::Acquire);
-        if w.is_some()
+        if taken.is_some()
             && limit > 0
             && left < limit
             && self
@@ -223,7 +306,16 @@ impl EngineSrq {
         {
             self.sink.deliver(Event::new(EventKind::SrqLimitReached));
         }
-        Ok(w)
+        Ok(taken)
+    }
+
+    fn fail(&self) {
+        if !self.broken.swap(true, Ordering::AcqRel) {
+            RingStats::count(&self.stats.wq_corrupt);
+            crate::warn_limited!(pd = self.pd, "SRQ ring indices corrupt: SRQ in error");
+            self.sink
+                .deliver(Event::new(EventKind::SrqError).with_status(libc::EIO));
+        }
     }
 
     /// Arm the limit event (0 disarms); `Invalid` when it exceeds the SRQ's size.
@@ -255,7 +347,7 @@ impl EngineSrq {
 
 /// The consumer's view of one completion ring.
 pub struct UserCq {
-    ring: Mutex<Ring<Cqe>>,
+    ring: Mutex<Consumer<Cqe>>,
 }
 
 impl std::fmt::Debug for UserCq {
@@ -265,7 +357,7 @@ impl std::fmt::Debug for UserCq {
 }
 
 impl UserCq {
-    pub fn new(ring: Ring<Cqe>) -> Self {
+    pub fn new(ring: Consumer<Cqe>) -> Self {
         UserCq {
             ring: Mutex::new(ring),
         }
@@ -273,7 +365,7 @@ impl UserCq {
 
     /// Take up to `out.len()` completions; returns how many were written.
     pub fn poll(&self, out: &mut [Cqe]) -> usize {
-        let ring = self.ring.lock();
+        let mut ring = self.ring.lock();
         let mut n = 0;
         while n < out.len() {
             match ring.pop() {
@@ -283,9 +375,9 @@ impl UserCq {
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    // The engine never corrupts its own producer index; a bad index means
-                    // our own consumer index was scribbled on. Resynchronise.
-                    ring.clear();
+                    // The engine never corrupts its producer index; something else in
+                    // this process scribbled on the ring. Resynchronise.
+                    ring.resync();
                     break;
                 }
             }
@@ -307,14 +399,25 @@ impl UserCq {
     pub fn is_empty(&self) -> bool {
         self.ring.lock().is_empty()
     }
+
+    /// The memory of the ring (see [`UserQp::ring_memory`]).
+    pub fn ring_memory(&self) -> Arc<SharedMem> {
+        self.ring.lock().memory().clone()
+    }
 }
 
 /// The engine's end of a completion ring.
 pub struct EngineCq {
-    ring: Mutex<Ring<Cqe>>,
+    ring: Mutex<Producer<Cqe>>,
     sink: Arc<dyn EventSink>,
+    stats: Arc<RingStats>,
     pushed: AtomicU64,
     overflows: AtomicU64,
+    /// A `CqError` for the current overflow was raised (cleared by the next completion
+    /// that fits), so a consumer that never polls raises one event, not one per loss.
+    overflow_reported: AtomicBool,
+    /// The consumer corrupted the ring's index: nothing is written to it any more.
+    broken: AtomicBool,
 }
 
 impl std::fmt::Debug for EngineCq {
@@ -326,29 +429,54 @@ impl std::fmt::Debug for EngineCq {
 }
 
 impl EngineCq {
-    pub fn new(ring: Ring<Cqe>, sink: Arc<dyn EventSink>) -> Self {
+    pub fn new(ring: Producer<Cqe>, sink: Arc<dyn EventSink>, stats: Arc<RingStats>) -> Self {
         EngineCq {
             ring: Mutex::new(ring),
             sink,
+            stats,
             pushed: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
+            overflow_reported: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
         }
     }
 
-    /// Append a completion. On overflow (or a consumer that corrupted the ring) the
-    /// completion is lost, the overflow counted, a `CqError` event raised, and `false`
-    /// returned so the caller can move the QP to the error state.
+    /// Append a completion. When it does not fit — the CQ is full, or in error because
+    /// the consumer corrupted its index — the completion is lost and counted, a
+    /// `CqError` event raised (once per overflow, once for good on corruption), and
+    /// `false` returned so the caller can move the QP to the error state.
     pub fn push(&self, cqe: Cqe) -> bool {
-        let ring = self.ring.lock();
-        let ok = matches!(ring.push(&cqe), Ok(true));
-        if !ok {
-            drop(ring);
-            self.overflows.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(wr_id = cqe.wr_id, "completion queue overflow");
-            self.sink
-                .deliver(Event::new(EventKind::CqError).with_status(libc::EOVERFLOW));
+        if self.broken.load(Ordering::Acquire) {
+            RingStats::count(&self.stats.cqe_lost);
             return false;
         }
+        let mut ring = self.ring.lock();
+        match ring.push(&cqe) {
+            Ok(true) => {}
+            Ok(false) => {
+                drop(ring);
+                self.overflows.fetch_add(1, Ordering::Relaxed);
+                RingStats::count(&self.stats.cqe_lost);
+                if !self.overflow_reported.swap(true, Ordering::AcqRel) {
+                    crate::warn_limited!(wr_id = cqe.wr_id, "completion queue overflow");
+                    self.sink
+                        .deliver(Event::new(EventKind::CqError).with_status(libc::EOVERFLOW));
+                }
+                return false;
+            }
+            Err(RingCorrupt) => {
+                drop(ring);
+                RingStats::count(&self.stats.cqe_lost);
+                if !self.broken.swap(true, Ordering::AcqRel) {
+                    RingStats::count(&self.stats.cq_corrupt);
+                    crate::warn_limited!("completion ring index corrupt: CQ in error");
+                    self.sink
+                        .deliver(Event::new(EventKind::CqError).with_status(libc::EIO));
+                }
+                return false;
+            }
+        }
+        self.overflow_reported.store(false, Ordering::Release);
         self.pushed.fetch_add(1, Ordering::Relaxed);
         let special = cqe.flags & wc_flags::SOLICITED != 0 || cqe.status != WcStatus::Success as u8;
         if ring.take_notify(special) {
@@ -369,7 +497,7 @@ impl EngineCq {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::{ring_bytes, SharedMem};
+    use crate::queue::{ring_bytes, Ring, SharedMem};
     use std::sync::atomic::AtomicUsize;
 
     struct CountBell(AtomicUsize);
@@ -379,11 +507,19 @@ mod tests {
         }
     }
 
+    fn recorder() -> (Arc<Mutex<Vec<EventKind>>>, Arc<dyn EventSink>) {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ev2 = events.clone();
+        (events, Arc::new(move |e: Event| ev2.lock().push(e.kind)))
+    }
+
     #[test]
     fn post_respects_caps() {
         let mem = Arc::new(SharedMem::create("q", 2 * ring_bytes::<Wqe>(4)).unwrap());
-        let sq = Ring::attach(mem.clone(), 0, 4).unwrap();
-        let rq = Ring::attach(mem.clone(), ring_bytes::<Wqe>(4).div_ceil(64) * 64, 4).unwrap();
+        let sq = Ring::attach(mem.clone(), 0, 4).unwrap().producer();
+        let rq = Ring::attach(mem.clone(), ring_bytes::<Wqe>(4).div_ceil(64) * 64, 4)
+            .unwrap()
+            .producer();
         let bell = Arc::new(CountBell(AtomicUsize::new(0)));
         let caps = QpCaps {
             max_send_wr: 2,
@@ -415,29 +551,48 @@ mod tests {
         assert_eq!(bell.0.load(Ordering::Relaxed), 2);
     }
 
-    #[test]
-    fn srq_shares_receives_and_fires_its_limit_once() {
-        let mem = Arc::new(SharedMem::create("s", ring_bytes::<Wqe>(8)).unwrap());
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let ev2 = events.clone();
-        let sink: Arc<dyn EventSink> = Arc::new(move |e: Event| ev2.lock().push(e.kind));
+    fn srq(
+        cap: u32,
+        max_sge: u32,
+    ) -> (
+        EngineSrq,
+        UserSrq,
+        Arc<RingStats>,
+        Arc<Mutex<Vec<EventKind>>>,
+    ) {
+        let mem = Arc::new(SharedMem::create("s", ring_bytes::<Wqe>(cap)).unwrap());
+        let (events, sink) = recorder();
         let attr = SrqAttr {
-            max_wr: 8,
-            max_sge: 1,
+            max_wr: cap,
+            max_sge,
             limit: 0,
         };
-        let eng = EngineSrq::new(1, attr, Ring::attach(mem.clone(), 0, 8).unwrap(), sink);
-        let user = UserSrq::new(attr, Ring::attach(mem, 0, 8).unwrap());
-        let sge = crate::Sge {
-            addr: 1,
-            length: 1,
-            lkey: 1,
-        };
+        let stats = Arc::new(RingStats::default());
+        let eng = EngineSrq::new(
+            1,
+            attr,
+            Ring::attach(mem.clone(), 0, cap).unwrap().consumer(),
+            sink,
+            stats.clone(),
+        );
+        let user = UserSrq::new(attr, Ring::attach(mem, 0, cap).unwrap().producer());
+        (eng, user, stats, events)
+    }
+
+    const SGE: crate::Sge = crate::Sge {
+        addr: 1,
+        length: 1,
+        lkey: 1,
+    };
+
+    #[test]
+    fn srq_shares_receives_and_fires_its_limit_once() {
+        let (eng, user, _, events) = srq(8, 1);
         for i in 0..4 {
-            user.post_recv(&Wqe::recv(i, &[sge])).unwrap();
+            user.post_recv(&Wqe::recv(i, &[SGE])).unwrap();
         }
         assert_eq!(
-            user.post_recv(&Wqe::recv(9, &[sge, sge])),
+            user.post_recv(&Wqe::recv(9, &[SGE, SGE])),
             Err(VerbsError::Invalid)
         );
         assert_eq!(eng.arm(9), Err(VerbsError::Invalid));
@@ -452,33 +607,105 @@ mod tests {
         assert!(eng.take().unwrap().is_none());
     }
 
+    /// The consumer's own view of a ring's header words, to play a hostile consumer.
+    fn header(mem: &SharedMem) -> (&AtomicU32, &AtomicU32) {
+        // SAFETY: the producer and consumer words are 4-aligned u32s at offsets 0 and 64
+        // of a mapping at least a ring header long; atomics tolerate the other side.
+        unsafe {
+            (
+                &*(mem.as_ptr() as *const AtomicU32),
+                &*(mem.as_ptr().add(64) as *const AtomicU32),
+            )
+        }
+    }
+
     #[test]
-    fn cq_overflow_is_reported() {
-        let mem = Arc::new(SharedMem::create("c", ring_bytes::<Cqe>(2)).unwrap());
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let ev2 = events.clone();
-        let sink: Arc<dyn EventSink> = Arc::new(move |e: Event| ev2.lock().push(e.kind));
-        let eng = EngineCq::new(Ring::attach(mem.clone(), 0, 2).unwrap(), sink);
-        let user = UserCq::new(Ring::attach(mem, 0, 2).unwrap());
+    fn srq_take_is_bounded_and_a_corrupt_ring_is_an_error() {
+        let (eng, user, stats, events) = srq(4, 1);
+        let mem = user.ring_memory();
+        let (prod, cons) = header(&mem);
+        // Four entries beyond max_sge, and the consumer keeps the ring full of them.
+        for i in 0..4 {
+            let mut w = Wqe::recv(i, &[SGE]);
+            w.num_sge = 3;
+            // SAFETY: slot i of the ring, inside the mapping; no other writer.
+            unsafe {
+                std::ptr::write_volatile(
+                    mem.as_ptr()
+                        .add(crate::queue::RING_HEADER + i as usize * std::mem::size_of::<Wqe>())
+                        as *mut Wqe,
+                    w,
+                )
+            };
+        }
+        prod.store(4, Ordering::Release);
+        assert!(eng.take().unwrap().is_none(), "nothing usable");
+        prod.store(cons.load(Ordering::Acquire) + 4, Ordering::Release);
+        assert!(eng.take().unwrap().is_none(), "one ring's worth per call");
+        assert_eq!(stats.srq_dropped.load(Ordering::Relaxed), 8);
+        prod.store(cons.load(Ordering::Acquire) + 5, Ordering::Release);
+        assert_eq!(eng.take(), Err(RingCorrupt));
+        prod.store(cons.load(Ordering::Acquire), Ordering::Release);
+        assert_eq!(eng.take(), Err(RingCorrupt), "stays in error");
+        assert_eq!(*events.lock(), vec![EventKind::SrqError]);
+        assert_eq!(stats.wq_corrupt.load(Ordering::Relaxed), 1);
+    }
+
+    fn cq(cap: u32) -> (EngineCq, UserCq, Arc<RingStats>, Arc<Mutex<Vec<EventKind>>>) {
+        let mem = Arc::new(SharedMem::create("c", ring_bytes::<Cqe>(cap)).unwrap());
+        let (events, sink) = recorder();
+        let stats = Arc::new(RingStats::default());
+        let eng = EngineCq::new(
+            Ring::attach(mem.clone(), 0, cap).unwrap().producer(),
+            sink,
+            stats.clone(),
+        );
+        let user = UserCq::new(Ring::attach(mem, 0, cap).unwrap().consumer());
+        (eng, user, stats, events)
+    }
+
+    fn cqe(wr_id: u64) -> Cqe {
+        Cqe {
+            wr_id,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cq_overflow_is_reported_once_per_overflow() {
+        let (eng, user, stats, events) = cq(2);
         user.arm(false);
-        assert!(eng.push(Cqe {
-            wr_id: 1,
-            ..Default::default()
-        }));
-        assert!(eng.push(Cqe {
-            wr_id: 2,
-            ..Default::default()
-        }));
-        assert!(!eng.push(Cqe {
-            wr_id: 3,
-            ..Default::default()
-        }));
+        assert!(eng.push(cqe(1)));
+        assert!(eng.push(cqe(2)));
+        for i in 3..100 {
+            assert!(!eng.push(cqe(i)));
+        }
         assert_eq!(
             *events.lock(),
             vec![EventKind::CqNotify, EventKind::CqError]
         );
         let mut out = [Cqe::default(); 4];
         assert_eq!(user.poll(&mut out), 2);
-        assert_eq!(eng.overflows(), 1);
+        assert_eq!(eng.overflows(), 97);
+        assert_eq!(stats.cqe_lost.load(Ordering::Relaxed), 97);
+        assert!(eng.push(cqe(100)), "recovers once polled");
+        assert!(eng.push(cqe(101)));
+        assert!(!eng.push(cqe(102)));
+        assert_eq!(events.lock().len(), 3, "a new overflow, a new event");
+    }
+
+    #[test]
+    fn cq_with_a_corrupt_index_goes_to_error_for_good() {
+        let (eng, user, stats, events) = cq(4);
+        assert!(eng.push(cqe(1)));
+        let mem = user.ring_memory();
+        let (_, cons) = header(&mem);
+        cons.store(77, Ordering::Release);
+        assert!(!eng.push(cqe(2)));
+        cons.store(1, Ordering::Release);
+        assert!(!eng.push(cqe(3)), "stays in error");
+        assert_eq!(*events.lock(), vec![EventKind::CqError]);
+        assert_eq!(stats.cq_corrupt.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.cqe_lost.load(Ordering::Relaxed), 2);
     }
 }

@@ -44,7 +44,7 @@
 //!     fn alloc_pd(&self) -> Result<u32> { Ok(1) }
 //!     fn dealloc_pd(&self, _pd: u32) {}
 //!     fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
-//!         Ok(Arc::new(SkelCq(EngineCq::new(init.ring, init.sink))))
+//!         Ok(Arc::new(SkelCq(EngineCq::new(init.ring, init.sink, init.stats))))
 //!     }
 //!     fn create_qp(&self, _init: QpInit) -> Result<Arc<dyn ProviderQp>> {
 //!         Err(VerbsError::Unsupported) // a real provider starts its QP engine here
@@ -69,20 +69,23 @@
 pub mod error;
 pub mod event;
 pub mod fastpath;
+pub mod ids;
 pub mod memory;
 pub mod provider;
 pub mod queue;
+pub mod ratelimit;
 pub mod types;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
 pub use event::{Event, EventKind, EventSink, NullSink};
-pub use fastpath::{Doorbell, EngineCq, EngineSrq, UserCq, UserQp, UserSrq};
+pub use fastpath::{Doorbell, EngineCq, EngineSrq, RingStats, UserCq, UserQp, UserSrq};
+pub use ids::IdAllocator;
 pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region};
 pub use provider::{
     Counter, CqInit, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp, ProviderSrq,
     QpInit, Route, SrqInit,
 };
-pub use queue::{QpRingLayout, Ring, RingCorrupt, SharedMem};
+pub use queue::{Consumer, Producer, QpRingLayout, Ring, RingCorrupt, RingMemError, SharedMem};
 pub use types::*;
 pub use wr::*;

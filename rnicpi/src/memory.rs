@@ -19,6 +19,10 @@ pub trait MemoryAccess: Send + Sync + std::fmt::Debug {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()>;
     /// Copy `data` to consumer address `addr`.
     fn write(&self, addr: u64, data: &[u8]) -> Result<()>;
+    /// Bytes of this process's address space the accessor maps (0 when it copies).
+    fn mapped_bytes(&self) -> u64 {
+        0
+    }
     /// Read-modify-write of an aligned 64-bit word (RDMA atomics). Atomic with respect
     /// to other RDMA atomics through this accessor (verbs `ATOMIC_HCA` semantics).
     fn atomic(&self, addr: u64, op: &mut dyn FnMut(u64) -> u64) -> Result<u64> {

@@ -7,9 +7,9 @@
 
 use crate::error::Result;
 use crate::event::EventSink;
-use crate::fastpath::{EngineCq, EngineSrq};
+use crate::fastpath::{EngineCq, EngineSrq, RingStats};
 use crate::memory::{MemoryAccess, Region};
-use crate::queue::Ring;
+use crate::queue::{Consumer, Producer};
 use crate::types::{
     Access, ConnParam, DeviceAttr, PortAttr, QpAttr, QpAttrMask, QpCaps, QpType, SrqAttr,
 };
@@ -26,9 +26,11 @@ pub struct CqInit {
     /// Granted depth (a power of two).
     pub depth: u32,
     /// The engine's end of the shared completion ring.
-    pub ring: Ring<Cqe>,
+    pub ring: Producer<Cqe>,
     /// Receives `CqNotify` and `CqError` for this CQ.
     pub sink: Arc<dyn EventSink>,
+    /// Where lost completions and a corrupt ring are counted.
+    pub stats: Arc<RingStats>,
 }
 
 /// What a provider needs to build a queue pair.
@@ -41,13 +43,15 @@ pub struct QpInit {
     /// Granted sizes (the kAL has already clamped them to the device limits).
     pub caps: QpCaps,
     /// The engine's end of the shared send ring.
-    pub sq: Ring<Wqe>,
+    pub sq: Consumer<Wqe>,
     /// The engine's end of the shared receive ring (unused when `srq` is set).
-    pub rq: Ring<Wqe>,
+    pub rq: Consumer<Wqe>,
     /// The shared receive queue the QP takes its receives from, if any.
     pub srq: Option<Arc<dyn ProviderSrq>>,
     /// Receives affiliated asynchronous and connection events of this QP.
     pub sink: Arc<dyn EventSink>,
+    /// Where a corrupt ring and a spent drain budget are counted.
+    pub stats: Arc<RingStats>,
 }
 
 /// What a provider needs to build a shared receive queue.
@@ -57,9 +61,11 @@ pub struct SrqInit {
     /// Granted shape (`max_wr` is the ring's capacity, a power of two).
     pub attr: SrqAttr,
     /// The engine's end of the shared receive ring.
-    pub rq: Ring<Wqe>,
+    pub rq: Consumer<Wqe>,
     /// Receives `SrqLimitReached` and `SrqError` for this SRQ.
     pub sink: Arc<dyn EventSink>,
+    /// Where dropped entries and a corrupt ring are counted.
+    pub stats: Arc<RingStats>,
 }
 
 /// A verbs device as the kAL drives it (the privileged RNIC-PI).
@@ -106,6 +112,12 @@ pub trait Provider: Send + Sync + 'static {
     ) -> Result<Arc<Region>>;
     fn dereg_mr(&self, stag: u32) -> Result<()>;
 
+    /// Threads the provider runs for each connection (a connected QP, or one being set
+    /// up): the kAL charges them to the user's thread quota.
+    fn threads_per_connection(&self) -> u32 {
+        0
+    }
+
     /// Listen for connection requests on `addr`. `ConnectRequest` events go to `sink`.
     fn listen(
         &self,
@@ -138,8 +150,24 @@ pub trait ProviderQp: Send + Sync + 'static {
     fn qp_num(&self) -> u32;
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
     fn query(&self) -> QpAttr;
-    /// The consumer added entries to the send or receive ring. Must not block for long:
-    /// a provider may process a little inline and hand the rest to its engine thread.
+    /// The consumer added entries to the send or receive ring.
+    ///
+    /// Called in the consumer's own thread (embedded mode) or on the kAL's doorbell
+    /// thread of the consumer's context (daemon mode). The contract:
+    ///
+    /// * it **must not block on anything a tenant or a remote peer controls**: no
+    ///   blocking socket write (a peer that stops reading), no wait for another QP's
+    ///   lock held across such I/O, no unbounded wait for consumer memory that another
+    ///   tenant's thread may hold;
+    /// * its work is **bounded** whatever the rings say: at most a ring's capacity of
+    ///   entries taken (local operations such as `LocalInv` and `BindMw` included), the
+    ///   rest handed to the provider's own engine thread;
+    /// * a ring whose indices make no sense moves the QP to Error with an affiliated
+    ///   event and a counter ([`RingStats`]), never a loop.
+    ///
+    /// A provider may transmit a little inline (lower latency) as long as that transmit
+    /// cannot block: a non-blocking send that hands the rest to its engine thread on
+    /// `EAGAIN`.
     fn doorbell(&self);
     /// Active connect (iWARP: TCP + MPA; IB: CM REQ). Completion arrives as an
     /// `Established`, `Rejected` or `Unreachable` event on the QP's sink.

@@ -6,17 +6,51 @@
 //! system call. A ring is a single-producer / single-consumer queue of fixed-size
 //! plain-old-data slots behind a small header of free-running 32-bit indices.
 //!
-//! The memory is a `memfd` mapping: in embedded mode both sides map it in one
-//! process; in daemon mode the consumer creates it and the daemon takes a copy of
-//! the descriptor (`pidfd_getfd`) and maps it too. The other side may be hostile:
-//! every index read from the header is validated, capacities are kept privately,
-//! and slots are copied out before they are looked at.
+//! The memory is a sealed `memfd`: in embedded mode both sides map it in one process;
+//! in daemon mode the consumer creates it and the daemon takes a copy of the descriptor
+//! (`pidfd_getfd`) and maps it too. The other side may be hostile:
+//!
+//! * the file must be a memfd sealed against shrinking, growing and further sealing
+//!   ([`SharedMem::from_fd`] refuses anything else), so the consumer can never truncate
+//!   it under the daemon and turn the daemon's next ring access into a SIGBUS;
+//! * each side is either the [`Producer`] or the [`Consumer`] of a ring and keeps **its
+//!   own index privately**: it writes it to the header for the other side, and never
+//!   reads it back. Only the other side's index is read from shared memory, and an
+//!   index that puts more than `capacity` entries between the two is [`RingCorrupt`];
+//! * slots are copied out once before they are looked at, and capacities are private.
 
 use crate::error::{Result, VerbsError};
 use bytemuck::Pod;
 use std::marker::PhantomData;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The seals a ring's memfd must carry: its size can never change again, and nobody can
+/// add a seal (such as `F_SEAL_WRITE`) that would make the daemon's mapping fault.
+pub const RING_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// Why a descriptor was refused as the memory of a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RingMemError {
+    /// Not a memfd (no seals can be read: a regular file, a socket, a FUSE file, ...).
+    #[error("ring memory is not a memfd")]
+    NotMemfd,
+    /// A memfd without the seals of [`RING_SEALS`].
+    #[error("ring memfd is not sealed against shrinking, growing and sealing (seals {0:#x})")]
+    NotSealed(i32),
+    /// Smaller than the ring needs (or a zero-length ring).
+    #[error("ring memfd holds {have} bytes, the ring needs {need}")]
+    TooSmall { have: u64, need: u64 },
+    /// The kernel refused to map it (for instance a write seal).
+    #[error("ring memfd cannot be mapped shared and writable (errno {0})")]
+    Map(i32),
+}
+
+impl From<RingMemError> for VerbsError {
+    fn from(_: RingMemError) -> Self {
+        VerbsError::Invalid
+    }
+}
 
 /// A mapping of a memfd, shared between the consumer and the engine.
 pub struct SharedMem {
@@ -32,12 +66,23 @@ impl std::fmt::Debug for SharedMem {
     }
 }
 
+/// The seals of `fd`, or `None` when it is not a memfd (nor another sealable shmem file).
+fn seals_of(fd: BorrowedFd<'_>) -> Option<i32> {
+    // SAFETY: F_GET_SEALS only reads the seals of the file behind a descriptor we hold;
+    // on a file that is not shmem or hugetlbfs it fails with EINVAL and touches nothing
+    // (it never reaches a FUSE server or any other file system's code).
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    (seals >= 0).then_some(seals)
+}
+
 impl SharedMem {
-    /// Create a new zero-filled memfd of `len` bytes and map it.
+    /// Create a new zero-filled memfd of `len` bytes, sealed as [`RING_SEALS`], and map it.
     pub fn create(name: &str, len: usize) -> Result<Self> {
         let cname = std::ffi::CString::new(name).map_err(|_| VerbsError::Invalid)?;
         // SAFETY: memfd_create takes a valid NUL-terminated string and flags; it returns a new fd or -1.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(std::io::Error::last_os_error().into());
         }
@@ -45,21 +90,41 @@ impl SharedMem {
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
         let file = std::fs::File::from(fd);
         file.set_len(len as u64)?;
-        Self::map(file.into(), len)
+        // SAFETY: F_ADD_SEALS on a memfd we own, with seal bits only.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, RING_SEALS) } < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Self::map(file.into(), len).map_err(VerbsError::from)
     }
 
-    /// Map an existing memfd (received from the other side) of at least `len` bytes.
-    pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Self> {
+    /// Map a memfd received from the other side, of at least `len` bytes. Refused unless
+    /// it is a memfd sealed as [`RING_SEALS`]: then its size is fixed for good and the
+    /// mapping can never lose its pages under us. The seals are checked before anything
+    /// else touches the file.
+    pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Self, RingMemError> {
+        let seals = seals_of(fd.as_fd()).ok_or(RingMemError::NotMemfd)?;
+        if seals & RING_SEALS != RING_SEALS {
+            return Err(RingMemError::NotSealed(seals));
+        }
         let file = std::fs::File::from(fd);
-        let actual = file.metadata()?.len();
-        if actual < len as u64 || len == 0 {
-            return Err(VerbsError::Invalid);
+        let have = file
+            .metadata()
+            .map_err(|e| RingMemError::Map(e.raw_os_error().unwrap_or(libc::EIO)))?
+            .len();
+        if have < len as u64 || len == 0 {
+            return Err(RingMemError::TooSmall {
+                have,
+                need: len as u64,
+            });
         }
         Self::map(file.into(), len)
     }
 
-    fn map(fd: OwnedFd, len: usize) -> Result<Self> {
-        let map = memmap2::MmapOptions::new().len(len).map_raw(&fd)?;
+    fn map(fd: OwnedFd, len: usize) -> Result<Self, RingMemError> {
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_raw(&fd)
+            .map_err(|e| RingMemError::Map(e.raw_os_error().unwrap_or(libc::EIO)))?;
         Ok(SharedMem { map, fd })
     }
 
@@ -103,20 +168,22 @@ pub fn ring_capacity(requested: u32) -> Option<u32> {
     requested.max(1).checked_next_power_of_two()
 }
 
-/// An SPSC ring of `T` slots in shared memory. Each side keeps its own `Ring` view;
-/// callers serialise producers among themselves and consumers among themselves.
+/// An SPSC ring of `T` slots in shared memory, not yet given a side: turn it into the
+/// [`Producer`] or the [`Consumer`] end, each of which keeps its own index privately.
 pub struct Ring<T: Pod> {
     base: *mut u8,
     cap: u32,
-    _mem: std::sync::Arc<SharedMem>,
+    mem: std::sync::Arc<SharedMem>,
     _t: PhantomData<T>,
 }
 
-// SAFETY: the ring only touches the shared mapping through atomics and raw
-// volatile copies, and the Arc keeps the mapping alive as long as the view.
+// SAFETY: the ring only touches the shared mapping through atomics and raw volatile
+// copies, never through references into it, and the Arc keeps the mapping alive as long
+// as the view. The mapping's pages cannot go away under it either: `SharedMem` maps only
+// memfds sealed against shrinking (`RING_SEALS`).
 unsafe impl<T: Pod> Send for Ring<T> {}
-// SAFETY: as above; concurrent use from several threads is serialised by callers
-// (documented contract), and no reference into the mapping is ever handed out.
+// SAFETY: as above; the ends that mutate (`Producer`, `Consumer`) need `&mut self` for
+// it, and every `&self` method only reads or atomically updates the shared words.
 unsafe impl<T: Pod> Sync for Ring<T> {}
 
 impl<T: Pod> std::fmt::Debug for Ring<T> {
@@ -148,7 +215,7 @@ impl<T: Pod> Ring<T> {
         Ok(Ring {
             base,
             cap: capacity,
-            _mem: mem,
+            mem,
             _t: PhantomData,
         })
     }
@@ -169,62 +236,153 @@ impl<T: Pod> Ring<T> {
         self.cap
     }
 
-    /// Entries queued and not yet consumed, or `RingCorrupt` when the indices disagree.
-    pub fn len(&self) -> Result<u32, RingCorrupt> {
-        let p = self.word(PRODUCER).load(Ordering::Acquire);
-        let c = self.word(CONSUMER).load(Ordering::Acquire);
-        let n = p.wrapping_sub(c);
-        if n > self.cap {
+    /// The memory the ring lives in.
+    pub fn memory(&self) -> &std::sync::Arc<SharedMem> {
+        &self.mem
+    }
+
+    /// Become the producing end; its index starts where the header says now and is kept
+    /// privately from here on.
+    pub fn producer(self) -> Producer<T> {
+        let head = self.word(PRODUCER).load(Ordering::Acquire);
+        Producer { ring: self, head }
+    }
+
+    /// Become the consuming end; its index starts where the header says now and is kept
+    /// privately from here on.
+    pub fn consumer(self) -> Consumer<T> {
+        let tail = self.word(CONSUMER).load(Ordering::Acquire);
+        Consumer { ring: self, tail }
+    }
+}
+
+/// The producing end of a ring: the consumer's index is read from shared memory, our own
+/// is private (`head`) and only ever written there.
+pub struct Producer<T: Pod> {
+    ring: Ring<T>,
+    head: u32,
+}
+
+impl<T: Pod> std::fmt::Debug for Producer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("cap", &self.ring.cap)
+            .field("head", &self.head)
+            .finish()
+    }
+}
+
+impl<T: Pod> Producer<T> {
+    pub fn capacity(&self) -> u32 {
+        self.ring.cap
+    }
+
+    /// The memory the ring lives in.
+    pub fn memory(&self) -> &std::sync::Arc<SharedMem> {
+        &self.ring.mem
+    }
+
+    /// Entries produced and not yet consumed, or `RingCorrupt` when the consumer's index
+    /// is ahead of ours or more than a ring behind.
+    pub fn used(&self) -> Result<u32, RingCorrupt> {
+        let c = self.ring.word(CONSUMER).load(Ordering::Acquire);
+        let n = self.head.wrapping_sub(c);
+        if n > self.ring.cap {
             Err(RingCorrupt)
         } else {
             Ok(n)
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        matches!(self.len(), Ok(0))
-    }
-
-    /// Producer side: append one entry; `Ok(false)` when the ring is full.
-    pub fn push(&self, item: &T) -> Result<bool, RingCorrupt> {
-        let p = self.word(PRODUCER).load(Ordering::Relaxed);
-        let c = self.word(CONSUMER).load(Ordering::Acquire);
-        let used = p.wrapping_sub(c);
-        if used > self.cap {
-            return Err(RingCorrupt);
-        }
-        if used == self.cap {
+    /// Append one entry; `Ok(false)` when the ring is full.
+    pub fn push(&mut self, item: &T) -> Result<bool, RingCorrupt> {
+        if self.used()? == self.ring.cap {
             return Ok(false);
         }
         // SAFETY: the slot is inside the ring; the consumer does not read it until the
         // producer index below is published; a volatile write tolerates a hostile reader.
-        unsafe { std::ptr::write_volatile(self.slot(p), *item) };
-        self.word(PRODUCER)
-            .store(p.wrapping_add(1), Ordering::Release);
+        unsafe { std::ptr::write_volatile(self.ring.slot(self.head), *item) };
+        self.head = self.head.wrapping_add(1);
+        self.ring.word(PRODUCER).store(self.head, Ordering::Release);
         Ok(true)
     }
 
-    /// Consumer side: copy out the oldest entry without consuming it.
+    /// Completion rings, engine side: whether a completion with the given solicited
+    /// (or error) property fires the consumer's armed notification; disarms when it does.
+    pub fn take_notify(&self, solicited_or_error: bool) -> bool {
+        let w = self.ring.word(NOTIFY);
+        let cur = w.load(Ordering::Acquire);
+        let fire = cur == notify::NEXT || (cur == notify::SOLICITED && solicited_or_error);
+        fire && w
+            .compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+/// The consuming end of a ring: the producer's index is read from shared memory, our own
+/// is private (`tail`) and only ever written there.
+pub struct Consumer<T: Pod> {
+    ring: Ring<T>,
+    tail: u32,
+}
+
+impl<T: Pod> std::fmt::Debug for Consumer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("cap", &self.ring.cap)
+            .field("tail", &self.tail)
+            .finish()
+    }
+}
+
+impl<T: Pod> Consumer<T> {
+    pub fn capacity(&self) -> u32 {
+        self.ring.cap
+    }
+
+    /// The memory the ring lives in.
+    pub fn memory(&self) -> &std::sync::Arc<SharedMem> {
+        &self.ring.mem
+    }
+
+    /// Entries queued and not yet consumed (at most `capacity`), or `RingCorrupt` when
+    /// the producer's index is behind ours or more than a ring ahead.
+    pub fn len(&self) -> Result<u32, RingCorrupt> {
+        let p = self.ring.word(PRODUCER).load(Ordering::Acquire);
+        let n = p.wrapping_sub(self.tail);
+        if n > self.ring.cap {
+            Err(RingCorrupt)
+        } else {
+            Ok(n)
+        }
+    }
+
+    /// Whether nothing is queued (a corrupt ring counts as empty).
+    pub fn is_empty(&self) -> bool {
+        matches!(self.len(), Ok(0) | Err(_))
+    }
+
+    /// Copy out the oldest entry without consuming it.
     pub fn peek(&self) -> Result<Option<T>, RingCorrupt> {
         if self.len()? == 0 {
             return Ok(None);
         }
-        let c = self.word(CONSUMER).load(Ordering::Relaxed);
         // SAFETY: the slot is inside the ring and was published by the producer's
         // release store (acquired in len()); the copy is taken once and then validated
         // by the caller, so a hostile producer rewriting it cannot cause a TOCTOU.
-        Ok(Some(unsafe { std::ptr::read_volatile(self.slot(c)) }))
+        Ok(Some(unsafe {
+            std::ptr::read_volatile(self.ring.slot(self.tail))
+        }))
     }
 
-    /// Consumer side: drop the oldest entry (after `peek`).
-    pub fn advance(&self) {
-        let c = self.word(CONSUMER).load(Ordering::Relaxed);
-        self.word(CONSUMER)
-            .store(c.wrapping_add(1), Ordering::Release);
+    /// Drop the oldest entry (after a `peek` that returned one).
+    pub fn advance(&mut self) {
+        self.tail = self.tail.wrapping_add(1);
+        self.ring.word(CONSUMER).store(self.tail, Ordering::Release);
     }
 
-    /// Consumer side: take the oldest entry.
-    pub fn pop(&self) -> Result<Option<T>, RingCorrupt> {
+    /// Take the oldest entry.
+    pub fn pop(&mut self) -> Result<Option<T>, RingCorrupt> {
         let item = self.peek()?;
         if item.is_some() {
             self.advance();
@@ -232,26 +390,30 @@ impl<T: Pod> Ring<T> {
         Ok(item)
     }
 
-    /// Completion rings: the consumer's arm request ([`notify`] values).
+    /// Take exactly the entries queued now (never more than `capacity`, whatever the
+    /// producer writes meanwhile) and hand each to `f`; returns how many. This is how an
+    /// engine flushes a ring: over a range fixed at the start, never "until empty".
+    pub fn drain_queued(&mut self, mut f: impl FnMut(T)) -> Result<u32, RingCorrupt> {
+        let n = self.len()?;
+        for _ in 0..n {
+            // SAFETY: as in `peek`: the n slots from our index were published before the
+            // producer index we read in len(), and each is copied out once.
+            let item = unsafe { std::ptr::read_volatile(self.ring.slot(self.tail)) };
+            self.advance();
+            f(item);
+        }
+        Ok(n)
+    }
+
+    /// Completion rings, consumer side: request a notification ([`notify`] values).
     pub fn arm(&self, how: u32) {
-        self.word(NOTIFY).store(how, Ordering::Release);
+        self.ring.word(NOTIFY).store(how, Ordering::Release);
     }
 
-    /// Completion rings, engine side: whether a completion with the given solicited
-    /// (or error) property fires the armed notification; disarms when it does.
-    pub fn take_notify(&self, solicited_or_error: bool) -> bool {
-        let w = self.word(NOTIFY);
-        let cur = w.load(Ordering::Acquire);
-        let fire = cur == notify::NEXT || (cur == notify::SOLICITED && solicited_or_error);
-        fire && w
-            .compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Consumer side, for recovery: mark everything produced as consumed.
-    pub fn clear(&self) {
-        let p = self.word(PRODUCER).load(Ordering::Acquire);
-        self.word(CONSUMER).store(p, Ordering::Release);
+    /// Recovery after a corrupt producer index: mark everything produced as consumed.
+    pub fn resync(&mut self) {
+        self.tail = self.ring.word(PRODUCER).load(Ordering::Acquire);
+        self.ring.word(CONSUMER).store(self.tail, Ordering::Release);
     }
 }
 
@@ -288,17 +450,22 @@ mod tests {
     use crate::{Cqe, Wqe, WrOpcode};
     use std::sync::Arc;
 
-    fn ring<T: Pod>(cap: u32) -> (Ring<T>, Ring<T>) {
+    fn ring<T: Pod>(cap: u32) -> (Producer<T>, Consumer<T>) {
         let mem = Arc::new(SharedMem::create("t", ring_bytes::<T>(cap)).unwrap());
         (
-            Ring::attach(mem.clone(), 0, cap).unwrap(),
-            Ring::attach(mem, 0, cap).unwrap(),
+            Ring::attach(mem.clone(), 0, cap).unwrap().producer(),
+            Ring::attach(mem, 0, cap).unwrap().consumer(),
         )
+    }
+
+    /// Another view of the same ring, to write its header as a hostile side would.
+    fn raw<T: Pod>(p: &Producer<T>) -> &Ring<T> {
+        &p.ring
     }
 
     #[test]
     fn fifo_and_full() {
-        let (p, c) = ring::<Cqe>(4);
+        let (mut p, mut c) = ring::<Cqe>(4);
         for i in 0..4 {
             assert!(p
                 .push(&Cqe {
@@ -316,7 +483,7 @@ mod tests {
 
     #[test]
     fn wraps_u32_indices() {
-        let (p, c) = ring::<Wqe>(2);
+        let (mut p, mut c) = ring::<Wqe>(2);
         for i in 0..10_000u64 {
             assert!(p.push(&Wqe::new(i, WrOpcode::Send, &[])).unwrap());
             assert_eq!(c.pop().unwrap().unwrap().wr_id, i);
@@ -325,10 +492,54 @@ mod tests {
 
     #[test]
     fn corrupt_indices_detected() {
-        let (p, c) = ring::<Cqe>(4);
-        p.word(PRODUCER).store(1000, Ordering::Relaxed);
+        let (mut p, mut c) = ring::<Cqe>(4);
+        raw(&p).word(PRODUCER).store(1000, Ordering::Relaxed);
         assert_eq!(c.pop(), Err(RingCorrupt));
+        raw(&p).word(CONSUMER).store(1000, Ordering::Relaxed);
         assert_eq!(p.push(&Cqe::default()), Err(RingCorrupt));
+    }
+
+    #[test]
+    fn own_index_is_never_read_back() {
+        let (mut p, mut c) = ring::<Cqe>(4);
+        assert!(p.push(&Cqe::default()).unwrap());
+        // The consumer rewinds the producer index it does not own: the producer keeps
+        // its own view and sees the consumer's index as ahead of it, i.e. corrupt.
+        raw(&p).word(PRODUCER).store(0, Ordering::Relaxed);
+        assert_eq!(c.len(), Ok(0));
+        assert!(
+            p.push(&Cqe::default()).unwrap(),
+            "producer keeps its own index"
+        );
+        assert_eq!(raw(&p).word(PRODUCER).load(Ordering::Relaxed), 2);
+        // The producer rewinds the consumer index: the consumer keeps its own view.
+        assert_eq!(c.pop().unwrap().map(|_| ()), Some(()));
+        raw(&p).word(CONSUMER).store(0, Ordering::Relaxed);
+        assert_eq!(c.len(), Ok(1));
+    }
+
+    #[test]
+    fn drain_queued_takes_a_fixed_range() {
+        let (mut p, mut c) = ring::<Cqe>(4);
+        for i in 0..3 {
+            assert!(p
+                .push(&Cqe {
+                    wr_id: i,
+                    ..Default::default()
+                })
+                .unwrap());
+        }
+        let mut seen = Vec::new();
+        let producer = raw(&p);
+        let n = c
+            .drain_queued(|e| {
+                seen.push(e.wr_id);
+                // A hostile producer keeps the ring looking full while we flush.
+                let cons = producer.word(CONSUMER).load(Ordering::Relaxed);
+                producer.word(PRODUCER).store(cons + 4, Ordering::Relaxed);
+            })
+            .unwrap();
+        assert_eq!((n, seen), (3, vec![0, 1, 2]));
     }
 
     #[test]
@@ -349,5 +560,80 @@ mod tests {
         assert!(Ring::<Cqe>::attach(mem.clone(), 0, 3).is_err());
         assert!(Ring::<Cqe>::attach(mem.clone(), 0, 1 << 20).is_err());
         assert!(Ring::<Cqe>::attach(mem, 8, 4).is_err());
+    }
+
+    fn memfd(flags: libc::c_uint, len: i64) -> OwnedFd {
+        // SAFETY: a valid NUL-terminated name; returns a new fd or -1 (checked).
+        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), flags) };
+        assert!(fd >= 0);
+        // SAFETY: fresh descriptor; ftruncate on it.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd, len), 0);
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }
+    }
+
+    fn seal(fd: &OwnedFd, seals: i32) {
+        // SAFETY: F_ADD_SEALS on a memfd we own.
+        assert_eq!(
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
+            0
+        );
+    }
+
+    #[test]
+    fn only_sealed_memfds_back_a_ring() {
+        let ok = memfd(libc::MFD_ALLOW_SEALING, 8192);
+        seal(&ok, RING_SEALS);
+        SharedMem::from_fd(ok, 8192).unwrap();
+
+        let unsealed = memfd(0, 8192);
+        assert_eq!(
+            SharedMem::from_fd(unsealed, 8192).unwrap_err(),
+            RingMemError::NotSealed(libc::F_SEAL_SEAL)
+        );
+        let shrink_only = memfd(libc::MFD_ALLOW_SEALING, 8192);
+        seal(&shrink_only, libc::F_SEAL_SHRINK);
+        assert!(matches!(
+            SharedMem::from_fd(shrink_only, 8192),
+            Err(RingMemError::NotSealed(_))
+        ));
+        let small = memfd(libc::MFD_ALLOW_SEALING, 4096);
+        seal(&small, RING_SEALS);
+        assert!(matches!(
+            SharedMem::from_fd(small, 8192),
+            Err(RingMemError::TooSmall { .. })
+        ));
+        let write_sealed = memfd(libc::MFD_ALLOW_SEALING, 8192);
+        seal(&write_sealed, libc::F_SEAL_WRITE | RING_SEALS);
+        assert!(matches!(
+            SharedMem::from_fd(write_sealed, 8192),
+            Err(RingMemError::Map(_))
+        ));
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(
+            SharedMem::from_fd(file.into(), 8192).unwrap_err(),
+            RingMemError::NotMemfd
+        );
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two new descriptors into the array; we own both.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors nobody else owns.
+        let (r, _w) = unsafe {
+            use std::os::fd::FromRawFd;
+            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+        };
+        assert_eq!(
+            SharedMem::from_fd(r, 8192).unwrap_err(),
+            RingMemError::NotMemfd
+        );
+    }
+
+    #[test]
+    fn created_rings_are_sealed() {
+        let m = SharedMem::create("t", 4096).unwrap();
+        assert_eq!(seals_of(m.fd()).unwrap() & RING_SEALS, RING_SEALS);
+        // SAFETY: ftruncate on a descriptor we hold; it must fail (sealed).
+        assert_ne!(unsafe { libc::ftruncate(m.fd().as_raw_fd(), 0) }, 0);
     }
 }

@@ -182,7 +182,7 @@ impl Context {
             handle: 0,
         };
         self.call(cmd::CREATE_CQ, &mut a)?;
-        let ring = Ring::attach(mem, 0, cap)?;
+        let ring = Ring::attach(mem, 0, cap)?.consumer();
         let events = self.subscribe(a.handle);
         Ok(Arc::new(Cq {
             ctx: self.clone(),
@@ -233,8 +233,8 @@ impl Context {
             _pad2: 0,
         };
         self.call(cmd::CREATE_QP, &mut a)?;
-        let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?;
-        let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?;
+        let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?.producer();
+        let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?.producer();
         let doorbell: Arc<dyn Doorbell> = match doorbell_fd {
             Some(fd) => Arc::new(EventfdDoorbell(fd)),
             None => self.chan.direct_doorbell(a.handle)?,
@@ -275,7 +275,7 @@ impl Context {
             max_sge,
             limit: 0,
         };
-        let ring = Ring::attach(mem, 0, a.max_wr)?;
+        let ring = Ring::attach(mem, 0, a.max_wr)?.producer();
         let events = self.subscribe(a.handle);
         Ok(Arc::new(Srq {
             ctx: self.clone(),
@@ -376,6 +376,12 @@ impl Context {
                 return Ok((*head, rows));
             }
         }
+    }
+
+    /// The kAL's own counters: quota refusals, refused ring memory and doorbells, and
+    /// what the engines could not do with consumers' rings.
+    pub fn stat_kal(&self) -> Result<Vec<(String, u64)>> {
+        self.stat_device(abi::KAL_COUNTERS)
     }
 
     pub fn stat_device(&self, dev: u32) -> Result<Vec<(String, u64)>> {
@@ -480,6 +486,11 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// The memory of the completion ring (see [`Qp::ring_memory`]).
+    pub fn ring_memory(&self) -> Arc<SharedMem> {
+        self.user.ring_memory()
+    }
+
     /// Take up to `out.len()` completions without a system call.
     pub fn poll(&self, out: &mut [Cqe]) -> usize {
         self.user.poll(out)
@@ -580,6 +591,12 @@ pub struct Qp {
 }
 
 impl Qp {
+    /// The memory of the QP's send and receive rings (`QpRingLayout` says where each
+    /// is). It is this process's own memory; tests write it to play a hostile consumer.
+    pub fn ring_memory(&self) -> Arc<SharedMem> {
+        self.user.ring_memory()
+    }
+
     pub fn post_send(&self, wqe: &Wqe) -> Result<()> {
         self.user.post_send(wqe)
     }
@@ -810,6 +827,11 @@ pub struct Srq {
 }
 
 impl Srq {
+    /// The memory of the receive ring (see [`Qp::ring_memory`]).
+    pub fn ring_memory(&self) -> Arc<SharedMem> {
+        self.user.ring_memory()
+    }
+
     /// Post one receive (no system call).
     pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
         self.user.post_recv(wqe)

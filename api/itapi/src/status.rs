@@ -184,7 +184,9 @@ pub(crate) fn from_verbs(e: VerbsError, invalid: Error) -> Error {
     match e {
         VerbsError::Invalid => invalid,
         VerbsError::NoSuchResource => Error::InvalidHandle,
-        VerbsError::Exhausted | VerbsError::Busy | VerbsError::PinLimit => Error::Resources,
+        VerbsError::Exhausted | VerbsError::Busy | VerbsError::PinLimit | VerbsError::Quota => {
+            Error::Resources
+        }
         VerbsError::Unsupported => Error::OpNotSupported,
         VerbsError::Permission => Error::NoPermission,
         VerbsError::BadAddress => Error::Fault,

@@ -233,7 +233,7 @@ fn link_mtu(ifname: &str) -> Option<u32> {
 pub struct RxeDevice {
     shared: Arc<Shared>,
     next_qpn: AtomicU32,
-    next_pd: AtomicU32,
+    pds: IdAllocator,
 }
 
 impl RxeDevice {
@@ -306,7 +306,7 @@ impl RxeDevice {
         Ok(Arc::new(RxeDevice {
             shared,
             next_qpn: AtomicU32::new(0x11),
-            next_pd: AtomicU32::new(1),
+            pds: IdAllocator::default(),
         }))
     }
 }
@@ -436,13 +436,18 @@ impl Provider for RxeDevice {
     }
 
     fn alloc_pd(&self) -> Result<u32> {
-        Ok(self.next_pd.fetch_add(1, Ordering::Relaxed))
+        // PD numbers are what keeps tenants' registrations apart: never one still live.
+        self.pds.alloc().ok_or(VerbsError::Exhausted)
     }
 
-    fn dealloc_pd(&self, _pd: u32) {}
+    fn dealloc_pd(&self, pd: u32) {
+        self.pds.free(pd);
+    }
 
     fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
-        Ok(Arc::new(RxeCq(EngineCq::new(init.ring, init.sink))))
+        Ok(Arc::new(RxeCq(EngineCq::new(
+            init.ring, init.sink, init.stats,
+        ))))
     }
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
@@ -476,7 +481,7 @@ impl Provider for RxeDevice {
 
     fn create_srq(&self, init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
         Ok(Arc::new(RxeSrq(EngineSrq::new(
-            init.pd, init.attr, init.rq, init.sink,
+            init.pd, init.attr, init.rq, init.sink, init.stats,
         ))))
     }
 

@@ -59,7 +59,7 @@ pub(crate) struct Shared {
 pub struct SiwDevice {
     shared: Arc<Shared>,
     next_qpn: AtomicU32,
-    next_pd: AtomicU32,
+    pds: IdAllocator,
 }
 
 /// An IP address with the interface that holds it.
@@ -153,7 +153,7 @@ impl SiwDevice {
         Arc::new(SiwDevice {
             shared,
             next_qpn: AtomicU32::new(1),
-            next_pd: AtomicU32::new(1),
+            pds: IdAllocator::default(),
         })
     }
 
@@ -217,14 +217,23 @@ impl Provider for SiwDevice {
         ]
     }
 
-    fn alloc_pd(&self) -> Result<u32> {
-        Ok(self.next_pd.fetch_add(1, Ordering::Relaxed))
+    fn threads_per_connection(&self) -> u32 {
+        2 // a receive and a transmit thread per connected QP (one to connect, before)
     }
 
-    fn dealloc_pd(&self, _pd: u32) {}
+    fn alloc_pd(&self) -> Result<u32> {
+        // PD numbers are what keeps tenants' registrations apart: never one still live.
+        self.pds.alloc().ok_or(VerbsError::Exhausted)
+    }
+
+    fn dealloc_pd(&self, pd: u32) {
+        self.pds.free(pd);
+    }
 
     fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
-        Ok(Arc::new(SiwCq(EngineCq::new(init.ring, init.sink))))
+        Ok(Arc::new(SiwCq(EngineCq::new(
+            init.ring, init.sink, init.stats,
+        ))))
     }
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
@@ -251,7 +260,7 @@ impl Provider for SiwDevice {
 
     fn create_srq(&self, init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
         Ok(Arc::new(SiwSrq(EngineSrq::new(
-            init.pd, init.attr, init.rq, init.sink,
+            init.pd, init.attr, init.rq, init.sink, init.stats,
         ))))
     }
 

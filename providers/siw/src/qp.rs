@@ -88,13 +88,14 @@ pub struct SiwQp {
     pd: u32,
     dev: Arc<Shared>,
     caps: QpCaps,
-    sq: Mutex<Ring<Wqe>>,
-    rq: Mutex<Ring<Wqe>>,
+    sq: Mutex<Consumer<Wqe>>,
+    rq: Mutex<Consumer<Wqe>>,
     /// When set, receives come from this SRQ and `rq` is unused.
     srq: Option<Arc<dyn ProviderSrq>>,
     scq: Arc<dyn ProviderCq>,
     rcq: Arc<dyn ProviderCq>,
     pub(crate) sink: Arc<dyn EventSink>,
+    stats: Arc<RingStats>,
     st: Mutex<State>,
     cv: Condvar,
     tx: Mutex<Option<TcpStream>>,
@@ -122,6 +123,7 @@ impl SiwQp {
             scq: init.send_cq,
             rcq: init.recv_cq,
             sink: init.sink,
+            stats: init.stats,
             st: Mutex::new(State {
                 qp: QpState::Reset,
                 attr: QpAttr::default(),
@@ -254,9 +256,12 @@ impl SiwQp {
     }
 
     /// Transmit what is ready: a pending Terminate, Read Responses, then send-queue work.
-    /// Requests larger than `limit` are left for the tx thread. Returns false once the
+    /// Requests larger than `limit` are left for the tx thread, and so is everything past
+    /// one ring's worth of send-queue entries (local operations included): however the
+    /// consumer churns its ring, one call does bounded work. Returns false once the
     /// connection is finished. The protocol-state lock is never held while writing.
     fn pump(&self, limit: u64) -> bool {
+        let mut budget = self.sq.lock().capacity();
         let guard = self.tx.lock();
         let Some(sock) = guard.as_ref() else {
             return false;
@@ -274,7 +279,7 @@ impl SiwQp {
             Ok(())
         };
         loop {
-            let work = self.take_work(limit);
+            let work = self.take_work(limit, &mut budget);
             let r = match work {
                 Work::Idle => return true,
                 Work::Close { abortive } => {
@@ -360,7 +365,9 @@ impl SiwQp {
     }
 
     /// Decide the next transmission under the state lock (and reserve its resources).
-    fn take_work(&self, limit: u64) -> Work {
+    /// Send-queue entries spend `budget`; once it is spent the rest is left to the tx
+    /// thread's next round.
+    fn take_work(&self, limit: u64, budget: &mut u32) -> Work {
         let mut st = self.st.lock();
         if let Some(t) = st.terminate.take() {
             st.closing = true;
@@ -378,7 +385,12 @@ impl SiwQp {
             st.responding += 1;
             return Work::Response { rr, crc, mtu };
         }
-        let sq = self.sq.lock();
+        let mut sq = self.sq.lock();
+        // Requests taken off the ring and not yet complete (behind an outstanding Read)
+        // never exceed the ring's size, however fast the consumer refills it.
+        if st.inflight.len() >= sq.capacity() as usize {
+            return Work::Idle; // the Read Response that completes the oldest kicks us
+        }
         let wqe = match sq.peek() {
             Ok(Some(w)) => w,
             Ok(None) => {
@@ -389,12 +401,20 @@ impl SiwQp {
                     Work::Idle
                 };
             }
-            Err(_) => {
+            Err(RingCorrupt) => {
                 drop(sq);
                 self.to_error(&mut st);
+                drop(st);
+                self.ring_corrupt("send");
                 return Work::Idle;
             }
         };
+        if *budget == 0 {
+            RingStats::count(&self.stats.drain_budget_spent);
+            st.kick = true;
+            self.cv.notify_one();
+            return Work::Idle;
+        }
         let op = wqe.opcode();
         if op == Some(WrOpcode::RdmaRead) && st.reads_outstanding >= st.ord {
             return Work::Idle; // the Read Response that frees a slot kicks us again
@@ -404,6 +424,7 @@ impl SiwQp {
             self.cv.notify_one();
             return Work::Idle;
         }
+        *budget -= 1;
         sq.advance();
         drop(sq);
         let msn = match op {
@@ -746,11 +767,13 @@ impl SiwQp {
         }
         st.reads_outstanding = 0;
         st.responses.clear();
-        {
-            let sq = self.sq.lock();
-            while let Ok(Some(w)) = sq.pop() {
-                self.post_cqe(&self.scq, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
-            }
+        // Flush what is queued now, a fixed range: a consumer that keeps refilling the
+        // ring gets the rest flushed at its next doorbell, never an endless loop here.
+        let flushed = self.sq.lock().drain_queued(|w| {
+            self.post_cqe(&self.scq, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        });
+        if flushed.is_err() {
+            RingStats::count(&self.stats.wq_corrupt);
         }
         if let Some(r) = st.cur_recv.take() {
             self.post_cqe(
@@ -766,18 +789,42 @@ impl SiwQp {
             }
             return;
         }
-        let rq = self.rq.lock();
-        while let Ok(Some(w)) = rq.pop() {
+        let flushed = self.rq.lock().drain_queued(|w| {
             self.post_cqe(&self.rcq, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        });
+        if flushed.is_err() {
+            RingStats::count(&self.stats.wq_corrupt);
         }
     }
 
+    /// The consumer corrupted the index of one of the QP's rings: the QP is in Error
+    /// already; count it and tell the consumer.
+    fn ring_corrupt(&self, which: &'static str) {
+        RingStats::count(&self.stats.wq_corrupt);
+        rnicpi::warn_limited!(
+            qpn = self.qpn,
+            which,
+            "siw ring indices corrupt: QP in error"
+        );
+        self.sink
+            .deliver(Event::new(EventKind::QpFatal).with_status(libc::EIO));
+    }
+
     /// The next posted receive: from the SRQ when the QP has one, else its own queue.
+    /// `None` when there is none, and when the ring is corrupt (counted; the missing
+    /// buffer then terminates the connection and moves the QP to Error).
     fn take_recv(&self) -> Option<Wqe> {
-        match &self.srq {
-            Some(srq) => srq.engine().take().ok().flatten(),
-            None => self.rq.lock().pop().ok().flatten(),
-        }
+        let taken = match &self.srq {
+            Some(srq) => srq.engine().take(),
+            None => {
+                let r = self.rq.lock().pop();
+                if r.is_err() {
+                    RingStats::count(&self.stats.wq_corrupt);
+                }
+                r
+            }
+        };
+        taken.ok().flatten()
     }
 
     /// A protocol error detected locally: queue a Terminate, go to Error, tell the consumer.

@@ -411,6 +411,11 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("{}:\n{t}", d.name);
     }
+    let mut t = table(&["counter", "value"]);
+    for (n, v) in ctx.stat_kal()? {
+        t.add_row(vec![n, v.to_string()]);
+    }
+    println!("kAL (quotas, refused rings and doorbells, consumers' rings):\n{t}");
     Ok(())
 }
 

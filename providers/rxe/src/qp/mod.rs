@@ -89,12 +89,13 @@ pub struct RxeQp {
     pub(crate) pd: u32,
     pub(crate) dev: Arc<Shared>,
     pub(crate) caps: QpCaps,
-    sq: Mutex<Ring<Wqe>>,
-    rq: Mutex<Ring<Wqe>>,
+    sq: Mutex<Consumer<Wqe>>,
+    rq: Mutex<Consumer<Wqe>>,
     srq: Option<Arc<dyn ProviderSrq>>,
     scq: Arc<dyn ProviderCq>,
     rcq: Arc<dyn ProviderCq>,
     pub(crate) sink: Arc<dyn EventSink>,
+    pub(crate) stats: Arc<RingStats>,
     pub(crate) st: Mutex<State>,
     scheduled: AtomicBool,
     me: Weak<RxeQp>,
@@ -118,6 +119,7 @@ impl RxeQp {
             scq: init.send_cq,
             rcq: init.recv_cq,
             sink: init.sink,
+            stats: init.stats,
             st: Mutex::new(State {
                 qp: QpState::Reset,
                 attr,
@@ -318,13 +320,15 @@ impl RxeQp {
         st.resp.clear();
     }
 
-    /// Complete everything still in the consumer's rings as flushed (QP in Error).
+    /// Complete everything queued in the consumer's rings now as flushed (QP in Error):
+    /// a fixed range, so a consumer that keeps refilling a ring gets the rest flushed at
+    /// its next doorbell, never an endless loop here.
     fn flush_rings(&self, st: &mut State) {
-        {
-            let sq = self.sq.lock();
-            while let Ok(Some(w)) = sq.pop() {
-                self.post_cqe(true, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
-            }
+        let flushed = self.sq.lock().drain_queued(|w| {
+            self.post_cqe(true, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        });
+        if flushed.is_err() {
+            RingStats::count(&self.stats.wq_corrupt);
         }
         if let Some(w) = st.resp.take_current_recv() {
             self.post_cqe(false, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
@@ -336,9 +340,11 @@ impl RxeQp {
             }
             return;
         }
-        let rq = self.rq.lock();
-        while let Ok(Some(w)) = rq.pop() {
+        let flushed = self.rq.lock().drain_queued(|w| {
             self.post_cqe(false, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+        });
+        if flushed.is_err() {
+            RingStats::count(&self.stats.wq_corrupt);
         }
     }
 
@@ -353,14 +359,19 @@ impl RxeQp {
     }
 
     /// The next posted receive: from the SRQ when the QP has one, else its own queue.
-    pub(crate) fn take_recv(&self) -> Option<Wqe> {
+    /// `Err` when the QP's own receive ring is corrupt (counted; the caller fails the
+    /// QP). A corrupt SRQ is the SRQ's error (it reports it): here it has no receive.
+    pub(crate) fn take_recv(&self) -> Result<Option<Wqe>, RingCorrupt> {
         match &self.srq {
-            Some(srq) => srq.engine().take().ok().flatten(),
-            None => self.rq.lock().pop().ok().flatten(),
+            Some(srq) => Ok(srq.engine().take().ok().flatten()),
+            None => self.rq.lock().pop().inspect_err(|_| {
+                RingStats::count(&self.stats.wq_corrupt);
+                rnicpi::warn_limited!(qpn = self.qpn, "rxe receive ring indices corrupt");
+            }),
         }
     }
 
-    pub(crate) fn sq(&self) -> &Mutex<Ring<Wqe>> {
+    pub(crate) fn sq(&self) -> &Mutex<Consumer<Wqe>> {
         &self.sq
     }
 

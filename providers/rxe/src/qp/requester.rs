@@ -183,7 +183,9 @@ impl Requester {
 
 impl RxeQp {
     /// Transmit request packets while the window, ORD and budget allow; true when the
-    /// budget ran out with work left.
+    /// budget ran out with work left. Local operations (bind, invalidate) spend the
+    /// budget as packets do: a consumer replaying them from a churned ring costs one
+    /// budget per call, never an endless loop on a shared thread.
     pub(super) fn pump(&self, st: &mut State, budget: &mut u32) -> bool {
         loop {
             if !matches!(st.qp, QpState::Rts | QpState::Sqd) || st.req.rnr_wait {
@@ -194,6 +196,11 @@ impl RxeQp {
             }
             let i = st.req.cur;
             if st.req.wqes[i].is_local() || st.req.wqes[i].done {
+                if *budget == 0 {
+                    RingStats::count(&self.stats.drain_budget_spent);
+                    return true;
+                }
+                *budget -= 1;
                 if !st.req.wqes[i].done {
                     self.execute_local(st, i);
                 }
@@ -226,18 +233,23 @@ impl RxeQp {
         }
     }
 
-    /// Take the next request off the consumer's ring; false when there is none (or it
-    /// must wait for outstanding reads).
+    /// Take the next request off the consumer's ring; false when there is none, when
+    /// it must wait for outstanding reads, or when a ring's worth of requests is taken
+    /// and not yet complete (the completion that frees one pumps again).
     fn fetch(&self, st: &mut State) -> bool {
         if st.qp != QpState::Rts {
             return false;
         }
-        let sq = self.sq().lock();
+        let mut sq = self.sq().lock();
+        if st.req.wqes.len() >= sq.capacity() as usize {
+            return false;
+        }
         let wqe = match sq.peek() {
             Ok(Some(w)) => w,
             Ok(None) => return false,
-            Err(_) => {
+            Err(RingCorrupt) => {
                 drop(sq);
+                RingStats::count(&self.stats.wq_corrupt);
                 self.fatal(st, EventKind::QpFatal, "send ring indices corrupt");
                 return false;
             }

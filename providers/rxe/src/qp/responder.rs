@@ -134,6 +134,11 @@ fn access() -> Verdict {
     Verdict::Fatal(NakCode::RemoteAccessError, EventKind::QpAccessError)
 }
 
+/// Our consumer corrupted its receive ring: the peer's request cannot be served.
+fn corrupt_ring() -> Verdict {
+    Verdict::Fatal(NakCode::RemoteOperationalError, EventKind::QpFatal)
+}
+
 impl RxeQp {
     /// A request packet. Returns whether the transmit side should run.
     pub(super) fn on_request(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
@@ -245,8 +250,10 @@ impl RxeQp {
         }
         let pos = p.bth.opcode.position();
         if pos.is_start() {
-            let Some(wqe) = self.take_recv() else {
-                return Verdict::Rnr;
+            let wqe = match self.take_recv() {
+                Ok(Some(w)) => w,
+                Ok(None) => return Verdict::Rnr,
+                Err(RingCorrupt) => return corrupt_ring(),
             };
             st.resp.cur = Some(InMsg::Send { wqe, off: 0 });
         }
@@ -371,8 +378,9 @@ impl RxeQp {
         // A Write with immediate consumes a receive: without one, nothing is placed.
         let recv = if p.immdt.is_some() {
             match self.take_recv() {
-                Some(w) => Some(w),
-                None => return Verdict::Rnr,
+                Ok(Some(w)) => Some(w),
+                Ok(None) => return Verdict::Rnr,
+                Err(RingCorrupt) => return corrupt_ring(),
             }
         } else {
             None
