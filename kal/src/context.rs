@@ -311,6 +311,7 @@ impl Context {
         peer: Arc<dyn Peer>,
         event_queue: usize,
         charge: Charge,
+        doorbells_rung: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         let memory = peer.memory();
         Context {
@@ -320,7 +321,7 @@ impl Context {
             memory,
             objects: parking_lot::Mutex::new(Objects::default()),
             events: Arc::new(EventQueue::new(event_queue)),
-            doorbells: Doorbells::new(id),
+            doorbells: Doorbells::new(id, doorbells_rung),
             _charge: charge,
         }
     }

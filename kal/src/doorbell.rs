@@ -85,7 +85,8 @@ struct Shared {
     epoll: Epoll,
     entries: Mutex<Entries>,
     stop: OwnedFd,
-    rung: AtomicU64,
+    /// Doorbells served, over every context of the kAL (`krdma stat`).
+    rung: Arc<AtomicU64>,
 }
 
 /// One context's doorbells, with the thread that serves them (started with the first).
@@ -93,6 +94,7 @@ pub struct Doorbells {
     ctx: u32,
     running: Mutex<Option<Running>>,
     next: AtomicU64,
+    rung: Arc<AtomicU64>,
 }
 
 struct Running {
@@ -102,11 +104,13 @@ struct Running {
 }
 
 impl Doorbells {
-    pub fn new(ctx: u32) -> Self {
+    /// The doorbells of context `ctx`; each one served is counted in `rung`.
+    pub fn new(ctx: u32, rung: Arc<AtomicU64>) -> Self {
         Doorbells {
             ctx,
             running: Mutex::new(None),
             next: AtomicU64::new(STOP + 1),
+            rung,
         }
     }
 
@@ -143,14 +147,6 @@ impl Doorbells {
         }
     }
 
-    /// Doorbells rung so far (for tests and `krdma stat`).
-    pub fn rung(&self) -> u64 {
-        self.running
-            .lock()
-            .as_ref()
-            .map_or(0, |r| r.shared.rung.load(Ordering::Relaxed))
-    }
-
     /// Stop the thread (context released). It is not waited for: it may be inside a
     /// provider call of this very context, which must not hold up the caller.
     pub fn stop(&self) {
@@ -177,7 +173,7 @@ impl Doorbells {
             epoll,
             entries: Mutex::new(HashMap::new()),
             stop,
-            rung: AtomicU64::new(0),
+            rung: self.rung.clone(),
         });
         let s = shared.clone();
         let ctx = self.ctx;

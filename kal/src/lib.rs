@@ -80,6 +80,18 @@ struct Refusals {
     doorbell: AtomicU64,
 }
 
+impl Refusals {
+    fn counters(&self) -> [Counter; 2] {
+        [
+            (
+                "ring_memory_refused",
+                self.ring_memory.load(Ordering::Relaxed),
+            ),
+            ("doorbell_refused", self.doorbell.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
 /// The kernel access layer.
 pub struct Kal {
     config: Config,
@@ -91,6 +103,8 @@ pub struct Kal {
     ledger: Arc<Ledger>,
     ring_stats: Arc<RingStats>,
     refusals: Refusals,
+    /// Doorbells served by the contexts' doorbell threads.
+    doorbells_rung: Arc<AtomicU64>,
 }
 
 impl Kal {
@@ -104,6 +118,7 @@ impl Kal {
             pins: pin::PinAccounts::default(),
             ring_stats: Arc::default(),
             refusals: Refusals::default(),
+            doorbells_rung: Arc::default(),
         })
     }
 
@@ -118,15 +133,12 @@ impl Kal {
     /// engines could not do with consumers' rings.
     pub fn counters(&self) -> Vec<Counter> {
         let mut v = self.ledger.counters();
-        v.push((
-            "ring_memory_refused",
-            self.refusals.ring_memory.load(Ordering::Relaxed),
-        ));
-        v.push((
-            "doorbell_refused",
-            self.refusals.doorbell.load(Ordering::Relaxed),
-        ));
+        v.extend(self.refusals.counters());
         v.extend(self.ring_stats.counters());
+        v.push((
+            "doorbells_rung",
+            self.doorbells_rung.load(Ordering::Relaxed),
+        ));
         v
     }
 
@@ -177,6 +189,7 @@ impl Kal {
                 peer,
                 self.config.event_queue,
                 charge,
+                self.doorbells_rung.clone(),
             )),
         );
         tracing::info!(
@@ -300,5 +313,43 @@ impl Doorbell for DirectDoorbell {
         if let Some(qp) = self.0.upgrade() {
             qp.doorbell();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(kal: &Kal) -> ContextId {
+        let me = Caller {
+            pid: std::process::id(),
+            uid: 77,
+            gid: 77,
+        };
+        kal.open(me, Arc::new(EmbeddedPeer)).unwrap()
+    }
+
+    #[test]
+    fn context_ids_never_alias_a_live_one_after_wrapping() {
+        let kal = Kal::new(Config::default());
+        let long_lived = open(&kal);
+        assert_eq!(long_lived, 1);
+        // Seed the counter near the wrap, as 2^32 opens would leave it.
+        *kal.next_ctx.lock() = u32::MAX - 1;
+        let mut seen = vec![long_lived];
+        for _ in 0..4 {
+            let id = open(&kal);
+            assert!(id != 0 && !seen.contains(&id), "context id {id} aliases");
+            seen.push(id);
+        }
+        assert_eq!(seen[1..], [u32::MAX - 1, u32::MAX, 2, 3]);
+        // The long-lived context is still the one it was: its own objects and events.
+        assert_eq!(kal.context_count(), 5);
+        assert_eq!(kal.context(long_lived).unwrap().id, long_lived);
+        for id in &seen[1..] {
+            kal.release(*id);
+        }
+        *kal.next_ctx.lock() = 1;
+        assert_eq!(open(&kal), 2, "a free id is reused, the live one skipped");
     }
 }

@@ -88,6 +88,10 @@ impl Resource {
         }
     }
 
+    pub fn from_name(name: &str) -> Option<Resource> {
+        Resource::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     /// The device's advertised limit on this resource, if it has one. Registrations and
     /// windows share the device's key table, so they share `max_mr`.
     fn device_limit(self, attr: &DeviceAttr) -> Option<(u64, &'static [Resource])> {
@@ -176,6 +180,24 @@ impl Quota {
             Resource::Connection => self.connections,
             Resource::HalfOpen => self.half_open,
         }
+    }
+
+    /// Apply one `NAME=VALUE` setting (`krdmad --quota mws=100`); names are those of
+    /// [`Resource::name`].
+    pub fn apply(&mut self, setting: &str) -> std::result::Result<(), String> {
+        let (name, value) = setting
+            .split_once('=')
+            .ok_or_else(|| format!("{setting}: expected NAME=VALUE"))?;
+        let r = Resource::from_name(name.trim()).ok_or_else(|| {
+            let names: Vec<&str> = Resource::ALL.iter().map(|r| r.name()).collect();
+            format!("{name}: not one of {}", names.join(", "))
+        })?;
+        let v = value
+            .trim()
+            .parse()
+            .map_err(|e| format!("{setting}: {e}"))?;
+        self.set(r, v);
+        Ok(())
     }
 
     pub fn set(&mut self, r: Resource, v: u64) {
@@ -495,6 +517,17 @@ mod tests {
         l.charge(3, Some((1, &a)), Resource::Mw, 1).unwrap();
         assert!(l.counters().contains(&("device_limit_refused", 1)));
         assert!(l.counters().contains(&("global_limit_refused", 1)));
+    }
+
+    #[test]
+    fn settings_parse() {
+        let mut q = Quota::PER_USER;
+        q.apply("mws=7").unwrap();
+        q.apply(" mapped_bytes = 4096").unwrap();
+        assert_eq!((q.mws, q.mapped_bytes), (7, 4096));
+        assert!(q.apply("bogus=1").is_err());
+        assert!(q.apply("mws").is_err());
+        assert!(q.apply("mws=-1").is_err());
     }
 
     #[test]

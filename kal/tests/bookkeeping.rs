@@ -3,7 +3,7 @@
 
 use bytemuck::Zeroable;
 use kal::abi::{self, cmd};
-use kal::{Caller, Config, EmbeddedPeer, Kal, Limits};
+use kal::{Caller, Config, EmbeddedPeer, Kal, Limits, Quota};
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use rnicpi::*;
@@ -262,6 +262,93 @@ fn limits_are_enforced_per_context() {
     pd(&kal, a).unwrap();
     assert_eq!(pd(&kal, a), Err(VerbsError::Exhausted));
     pd(&kal, b).unwrap();
+}
+
+fn open_as(kal: &Kal, uid: u32) -> Result<u32> {
+    kal.open(
+        Caller {
+            pid: std::process::id(),
+            uid,
+            gid: uid,
+        },
+        Arc::new(EmbeddedPeer),
+    )
+}
+
+fn try_cq(kal: &Kal, ctx: u32) -> Result<(u32, SharedMem)> {
+    let mem = SharedMem::create("t", queue::ring_bytes::<Cqe>(16)).unwrap();
+    let mut a = abi::CreateCq {
+        dev: 0,
+        cqe: 16,
+        memfd: mem.fd().as_raw_fd(),
+        handle: 0,
+    };
+    call(kal, ctx, cmd::CREATE_CQ, &mut a).map(|_| (a.handle, mem))
+}
+
+/// Audit H7 through the kAL's `Config` (embedded mode): one user who exhausts their
+/// quotas of contexts, PDs and mappings leaves another user served; the device's own
+/// limit (`max_pd` 64) holds over all users; what is given back can be taken again.
+#[test]
+fn quotas_per_user_leave_other_users_served() {
+    let mut quota = Quota::PER_USER;
+    quota.apply("contexts=2").unwrap();
+    quota.apply("pds=3").unwrap();
+    quota.apply("mappings=2").unwrap();
+    let (kal, _) = kal_with(Config {
+        quota,
+        ..Config::default()
+    });
+    let (greedy, other) = (1000, 2000);
+    let a = open_as(&kal, greedy).unwrap();
+    let _a2 = open_as(&kal, greedy).unwrap();
+    assert_eq!(open_as(&kal, greedy), Err(VerbsError::Quota));
+    for _ in 0..3 {
+        pd(&kal, a).unwrap();
+    }
+    assert_eq!(pd(&kal, a), Err(VerbsError::Quota));
+    let (c1, _m1) = try_cq(&kal, a).unwrap();
+    let _c2 = try_cq(&kal, a).unwrap();
+    assert_eq!(try_cq(&kal, a).unwrap_err(), VerbsError::Quota);
+
+    let b = open_as(&kal, other).unwrap();
+    pd(&kal, b).unwrap();
+    let _c3 = try_cq(&kal, b).unwrap();
+
+    // Given back on destroy, and taken again.
+    let mut d = abi::Destroy {
+        handle: c1,
+        _pad: 0,
+    };
+    call(&kal, a, cmd::DESTROY_CQ, &mut d).unwrap();
+    let _c4 = try_cq(&kal, a).unwrap();
+    kal.release(a);
+    open_as(&kal, greedy).unwrap();
+
+    // The device advertises max_pd 64: with the other user's one, 63 more from
+    // users of their own (each within quota) fill it.
+    for uid in 0..21 {
+        let c = open_as(&kal, 3000 + uid).unwrap();
+        for _ in 0..3 {
+            pd(&kal, c).unwrap();
+        }
+    }
+    assert_eq!(pd(&kal, b), Err(VerbsError::Exhausted), "device limit");
+    let mut s = abi::StatDevice {
+        dev: abi::KAL_COUNTERS,
+        ..Zeroable::zeroed()
+    };
+    call(&kal, b, cmd::STAT_DEVICE, &mut s).unwrap();
+    let counter = |name: &str| {
+        s.rows[..s.count as usize]
+            .iter()
+            .find(|r| abi::name_to_str(&r.name) == name)
+            .map(|r| r.value)
+    };
+    assert_eq!(counter("quota_refused_contexts"), Some(1));
+    assert_eq!(counter("quota_refused_pds"), Some(1));
+    assert_eq!(counter("quota_refused_mappings"), Some(1));
+    assert_eq!(counter("device_limit_refused"), Some(1));
 }
 
 #[test]

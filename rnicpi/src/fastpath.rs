@@ -163,6 +163,11 @@ impl UserQp {
     pub fn ring_memory(&self) -> Arc<SharedMem> {
         self.sq.lock().memory().clone()
     }
+
+    /// Ring the doorbell without posting (after writing the rings some other way).
+    pub fn ring_doorbell(&self) {
+        self.doorbell.ring();
+    }
 }
 
 /// The consumer's view of a shared receive queue's ring. Receives posted here are taken

@@ -142,10 +142,11 @@ impl SharedMem {
     }
 }
 
-/// Offsets of the ring header fields; each index has its own cache line.
-const PRODUCER: usize = 0;
-const CONSUMER: usize = 64;
-const NOTIFY: usize = 128;
+/// Offsets of the ring header fields (part of the ABI); each index has its own cache
+/// line.
+pub const PRODUCER: usize = 0;
+pub const CONSUMER: usize = 64;
+pub const NOTIFY: usize = 128;
 /// Bytes before the first slot.
 pub const RING_HEADER: usize = 192;
 

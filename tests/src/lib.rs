@@ -331,3 +331,14 @@ impl Drop for Bystander {
         }
     }
 }
+
+/// One of the kAL's own counters (`krdma stat`: quota refusals, refused ring memory and
+/// doorbells, what the engines could not do with consumers' rings), as `ctx` sees it.
+pub fn kal_counter(ctx: &Context, name: &str) -> u64 {
+    ctx.stat_kal()
+        .expect("kAL counters")
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no kAL counter {name}"))
+        .1
+}

@@ -597,6 +597,12 @@ impl Qp {
         self.user.ring_memory()
     }
 
+    /// Ring the doorbell without posting (after writing the rings through
+    /// [`Qp::ring_memory`]).
+    pub fn ring_doorbell(&self) {
+        self.user.ring_doorbell()
+    }
+
     pub fn post_send(&self, wqe: &Wqe) -> Result<()> {
         self.user.post_send(wqe)
     }

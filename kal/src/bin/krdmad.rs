@@ -25,6 +25,13 @@ struct Args {
     /// Event records one context may have queued.
     #[arg(long, default_value_t = 4096)]
     event_queue: usize,
+    /// A per-user quota, NAME=VALUE (repeatable): contexts, pds, cqs, qps, srqs, mrs,
+    /// mws, listeners, mappings, mapped_bytes, threads, connections, half_open.
+    #[arg(long = "quota", value_name = "NAME=VALUE")]
+    quotas: Vec<String>,
+    /// A limit over all users together, NAME=VALUE (repeatable; the same names).
+    #[arg(long = "limit", value_name = "NAME=VALUE")]
+    limits: Vec<String>,
 }
 
 fn main() {
@@ -62,10 +69,16 @@ fn run(args: Args) -> Result<(), String> {
         .thread_block()
         .map_err(|e| format!("signal mask: {e}"))?;
 
-    let config = kal::Config {
+    let mut config = kal::Config {
         event_queue: args.event_queue,
         ..kal::Config::default()
     };
+    for q in &args.quotas {
+        config.quota.apply(q).map_err(|e| format!("--quota {e}"))?;
+    }
+    for l in &args.limits {
+        config.limit.apply(l).map_err(|e| format!("--limit {e}"))?;
+    }
     let kal = kal::Kal::new(config);
     let opts = kal::stack::StackOptions {
         siw_netdev: args.siw_netdev,
