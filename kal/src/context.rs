@@ -166,7 +166,7 @@ impl Objects {
             Kind::Mw => limits.mws,
         };
         if *self.slot(kind) >= max {
-            tracing::info!(?kind, max, "per-context limit reached");
+            rnicpi::warn_limited!(?kind, max, "per-context limit reached");
             return Err(VerbsError::Exhausted);
         }
         Ok(())
@@ -410,5 +410,49 @@ pub fn object_dev(obj: &Object) -> u32 {
         | Object::Srq { dev, .. }
         | Object::Mw { dev, .. }
         | Object::Listener { dev, .. } => *dev,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::{Ledger, Quota, Resource};
+
+    #[test]
+    fn a_connection_is_held_once_and_released_by_its_outcome() {
+        let ledger = Ledger::new(Quota::PER_USER, Quota::GLOBAL);
+        let charge = |r| Charges::from(ledger.charge(7, None, r, 1).unwrap());
+        let conn = ConnAccount::default();
+        conn.begin(
+            charge(Resource::Connection),
+            Some(charge(Resource::HalfOpen)),
+        )
+        .unwrap();
+        // A second CONNECT on the same QP while one is under way: refused, charges kept.
+        assert_eq!(
+            conn.begin(
+                charge(Resource::Connection),
+                Some(charge(Resource::HalfOpen))
+            ),
+            Err(VerbsError::Busy)
+        );
+        assert_eq!(ledger.held(7, Resource::Connection), 1);
+        conn.on_event(EventKind::Established);
+        assert_eq!(ledger.held(7, Resource::HalfOpen), 0);
+        assert_eq!(ledger.held(7, Resource::Connection), 1);
+        conn.on_event(EventKind::Disconnected);
+        assert_eq!(ledger.held(7, Resource::Connection), 0);
+        // A refused connect gives everything back and may be tried again.
+        conn.begin(
+            charge(Resource::Connection),
+            Some(charge(Resource::HalfOpen)),
+        )
+        .unwrap();
+        conn.on_event(EventKind::Unreachable);
+        assert_eq!(ledger.held_total(Resource::HalfOpen), 0);
+        assert_eq!(ledger.held_total(Resource::Connection), 0);
+        conn.begin(charge(Resource::Connection), None).unwrap();
+        conn.abandon();
+        assert_eq!(ledger.held_total(Resource::Connection), 0);
     }
 }

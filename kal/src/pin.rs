@@ -32,7 +32,7 @@ impl PinAccounts {
         let new = cur.checked_add(bytes).ok_or(VerbsError::PinLimit)?;
         if let Some(l) = limit {
             if new > l {
-                tracing::info!(uid, bytes, limit = l, pinned = *cur, "pin limit reached");
+                rnicpi::warn_limited!(uid, bytes, limit = l, pinned = *cur, "pin limit reached");
                 return Err(VerbsError::PinLimit);
             }
         }
