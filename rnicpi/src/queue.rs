@@ -35,6 +35,10 @@ pub enum RingMemError {
     /// Not a memfd (no seals can be read: a regular file, a socket, a FUSE file, ...).
     #[error("ring memory is not a memfd")]
     NotMemfd,
+    /// A hugetlbfs memfd: a hole punched in it later faults in a huge page that the pool
+    /// may not have, which is a SIGBUS in whoever touches it.
+    #[error("ring memory is a hugetlbfs memfd")]
+    Hugetlb,
     /// A memfd without the seals of [`RING_SEALS`].
     #[error("ring memfd is not sealed against shrinking, growing and sealing (seals {0:#x})")]
     NotSealed(i32),
@@ -75,6 +79,19 @@ fn seals_of(fd: BorrowedFd<'_>) -> Option<i32> {
     (seals >= 0).then_some(seals)
 }
 
+/// Whether `fd` (known to be sealable: shmem or hugetlbfs) lives on shmem.
+fn on_shmem(fd: BorrowedFd<'_>) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs fills the struct we pass for a descriptor we hold; the file is a
+    // memfd (its seals were read), so no other file system's code is reached.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded, so it initialised the struct.
+    let st = unsafe { st.assume_init() };
+    st.f_type == libc::TMPFS_MAGIC
+}
+
 impl SharedMem {
     /// Create a new zero-filled memfd of `len` bytes, sealed as [`RING_SEALS`], and map it.
     pub fn create(name: &str, len: usize) -> Result<Self> {
@@ -105,6 +122,9 @@ impl SharedMem {
         let seals = seals_of(fd.as_fd()).ok_or(RingMemError::NotMemfd)?;
         if seals & RING_SEALS != RING_SEALS {
             return Err(RingMemError::NotSealed(seals));
+        }
+        if !on_shmem(fd.as_fd()) {
+            return Err(RingMemError::Hugetlb);
         }
         let file = std::fs::File::from(fd);
         let have = file
@@ -605,6 +625,12 @@ mod tests {
             SharedMem::from_fd(small, 8192),
             Err(RingMemError::TooSmall { .. })
         ));
+        let huge = memfd(libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB, 2 << 20);
+        seal(&huge, RING_SEALS);
+        assert_eq!(
+            SharedMem::from_fd(huge, 8192).unwrap_err(),
+            RingMemError::Hugetlb
+        );
         let write_sealed = memfd(libc::MFD_ALLOW_SEALING, 8192);
         seal(&write_sealed, libc::F_SEAL_WRITE | RING_SEALS);
         assert!(matches!(

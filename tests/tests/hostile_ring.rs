@@ -111,9 +111,25 @@ fn bad_ring_memory(door: &FrontDoor, len: usize) -> Vec<(&'static str, OwnedFd)>
         )
     };
     assert_eq!(r, 0);
+    // Sealed as asked, but on hugetlbfs: a hole punched later faults in a huge page the
+    // pool may not have, a SIGBUS in whoever touches it.
+    let huge = memfd(
+        libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+        len.next_multiple_of(2 << 20),
+    );
+    // SAFETY: F_ADD_SEALS on a memfd we own.
+    let r = unsafe {
+        libc::fcntl(
+            huge.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            rnicpi::queue::RING_SEALS,
+        )
+    };
+    assert_eq!(r, 0);
     let mut v = vec![
         ("unsealed memfd", memfd(0, len)),
         ("memfd sealed against shrinking only", shrink_only),
+        ("sealed hugetlbfs memfd", huge),
         ("regular file", regular_file(len)),
         ("pipe", pipe_end()),
     ];
