@@ -505,6 +505,7 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     let span = pin::pinned_span(a.addr, a.length).ok_or(VerbsError::Invalid)?;
     objs.check_limit(Kind::Mr, &kal.config.limits)?;
     let mut charges = charge(kal, c, Some(dev_no), &[(Resource::Mr, 1)])?;
+    let h = objs.next_handle()?;
     let writable =
         access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
     peer::check_mapping(c.caller.pid, a.addr, a.length, writable)?;
@@ -534,14 +535,6 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     let region = match dev.reg_mr(pd, a.addr, a.length, access, memory) {
         Ok(r) => r,
         Err(e) => {
-            kal.pins.release(c.caller.uid, span);
-            return Err(e);
-        }
-    };
-    let h = match objs.next_handle() {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = dev.dereg_mr(region.stag);
             kal.pins.release(c.caller.uid, span);
             return Err(e);
         }
