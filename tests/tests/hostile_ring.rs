@@ -74,28 +74,17 @@ fn pipe_end() -> OwnedFd {
     nix::unistd::pipe().unwrap().0
 }
 
+/// An anonymous regular file of `len` bytes (`O_TMPFILE`: no name anyone could race).
 fn regular_file(len: usize) -> OwnedFd {
-    let path = std::env::temp_dir().join(format!(
-        "krdma-hostile-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
+    use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create_new(true)
-        .open(&path)
+        .custom_flags(libc::O_TMPFILE)
+        .open(std::env::temp_dir())
         .unwrap();
-    std::fs::remove_file(&path).unwrap();
     f.set_len(len as u64).unwrap();
     f.into()
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    h.finish()
 }
 
 /// Descriptors that must never be taken for the memory of a ring of `len` bytes: each
@@ -474,10 +463,17 @@ fn churned_send_ring_costs_only_its_owner() {
             ringer.join().unwrap();
             churn.join().unwrap();
             assert!(worst <= BOUND, "kAL stalled {worst:?} by a churned ring");
-            assert!(
-                kal_counter(&b, "drain_budget_spent") > spent_before,
-                "the engine's drain budget was what stopped the replay"
-            );
+            if device == "rxe0" {
+                // rxe's doorbell sends at most 4 packets' worth inline and its first one
+                // finds the whole ring queued: the budget is hit, whatever the timing.
+                // (siw spends a ring's worth per call: it hits its budget only when the
+                // churner refills during a call, which a loaded machine may never let
+                // happen; there a missing budget costs only the QP's own threads.)
+                assert!(
+                    kal_counter(&b, "drain_budget_spent") > spent_before,
+                    "the engine's drain budget was what stopped the replay"
+                );
+            }
 
             // Flush: one entry always queued (consumer = producer - 1) while destroyed.
             let stop = Arc::new(AtomicBool::new(false));
