@@ -328,8 +328,10 @@ impl Context {
 }
 
 /// A QP's connection as the quotas see it: the connection (and the provider's threads
-/// for it) from CONNECT or ACCEPT until it ends or the QP goes, and a CONNECT's
-/// half-open state until its outcome arrives.
+/// for it) from CONNECT or ACCEPT until it ends, and a CONNECT's half-open state until
+/// its outcome arrives. The QP's event sink holds it too, so what a provider still runs
+/// for a destroyed QP (a connect thread waiting for its peer) stays charged until the
+/// provider lets go of the QP.
 #[derive(Debug, Default)]
 pub struct ConnAccount(Mutex<ConnCharges>);
 

@@ -132,3 +132,84 @@ fn one_user_over_quota_leaves_others_served() {
     );
     bystander.finish().assert_served(Duration::from_secs(2));
 }
+
+/// A TCP listener that accepts connections and never answers their MPA requests: every
+/// siw CONNECT to it stays half-open for as long as the test needs.
+fn silent_listener() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let halt = stop.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((s, _)) = l.accept() {
+                held.push(s);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    (addr, stop)
+}
+
+fn siw_qp(ctx: &std::sync::Arc<Context>) -> std::sync::Arc<ual::Qp> {
+    let dev = ctx.device("siw0").unwrap().index;
+    let pd = ctx.alloc_pd(dev).unwrap();
+    let cq = ctx.create_cq(dev, 16).unwrap();
+    ctx.create_qp(&pd, &cq, &cq, ual::QpConfig::default())
+        .unwrap()
+}
+
+/// Audit H7 (threads): a second CONNECT on a QP whose first is under way is refused
+/// (each used to cost the daemon a connect thread), through both front doors.
+#[test]
+fn a_qp_connects_once_at_a_time() {
+    krdma_tests::each_front_door(|door| {
+        let (addr, stop) = silent_listener();
+        let ctx = door.open();
+        let qp = siw_qp(&ctx);
+        let param = ual::ConnParam::default();
+        qp.connect(addr, &param).unwrap();
+        for _ in 0..100 {
+            assert_eq!(qp.connect(addr, &param), Err(VerbsError::Busy));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
+
+/// Audit H7 (half-open setups): CONNECTs awaiting their outcome are a per-user quota,
+/// held until the outcome arrives (destroying the QP does not end a setup the provider
+/// still runs); once the peer ends them, the quota can be taken again.
+#[test]
+fn half_open_connects_are_a_quota() {
+    if !daemon_possible() {
+        return;
+    }
+    let d = Daemon::start_with(&["--quota", "half_open=2"]);
+    let (addr, stop) = silent_listener();
+    let ctx = Context::open_target(&d.target()).unwrap();
+    let param = ual::ConnParam::default();
+    let (a, b, c) = (siw_qp(&ctx), siw_qp(&ctx), siw_qp(&ctx));
+    a.connect(addr, &param).unwrap();
+    b.connect(addr, &param).unwrap();
+    assert_eq!(c.connect(addr, &param), Err(VerbsError::Quota));
+    assert_eq!(kal_counter(&ctx, "quota_refused_half_open"), 1);
+    drop(a);
+    // The peer closes the setups it held: their outcome arrives and gives them back.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.connect(addr, &param) {
+            Ok(()) => break,
+            Err(VerbsError::Quota) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("half-open setups never given back: {e:?}"),
+        }
+    }
+    drop(b);
+}
