@@ -548,3 +548,101 @@ fn corrupt_ring_indices_move_the_object_to_error() {
         }
     });
 }
+
+/// Audit H1, trigger B: a siw peer that completes MPA and then never reads. The tenant's
+/// sends fill the socket, and a provider doorbell that transmits inline may then block;
+/// it runs on the tenant's own doorbell thread (daemon) or its own posting thread
+/// (embedded), so the Bystander and every other context are served meanwhile.
+#[test]
+fn a_peer_that_stops_reading_stalls_only_its_tenant() {
+    each_front_door(|door| {
+        let bystander = Bystander::start(door, "siw0");
+        let tenant = door.open();
+        let dev = tenant.device("siw0").unwrap().index;
+        let ip = ual::perf::loopback_of(&tenant, dev).unwrap();
+        let listener = tenant
+            .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
+            .unwrap();
+        let peer_addr = std::net::SocketAddr::new(ip, listener.port);
+        let peer = std::thread::spawn(move || mpa_peer_that_never_reads(peer_addr));
+        let ep = ual::perf::accept_endpoint(&tenant, dev, &listener, 16 << 10, DEPTH).unwrap();
+        let peer = peer.join().unwrap();
+
+        // Keep posting 16 KiB sends from a thread of the tenant's own: once the socket is
+        // full, its doorbell (or, embedded, this very thread) may block for good.
+        let stop = Arc::new(AtomicBool::new(false));
+        let posted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ep = Arc::new(ep);
+        let poster = {
+            let (stop, posted, ep) = (stop.clone(), posted.clone(), ep.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match ep.send(posted.load(Ordering::Relaxed), 0, 16 << 10, 0) {
+                        Ok(()) => posted.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => {
+                            std::thread::sleep(Duration::from_millis(1));
+                            0
+                        }
+                    };
+                }
+            })
+        };
+        let worst = control_latency_during(door, || std::thread::sleep(ATTACK));
+        assert!(
+            worst <= BOUND,
+            "kAL stalled {worst:?} by a peer that stops reading"
+        );
+        // The premise: the tenant's sends did stall behind the full socket (a few MiB of
+        // socket buffers, where 2 s of loopback would have moved gigabytes).
+        let n = posted.load(Ordering::Relaxed);
+        eprintln!("{n} sends of 16 KiB posted against a peer that never reads");
+        assert!(
+            n < 4096,
+            "{n} sends of 16 KiB went out: the peer was read after all"
+        );
+        bystander.finish().assert_served(BOUND);
+        // The peer goes away: whatever was blocked on it fails and returns.
+        drop(peer);
+        stop.store(true, Ordering::Relaxed);
+        poster.join().unwrap();
+    });
+}
+
+/// Connect to `addr` as an iWARP initiator, complete MPA (with the 20 bytes of private
+/// data `ual::perf` endpoints exchange), and return the stream without ever reading it.
+fn mpa_peer_that_never_reads(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    use siw::wire::MpaFrame;
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    let mut req = Vec::new();
+    MpaFrame {
+        reply: false,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 2,
+        ird_ord: Some((16, 16)),
+        private_data: vec![0; 20],
+    }
+    .emit(&mut req)
+    .unwrap();
+    sock.write_all(&req).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        // Byte by byte: nothing after the reply may be taken off the socket.
+        assert_eq!(sock.read(&mut b).unwrap(), 1, "closed during MPA");
+        got.push(b[0]);
+        match MpaFrame::parse(&got) {
+            Ok((f, used)) if used == got.len() => {
+                assert!(f.reply && !f.reject, "MPA reply");
+                return sock;
+            }
+            Ok(_) => panic!("MPA reply longer than announced"),
+            Err(siw::wire::WireError::Truncated) => {}
+            Err(e) => panic!("MPA reply: {e}"),
+        }
+    }
+}
