@@ -3,7 +3,7 @@
 
 use rnicpi::{KalServices, Result, Route, VerbsError};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::time::Duration;
+use std::os::fd::AsRawFd;
 
 /// Services backed by the host network stack.
 #[derive(Debug, Default)]
@@ -95,12 +95,28 @@ impl KalServices for HostServices {
         })
     }
 
-    fn tcp_connect(&self, peer: SocketAddr, timeout: Duration) -> Result<TcpStream> {
-        TcpStream::connect_timeout(&peer, timeout).map_err(|e| match e.kind() {
-            std::io::ErrorKind::ConnectionRefused => VerbsError::Refused,
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => VerbsError::TimedOut,
-            _ => VerbsError::from(e),
-        })
+    fn tcp_connect_start(&self, peer: SocketAddr) -> Result<TcpStream> {
+        use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
+        let family = if peer.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        let fd = socket::socket(
+            family,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(std::io::Error::from)?;
+        match socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(peer)) {
+            Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => Ok(TcpStream::from(fd)),
+            Err(nix::errno::Errno::ECONNREFUSED) => Err(VerbsError::Refused),
+            Err(nix::errno::Errno::ENETUNREACH | nix::errno::Errno::EHOSTUNREACH) => {
+                Err(VerbsError::Unreachable)
+            }
+            Err(e) => Err(std::io::Error::from(e).into()),
+        }
     }
 
     fn tcp_listen(&self, addr: SocketAddr, _backlog: u32) -> Result<TcpListener> {

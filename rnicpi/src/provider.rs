@@ -211,12 +211,11 @@ pub trait KalServices: Send + Sync + 'static {
     fn route(&self, peer: IpAddr) -> Result<Route>;
     /// Link-layer neighbour (ARP/ND) entry of `ip`, when the host knows it.
     fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]>;
-    /// Open an LLP (TCP) connection for an iWARP provider.
-    fn tcp_connect(
-        &self,
-        peer: SocketAddr,
-        timeout: std::time::Duration,
-    ) -> Result<std::net::TcpStream>;
+    /// Start an LLP (TCP) connection for an iWARP provider without waiting for it: the
+    /// stream is non-blocking and its connect may still be under way (writable once it
+    /// ends; `take_error` says how). A provider's connection manager never blocks on a
+    /// peer.
+    fn tcp_connect_start(&self, peer: SocketAddr) -> Result<std::net::TcpStream>;
     /// Listen on an LLP (TCP) address for an iWARP provider.
     fn tcp_listen(&self, addr: SocketAddr, backlog: u32) -> Result<std::net::TcpListener>;
 }

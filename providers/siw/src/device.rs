@@ -1,5 +1,6 @@
 //! The siw device: attributes, ports, and the resources it hands the kAL.
 
+use crate::cm::reactor::CmReactor;
 use crate::cm::SiwListener;
 use crate::qp::{SiwCq, SiwQp, SiwSrq};
 use rnicpi::*;
@@ -43,6 +44,20 @@ pub(crate) struct Counters {
     pub conn_requests: AtomicU64,
     pub cq_overflows: AtomicU64,
     pub qps_created: AtomicU64,
+    // Connection setup (the CM reactor): what it holds now, and every refusal or drop.
+    /// MPA handshakes under way (gauge).
+    pub handshakes_active: AtomicU64,
+    /// Complete requests waiting for the consumer (gauge).
+    pub requests_pending: AtomicU64,
+    pub handshake_timeouts: AtomicU64,
+    /// Handshakes dropped to make room for a newer connection (backlog full).
+    pub handshakes_evicted: AtomicU64,
+    /// Connections reset at once: backlog full of pending requests, or the device cap.
+    pub connections_refused: AtomicU64,
+    pub requests_expired: AtomicU64,
+    pub accept_errors: AtomicU64,
+    /// Malformed MPA frames, refused requests and failed exchanges.
+    pub bad_mpa: AtomicU64,
 }
 
 /// State shared by the device and its objects.
@@ -53,11 +68,26 @@ pub(crate) struct Shared {
     pub crc_required: bool,
     pub counters: Counters,
     netdev: Option<String>,
+    /// The connection manager's reactor thread, started on first use.
+    cm: parking_lot::Mutex<Option<Arc<CmReactor>>>,
+}
+
+impl Shared {
+    /// The device's CM reactor (started on first use).
+    pub(crate) fn cm(self: &Arc<Self>) -> Result<Arc<CmReactor>> {
+        let mut cm = self.cm.lock();
+        if let Some(r) = cm.as_ref() {
+            return Ok(r.clone());
+        }
+        let r = CmReactor::start(self)?;
+        *cm = Some(r.clone());
+        Ok(r)
+    }
 }
 
 /// Software iWARP device.
 pub struct SiwDevice {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     next_qpn: AtomicU32,
     pds: IdAllocator,
 }
@@ -148,6 +178,7 @@ impl SiwDevice {
             crc_required: config.crc_required,
             counters: Counters::default(),
             netdev: config.netdev,
+            cm: parking_lot::Mutex::new(None),
         });
         tracing::info!(name = %config.name, crc_required = config.crc_required, "siw device created");
         Arc::new(SiwDevice {
@@ -212,13 +243,21 @@ impl Provider for SiwDevice {
             ("connect_requests", g(&c.conn_requests)),
             ("cq_overflows", g(&c.cq_overflows)),
             ("qps_created", g(&c.qps_created)),
+            ("handshakes_active", g(&c.handshakes_active)),
+            ("requests_pending", g(&c.requests_pending)),
+            ("handshake_timeouts", g(&c.handshake_timeouts)),
+            ("handshakes_evicted", g(&c.handshakes_evicted)),
+            ("connections_refused", g(&c.connections_refused)),
+            ("requests_expired", g(&c.requests_expired)),
+            ("accept_errors", g(&c.accept_errors)),
+            ("bad_mpa", g(&c.bad_mpa)),
             ("mrs_live", self.shared.mrs.live() as u64),
             ("mws_live", self.shared.mrs.windows() as u64),
         ]
     }
 
     fn threads_per_connection(&self) -> u32 {
-        2 // a receive and a transmit thread per connected QP (one to connect, before)
+        2 // a receive and a transmit thread per connected QP (setup runs on the CM reactor)
     }
 
     fn alloc_pd(&self) -> Result<u32> {

@@ -17,6 +17,9 @@
 
 mod cm;
 mod device;
+pub mod harness;
+mod llp;
+mod orq;
 mod qp;
 pub mod wire;
 

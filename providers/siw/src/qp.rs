@@ -3,15 +3,18 @@
 //!
 //! Locking: `st` (protocol state) is held only briefly and never across socket I/O;
 //! `tx` serialises transmission (the tx thread, or a doorbell transmitting small requests
-//! inline); the rx thread only reads the socket and never writes to it, so two peers
-//! that both send large messages cannot deadlock on full TCP buffers.
+//! inline without ever waiting for the socket); the rx thread only reads the socket and
+//! never writes to it, so two peers that both send large messages cannot deadlock on
+//! full TCP buffers.
 
 use crate::device::Shared;
+use crate::llp::{self, Llp};
+use crate::orq::{Orq, OutstandingRead, Placement};
 use crate::wire::{self, term, Header, Model, MpaFrame, Opcode, ReadRequest, TermCode};
 use parking_lot::{Condvar, Mutex};
 use rnicpi::*;
 use std::collections::VecDeque;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -41,8 +44,14 @@ impl ProviderSrq for SiwSrq {
     }
 }
 
+/// A send-queue request taken from the ring, until it completes.
 struct Inflight {
     wqe: Wqe,
+    /// Every byte of its request is with the LLP. A close never flushes such a request
+    /// as if it had not been sent, and it flushes nothing behind one still being
+    /// written: the transmitter settles it first.
+    sent: bool,
+    /// Finished: sent (Send, Write, local operations) or answered in full (Read).
     done: bool,
 }
 
@@ -53,16 +62,37 @@ struct RecvInProgress {
     total: u64,
 }
 
+/// The next message offset after `len` more bytes of a Send at `mo`, checked against
+/// the receive's size and the 32-bit message offsets and byte counts of the wire and
+/// the completion (a message is at most `u32::MAX` bytes).
+fn next_offset(rip: &RecvInProgress, mo: u32, len: usize) -> Result<u32, TermCode> {
+    let untagged = |ecode| TermCode {
+        layer: term::LAYER_DDP,
+        etype: term::DDP_UNTAGGED_BUF,
+        ecode,
+    };
+    if mo != rip.received {
+        return Err(untagged(term::DDP_UNTAGGED_INV_MO));
+    }
+    let end = (mo as u64).saturating_add(len as u64);
+    if end > rip.total || end > u32::MAX as u64 {
+        return Err(untagged(term::DDP_UNTAGGED_TOO_LONG));
+    }
+    Ok(end as u32)
+}
+
 struct State {
     qp: QpState,
     attr: QpAttr,
     connected: bool,
+    /// An active connect (TCP + MPA) is under way in the CM reactor.
+    connecting: bool,
     crc: bool,
     ird: u32,
     ord: u32,
     max_ulpdu: usize,
     inflight: VecDeque<Inflight>,
-    reads_outstanding: u32,
+    orq: Orq,
     tx_msn_send: u32,
     tx_msn_read: u32,
     rx_msn_send: u32,
@@ -83,6 +113,56 @@ struct State {
     events_sent: bool,
 }
 
+/// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
+struct Tx {
+    llp: Arc<dyn Llp>,
+    /// Bytes a doorbell could not write without waiting: the tx thread writes them
+    /// before anything else.
+    unsent: Vec<u8>,
+    /// The request whose last bytes are in `unsent` (it is settled once they are out).
+    owed: Option<(Wqe, bool)>,
+}
+
+/// Who is transmitting: the QP's own tx thread, which may wait for the socket, or a
+/// doorbell in a caller's thread (the daemon's doorbell reactor, or a consumer in
+/// embedded mode), which never waits: it sends small requests while the socket takes
+/// them and leaves the rest to the tx thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Thread,
+    Inline,
+}
+
+/// Writes out a pump's FPDUs in its [`Mode`].
+struct Writer<'a> {
+    tx: &'a mut Tx,
+    mode: Mode,
+    counters: &'a crate::device::Counters,
+}
+
+impl Writer<'_> {
+    /// Hand `out` to the LLP and clear it. Inline, what the socket does not take now
+    /// goes to `unsent` (and so does everything after it).
+    fn put(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        match self.mode {
+            Mode::Thread => self.tx.llp.write_all(out)?,
+            Mode::Inline if self.tx.unsent.is_empty() => {
+                let n = self.tx.llp.write_now(out)?;
+                self.tx.unsent.extend_from_slice(&out[n..]);
+            }
+            Mode::Inline => self.tx.unsent.extend_from_slice(out),
+        }
+        self.counters
+            .tx_bytes
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        out.clear();
+        Ok(())
+    }
+}
+
 pub struct SiwQp {
     pub qpn: u32,
     pd: u32,
@@ -98,10 +178,10 @@ pub struct SiwQp {
     stats: Arc<RingStats>,
     st: Mutex<State>,
     cv: Condvar,
-    tx: Mutex<Option<TcpStream>>,
-    /// A handle on the same socket for shutting it down: never held across I/O, so an
-    /// abortive close works while the tx thread is blocked writing to a stalled peer.
-    ctl: Mutex<Option<TcpStream>>,
+    tx: Mutex<Option<Tx>>,
+    /// The same stream for closing it: never held across I/O, so an abortive close
+    /// works while the tx thread is blocked writing to a stalled peer.
+    ctl: Mutex<Option<Arc<dyn Llp>>>,
     me: Weak<SiwQp>,
 }
 
@@ -109,6 +189,17 @@ pub struct SiwQp {
 const TX_BATCH: usize = 256 * 1024;
 /// Largest request a doorbell transmits inline in the caller's thread.
 const INLINE_TX: u64 = 16 * 1024;
+/// What a QP accepts from its peer until the consumer sets its access flags: what the
+/// iWARP connection manager gives every QP (kernel `iw_cm_init_qp_attr`).
+const DEFAULT_QP_ACCESS: Access = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
+
+/// The Terminate of a QP that lost a completion (CQ overflow): a catastrophic error of
+/// this stream (RFC 5040 §7.2).
+const CQ_OVERFLOW: TermCode = TermCode {
+    layer: term::LAYER_RDMAP,
+    etype: term::RDMAP_REMOTE_OP,
+    ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+};
 
 impl SiwQp {
     pub(crate) fn new(dev: Arc<Shared>, qpn: u32, init: QpInit) -> Arc<SiwQp> {
@@ -126,14 +217,18 @@ impl SiwQp {
             stats: init.stats,
             st: Mutex::new(State {
                 qp: QpState::Reset,
-                attr: QpAttr::default(),
+                attr: QpAttr {
+                    access: DEFAULT_QP_ACCESS,
+                    ..QpAttr::default()
+                },
                 connected: false,
+                connecting: false,
                 crc: false,
                 ird: 0,
                 ord: 0,
                 max_ulpdu: 1024,
                 inflight: VecDeque::new(),
-                reads_outstanding: 0,
+                orq: Orq::default(),
                 tx_msn_send: 1,
                 tx_msn_read: 1,
                 rx_msn_send: 1,
@@ -172,23 +267,10 @@ impl SiwQp {
         ord: u32,
     ) -> Result<()> {
         let _ = stream.set_nodelay(true);
-        let mss = tcp_mss(&stream).unwrap_or(1460);
+        llp::set_linger_zero(&stream);
+        let mss = llp::tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
-        let ctl = stream.try_clone()?;
-        {
-            let mut st = self.st.lock();
-            if st.connected || matches!(st.qp, QpState::Error) {
-                return Err(VerbsError::BadState);
-            }
-            st.connected = true;
-            st.crc = crc;
-            st.ird = ird.max(1);
-            st.ord = ord.max(1);
-            st.max_ulpdu = wire::max_ulpdu_for_mss(mss);
-            self.set_state(&mut st, QpState::Rts);
-        }
-        *self.ctl.lock() = Some(ctl);
-        *self.tx.lock() = Some(stream);
+        self.enter_rts(Arc::new(stream), crc, ird, ord, mss)?;
         let (a, b) = (self.clone(), self.clone());
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -196,17 +278,62 @@ impl SiwQp {
                 .stack_size(256 * 1024)
                 .spawn(f)
         };
-        spawn(
+        let started = spawn(
             format!("siw-rx{}", self.qpn),
             Box::new(move || a.rx_loop(rx)),
-        )?;
-        spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop()))?;
+        )
+        .and_then(|_| spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop())));
+        if let Err(e) = started {
+            // No threads to run the connection: give it up as a local failure.
+            self.begin_close(true);
+            self.connection_lost(false);
+            return Err(e.into());
+        }
+        tracing::info!(qpn = self.qpn, crc, ird, ord, mss, "siw QP connected");
+        Ok(())
+    }
+
+    /// Connected over `llp`: negotiated parameters in, QP to RTS. The caller reads the
+    /// stream and runs a transmitter (the I/O threads, or the engine harness).
+    pub(crate) fn enter_rts(
+        &self,
+        llp: Arc<dyn Llp>,
+        crc: bool,
+        ird: u32,
+        ord: u32,
+        mss: usize,
+    ) -> Result<()> {
+        {
+            let mut st = self.st.lock();
+            if st.connected || matches!(st.qp, QpState::Error) {
+                return Err(VerbsError::BadState);
+            }
+            st.connected = true;
+            st.connecting = false;
+            st.crc = crc;
+            st.ird = ird.max(1);
+            st.ord = ord.max(1);
+            st.max_ulpdu = wire::max_ulpdu_for_mss(mss);
+            self.set_state(&mut st, QpState::Rts);
+        }
+        *self.ctl.lock() = Some(llp.clone());
+        *self.tx.lock() = Some(Tx {
+            llp,
+            unsent: Vec::new(),
+            owed: None,
+        });
         self.dev
             .counters
             .connections
             .fetch_add(1, Ordering::Relaxed);
-        tracing::info!(qpn = self.qpn, crc, ird, ord, mss, "siw QP connected");
         Ok(())
+    }
+
+    /// An active connect ended without attaching a stream (or with `Established` after
+    /// `attach`): report `ev` on the QP.
+    pub(crate) fn connect_done(&self, ev: Event) {
+        self.st.lock().connecting = false;
+        self.sink.deliver(ev);
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -249,63 +376,86 @@ impl SiwQp {
                 }
                 st.kick = false;
             }
-            if !self.pump(u64::MAX) {
+            if !self.pump(Mode::Thread) {
                 return;
             }
         }
     }
 
-    /// Transmit what is ready: a pending Terminate, Read Responses, then send-queue work.
-    /// Requests larger than `limit` are left for the tx thread, and so is everything past
-    /// one ring's worth of send-queue entries (local operations included): however the
+    /// Transmit everything ready, waiting for the LLP as the tx thread does (the engine
+    /// harness plays the tx thread with this).
+    pub(crate) fn transmit(&self) -> bool {
+        self.pump(Mode::Thread)
+    }
+
+    /// Wake the tx thread: there is work a doorbell left to it.
+    fn kick_tx(&self) {
+        self.st.lock().kick = true;
+        self.cv.notify_one();
+    }
+
+    /// Transmit what is ready: a pending Terminate, Read Responses, then send-queue work
+    /// (see [`Mode`]). At most one ring's worth of send-queue entries (local operations
+    /// included) per call, the rest left to the tx thread's next round: however the
     /// consumer churns its ring, one call does bounded work. Returns false once the
     /// connection is finished. The protocol-state lock is never held while writing.
-    fn pump(&self, limit: u64) -> bool {
+    fn pump(&self, mode: Mode) -> bool {
         let mut budget = self.sq.lock().capacity();
-        let guard = self.tx.lock();
-        let Some(sock) = guard.as_ref() else {
+        let mut guard = match mode {
+            Mode::Thread => self.tx.lock(),
+            Mode::Inline => match self.tx.try_lock() {
+                Some(g) => g,
+                None => return true, // the tx thread is at it
+            },
+        };
+        let Some(tx) = guard.as_mut() else {
             return false;
         };
-        let mut out = Vec::with_capacity(64 * 1024);
-        let counters = &self.dev.counters;
-        let mut flush = |out: &mut Vec<u8>| -> std::io::Result<()> {
-            if !out.is_empty() {
-                (&*sock).write_all(out)?;
-                counters
-                    .tx_bytes
-                    .fetch_add(out.len() as u64, Ordering::Relaxed);
-                out.clear();
-            }
-            Ok(())
+        let mut w = Writer {
+            tx,
+            mode,
+            counters: &self.dev.counters,
         };
+        if !w.tx.unsent.is_empty() {
+            if mode == Mode::Inline {
+                return true;
+            }
+            let r = w.tx.llp.write_all(&w.tx.unsent);
+            w.tx.unsent.clear();
+            if let Some((wqe, complete_now)) = w.tx.owed.take() {
+                self.settle(&wqe, r.is_ok(), complete_now);
+            }
+            if let Err(e) = r {
+                tracing::debug!(qpn = self.qpn, error = %e, "siw transmit failed");
+                drop(guard);
+                self.connection_lost(false);
+                return false;
+            }
+        }
+        let mut out = Vec::with_capacity(64 * 1024);
         loop {
-            let work = self.take_work(limit, &mut budget);
+            let work = self.take_work(mode, &mut budget);
             let r = match work {
                 Work::Idle => return true,
-                Work::Close { abortive } => {
-                    if abortive {
-                        set_linger_zero(sock);
-                        let _ = sock.shutdown(Shutdown::Both);
-                    } else {
-                        let _ = sock.shutdown(Shutdown::Write);
-                    }
+                Work::Finish => {
+                    w.tx.llp.shutdown(Shutdown::Write);
                     return false;
                 }
                 Work::Raw(bytes) => {
                     out.extend_from_slice(&bytes);
-                    let r = flush(&mut out);
+                    let r = w.put(&mut out);
                     self.st.lock().term_pending = false;
                     r
                 }
                 Work::Response { rr, crc, mtu } => {
-                    let sent = self.emit_read_response(&mut out, &rr, crc, mtu, &mut flush);
+                    let sent = self.emit_read_response(&mut out, &rr, crc, mtu, &mut |o| w.put(o));
                     // The IRD slot frees before the last FPDUs leave: the peer may send its
                     // next Read Request the moment it has them.
                     {
                         let mut st = self.st.lock();
                         st.responding = st.responding.saturating_sub(1);
                     }
-                    let sent = sent.map(|r| r.and_then(|_| flush(&mut out)));
+                    let sent = sent.map(|r| r.and_then(|_| w.put(&mut out)));
                     match sent {
                         Ok(r) => r,
                         Err(code) => {
@@ -320,35 +470,33 @@ impl SiwQp {
                     let result =
                         self.emit_request(&mut out, &wqe, crc, mtu, msn, &mut |o: &mut Vec<u8>| {
                             if io.is_ok() {
-                                io = flush(o);
+                                io = w.put(o);
                             }
                             o.clear();
                         });
                     if io.is_ok() {
-                        io = flush(&mut out);
+                        io = w.put(&mut out);
                     }
                     out.clear();
-                    let mut st = self.st.lock();
                     match result {
-                        Ok(complete_now) => {
-                            if complete_now {
-                                if let Some(f) = st
-                                    .inflight
-                                    .iter_mut()
-                                    .find(|f| !f.done && f.wqe.wr_id == wqe.wr_id && f.wqe == wqe)
-                                {
-                                    f.done = true;
-                                }
-                                self.complete_in_order(&mut st);
-                            }
+                        Ok(complete_now) if io.is_ok() && !w.tx.unsent.is_empty() => {
+                            // The socket is full: the tx thread finishes this request.
+                            w.tx.owed = Some((wqe, complete_now));
+                            self.kick_tx();
+                            return true;
                         }
+                        Ok(complete_now) => self.settle(&wqe, io.is_ok(), complete_now),
                         Err(status) => {
+                            let mut st = self.st.lock();
                             if let Some(i) =
-                                st.inflight.iter().position(|f| !f.done && f.wqe == wqe)
+                                st.inflight.iter().position(|f| !f.sent && f.wqe == wqe)
                             {
                                 st.inflight.remove(i);
                             }
-                            self.post_cqe(&self.scq, cqe_for(&wqe, self.qpn, status, 0));
+                            if wqe.opcode() == Some(WrOpcode::RdmaRead) {
+                                st.orq.cancel(msn);
+                            }
+                            self.post_cqe(&mut st, &self.scq, cqe_for(&wqe, self.qpn, status, 0));
                             self.to_error(&mut st);
                         }
                     }
@@ -364,18 +512,39 @@ impl SiwQp {
         }
     }
 
+    /// The transmitter is finished with a request: its bytes are all out (`ok`) or the
+    /// attempt failed. It is done now if `complete_now` (all but Reads, which wait for
+    /// their response). A QP that went to Error meanwhile flushes what follows it now.
+    fn settle(&self, wqe: &Wqe, ok: bool, complete_now: bool) {
+        let mut st = self.st.lock();
+        if let Some(f) = st.inflight.iter_mut().find(|f| !f.sent && f.wqe == *wqe) {
+            f.sent = true;
+            f.done |= ok && complete_now;
+        }
+        if st.qp == QpState::Error {
+            self.to_error(&mut st);
+        } else {
+            self.complete_in_order(&mut st);
+        }
+    }
+
     /// Decide the next transmission under the state lock (and reserve its resources).
     /// Send-queue entries spend `budget`; once it is spent the rest is left to the tx
     /// thread's next round.
-    fn take_work(&self, limit: u64, budget: &mut u32) -> Work {
+    fn take_work(&self, mode: Mode, budget: &mut u32) -> Work {
         let mut st = self.st.lock();
+        if mode == Mode::Inline && (st.terminate.is_some() || !st.responses.is_empty()) {
+            st.kick = true; // Terminates and Read Responses go out from the tx thread
+            self.cv.notify_one();
+            return Work::Idle;
+        }
         if let Some(t) = st.terminate.take() {
             st.closing = true;
             return Work::Raw(t);
         }
         if st.qp != QpState::Rts {
             return if st.closing || st.qp == QpState::Error {
-                Work::Close { abortive: false }
+                Work::Finish
             } else {
                 Work::Idle
             };
@@ -396,7 +565,7 @@ impl SiwQp {
             Ok(None) => {
                 drop(sq);
                 return if st.closing && st.inflight.is_empty() {
-                    Work::Close { abortive: false }
+                    Work::Finish
                 } else {
                     Work::Idle
                 };
@@ -416,10 +585,10 @@ impl SiwQp {
             return Work::Idle;
         }
         let op = wqe.opcode();
-        if op == Some(WrOpcode::RdmaRead) && st.reads_outstanding >= st.ord {
+        if op == Some(WrOpcode::RdmaRead) && st.orq.len() as u32 >= st.ord {
             return Work::Idle; // the Read Response that frees a slot kicks us again
         }
-        if wqe.total_len() > limit {
+        if mode == Mode::Inline && wqe.total_len() > INLINE_TX {
             st.kick = true;
             self.cv.notify_one();
             return Work::Idle;
@@ -429,9 +598,14 @@ impl SiwQp {
         drop(sq);
         let msn = match op {
             Some(WrOpcode::RdmaRead) => {
-                st.reads_outstanding += 1;
                 let m = st.tx_msn_read;
                 st.tx_msn_read = m.wrapping_add(1);
+                // Queued before the request leaves, so no response can come first.
+                let (stag, to, size) = wqe
+                    .sges()
+                    .first()
+                    .map_or((0, 0, 0), |s| (s.lkey, s.addr, s.length));
+                st.orq.push(OutstandingRead::new(m, stag, to, size));
                 m
             }
             Some(WrOpcode::Send | WrOpcode::SendWithInv) => {
@@ -441,7 +615,11 @@ impl SiwQp {
             }
             _ => 0,
         };
-        st.inflight.push_back(Inflight { wqe, done: false });
+        st.inflight.push_back(Inflight {
+            wqe,
+            sent: false,
+            done: false,
+        });
         Work::Request { wqe, crc, mtu, msn }
     }
 
@@ -724,59 +902,92 @@ impl SiwQp {
 
     // ---- completions ------------------------------------------------------------------
 
-    fn post_cqe(&self, cq: &Arc<dyn ProviderCq>, cqe: Cqe) {
-        if !cq.engine().push(cqe) {
-            self.dev
-                .counters
-                .cq_overflows
-                .fetch_add(1, Ordering::Relaxed);
+    /// Write a completion. A full CQ (or one whose ring the consumer corrupted) loses it:
+    /// counted, the CQ reports `CqError`, and this QP, which can no longer report its
+    /// work, goes to Error with a Terminate and `QpFatal` (as kernel siw does).
+    fn post_cqe(&self, st: &mut State, cq: &Arc<dyn ProviderCq>, cqe: Cqe) {
+        if cq.engine().push(cqe) {
+            return;
+        }
+        self.dev
+            .counters
+            .cq_overflows
+            .fetch_add(1, Ordering::Relaxed);
+        if st.qp != QpState::Error {
+            tracing::warn!(qpn = self.qpn, "siw QP lost a completion: CQ overflow");
+            self.terminate_locked(st, CQ_OVERFLOW, None);
+            self.sink
+                .deliver(Event::new(EventKind::QpFatal).with_status(libc::EOVERFLOW));
         }
     }
 
     /// Complete finished send-queue requests from the front, in order.
     fn complete_in_order(&self, st: &mut State) {
-        while st.inflight.front().is_some_and(|f| f.done) {
-            let f = st.inflight.pop_front().unwrap();
+        while st.inflight.front().is_some_and(|f| f.sent && f.done) {
+            let Some(f) = st.inflight.pop_front() else {
+                break;
+            };
             if f.wqe.signaled() {
+                // Every request was held to at most u32::MAX bytes before it was sent.
+                let len = u32::try_from(f.wqe.total_len()).unwrap_or(u32::MAX);
                 self.post_cqe(
+                    st,
                     &self.scq,
-                    cqe_for(
-                        &f.wqe,
-                        self.qpn,
-                        WcStatus::Success,
-                        f.wqe.total_len() as u32,
-                    ),
+                    cqe_for(&f.wqe, self.qpn, WcStatus::Success, len),
                 );
             }
         }
     }
 
-    /// Move to Error: flush the send and receive queues with `WrFlushErr`.
+    /// Move to Error: flush the send and receive queues with `WrFlushErr`. A request
+    /// the transmitter is still writing, and everything behind it in the send queue,
+    /// waits: the transmitter settles it (sent, or failed) and flushes again, so
+    /// completions stay in order and nothing sent is reported as flushed.
     fn to_error(&self, st: &mut State) {
         self.set_state(st, QpState::Error);
         self.cv.notify_all();
-        for f in st.inflight.drain(..).collect::<Vec<_>>() {
+        st.orq.clear();
+        st.responses.clear();
+        let mut sq_flushed = true;
+        while let Some(f) = st.inflight.front() {
+            if !f.sent {
+                sq_flushed = false;
+                break;
+            }
+            let Some(f) = st.inflight.pop_front() else {
+                break;
+            };
             let status = if f.done {
                 WcStatus::Success
             } else {
                 WcStatus::WrFlushErr
             };
             if f.wqe.signaled() || status != WcStatus::Success {
-                self.post_cqe(&self.scq, cqe_for(&f.wqe, self.qpn, status, 0));
+                let len = if f.done {
+                    u32::try_from(f.wqe.total_len()).unwrap_or(u32::MAX)
+                } else {
+                    0
+                };
+                self.post_cqe(st, &self.scq, cqe_for(&f.wqe, self.qpn, status, len));
             }
         }
-        st.reads_outstanding = 0;
-        st.responses.clear();
-        // Flush what is queued now, a fixed range: a consumer that keeps refilling the
-        // ring gets the rest flushed at its next doorbell, never an endless loop here.
-        let flushed = self.sq.lock().drain_queued(|w| {
-            self.post_cqe(&self.scq, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
-        });
-        if flushed.is_err() {
-            RingStats::count(&self.stats.wq_corrupt);
+        if sq_flushed {
+            // Flush what is queued now, a fixed range: a consumer that keeps refilling
+            // the ring gets the rest flushed at its next doorbell, never an endless loop.
+            let flushed = self.sq.lock().drain_queued(|w| {
+                self.post_cqe(
+                    st,
+                    &self.scq,
+                    cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0),
+                );
+            });
+            if flushed.is_err() {
+                RingStats::count(&self.stats.wq_corrupt);
+            }
         }
         if let Some(r) = st.cur_recv.take() {
             self.post_cqe(
+                st,
                 &self.rcq,
                 cqe_for(&r.wqe, self.qpn, WcStatus::WrFlushErr, 0),
             );
@@ -790,7 +1001,11 @@ impl SiwQp {
             return;
         }
         let flushed = self.rq.lock().drain_queued(|w| {
-            self.post_cqe(&self.rcq, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
+            self.post_cqe(
+                st,
+                &self.rcq,
+                cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0),
+            );
         });
         if flushed.is_err() {
             RingStats::count(&self.stats.wq_corrupt);
@@ -840,35 +1055,7 @@ impl SiwQp {
             ecode = code.ecode,
             "siw QP terminating"
         );
-        self.dev
-            .counters
-            .terminates_sent
-            .fetch_add(1, Ordering::Relaxed);
-        let mut t = Vec::with_capacity(64);
-        let start = wire::begin_fpdu(&mut t);
-        Header {
-            opcode: Opcode::Terminate,
-            last: true,
-            model: Model::Untagged {
-                inv_stag: 0,
-                qn: wire::QN_TERMINATE,
-                msn: 1,
-                mo: 0,
-            },
-        }
-        .emit(&mut t);
-        let mut ctrl = code.to_u32();
-        if let Some(h) = hdr {
-            ctrl |= 1 << 14; // D: the DDP segment header is included
-            t.extend_from_slice(&ctrl.to_be_bytes());
-            t.extend_from_slice(&h[..h.len().min(wire::UNTAGGED_HDR)]);
-        } else {
-            t.extend_from_slice(&ctrl.to_be_bytes());
-        }
-        let _ = wire::finish_fpdu(&mut t, start, st.crc);
-        st.terminate = Some(t);
-        st.term_pending = true;
-        self.to_error(&mut st);
+        self.terminate_locked(&mut st, code, hdr);
         drop(st);
         let kind = match code.etype {
             term::RDMAP_REMOTE_PROT if code.layer == term::LAYER_RDMAP => EventKind::QpAccessError,
@@ -882,8 +1069,44 @@ impl SiwQp {
         self.cv.notify_all();
     }
 
+    /// Queue a Terminate with `code` (and the offending DDP header) for the tx thread to
+    /// send as the connection's last FPDU, and move to Error.
+    fn terminate_locked(&self, st: &mut State, code: TermCode, hdr: Option<&[u8]>) {
+        if st.connected {
+            self.dev
+                .counters
+                .terminates_sent
+                .fetch_add(1, Ordering::Relaxed);
+            let mut t = Vec::with_capacity(64);
+            let start = wire::begin_fpdu(&mut t);
+            Header {
+                opcode: Opcode::Terminate,
+                last: true,
+                model: Model::Untagged {
+                    inv_stag: 0,
+                    qn: wire::QN_TERMINATE,
+                    msn: 1,
+                    mo: 0,
+                },
+            }
+            .emit(&mut t);
+            let mut ctrl = code.to_u32();
+            if let Some(h) = hdr {
+                ctrl |= 1 << 14; // D: the DDP segment header is included
+                t.extend_from_slice(&ctrl.to_be_bytes());
+                t.extend_from_slice(&h[..h.len().min(wire::UNTAGGED_HDR)]);
+            } else {
+                t.extend_from_slice(&ctrl.to_be_bytes());
+            }
+            let _ = wire::finish_fpdu(&mut t, start, st.crc);
+            st.terminate = Some(t);
+            st.term_pending = true;
+        }
+        self.to_error(st);
+    }
+
     /// The connection ended (EOF, reset, or a write failure).
-    fn connection_lost(&self, eof: bool) {
+    pub(crate) fn connection_lost(&self, eof: bool) {
         let mut st = self.st.lock();
         let was_error = st.qp == QpState::Error;
         st.connected = false;
@@ -898,7 +1121,7 @@ impl SiwQp {
         st.events_sent = true;
         drop(st);
         if let Some(s) = self.ctl.lock().as_ref() {
-            let _ = s.shutdown(Shutdown::Both);
+            s.shutdown(Shutdown::Both);
         }
         if first {
             tracing::info!(qpn = self.qpn, ?kind, was_error, "siw connection closed");
@@ -911,61 +1134,62 @@ impl SiwQp {
     fn rx_loop(self: Arc<Self>, mut sock: TcpStream) {
         let mut buf = vec![0u8; 70 * 1024];
         loop {
-            let crc = self.st.lock().crc;
             let mut len = [0u8; 2];
             match read_full(&mut sock, &mut len) {
                 Ok(true) => {}
                 Ok(false) => return self.connection_lost(true),
                 Err(_) => return self.connection_lost(false),
             }
-            let ulpdu = u16::from_be_bytes(len) as usize;
-            let total = wire::fpdu_len(ulpdu);
+            let total = wire::fpdu_len(u16::from_be_bytes(len) as usize);
             buf[..2].copy_from_slice(&len);
             match read_full(&mut sock, &mut buf[2..total]) {
                 Ok(true) => {}
                 _ => return self.connection_lost(false),
             }
-            self.dev.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
-            self.dev
-                .counters
-                .rx_bytes
-                .fetch_add(total as u64, Ordering::Relaxed);
-            let u = match wire::check_fpdu(&buf[..total], crc) {
-                Ok(u) => u,
-                Err(wire::WireError::BadCrc) => {
-                    self.dev.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
-                    self.fail(
-                        TermCode {
-                            layer: term::LAYER_LLP,
-                            etype: 0,
-                            ecode: term::LLP_CRC,
-                        },
-                        None,
-                    );
-                    return self.finish_rx(sock);
-                }
-                Err(_) => {
-                    self.fail(
-                        TermCode {
-                            layer: term::LAYER_LLP,
-                            etype: 0,
-                            ecode: term::LLP_BAD_FPDU,
-                        },
-                        None,
-                    );
-                    return self.finish_rx(sock);
-                }
-            };
-            if let Err(code) = self.on_ulpdu(u) {
-                self.dev.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
-                let hdr = u[..u.len().min(wire::UNTAGGED_HDR)].to_vec();
-                self.fail(code, Some(&hdr));
-                return self.finish_rx(sock);
-            }
-            if self.st.lock().qp == QpState::Error {
+            if !self.receive_fpdu(&buf[..total]) {
                 return self.finish_rx(sock);
             }
         }
+    }
+
+    /// Process one whole FPDU from the peer: check its framing and CRC, then place or
+    /// queue what it carries; on any violation queue a Terminate and go to Error.
+    /// Returns whether the QP still takes FPDUs.
+    pub(crate) fn receive_fpdu(&self, fpdu: &[u8]) -> bool {
+        let crc = self.st.lock().crc;
+        self.dev.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
+        self.dev
+            .counters
+            .rx_bytes
+            .fetch_add(fpdu.len() as u64, Ordering::Relaxed);
+        let u = match wire::check_fpdu(fpdu, crc) {
+            Ok(u) => u,
+            Err(e) => {
+                if e == wire::WireError::BadCrc {
+                    self.dev.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let ecode = if e == wire::WireError::BadCrc {
+                    term::LLP_CRC
+                } else {
+                    term::LLP_BAD_FPDU
+                };
+                self.fail(
+                    TermCode {
+                        layer: term::LAYER_LLP,
+                        etype: 0,
+                        ecode,
+                    },
+                    None,
+                );
+                return false;
+            }
+        };
+        if let Err(code) = self.on_ulpdu(u) {
+            self.dev.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
+            self.fail(code, Some(&u[..u.len().min(wire::UNTAGGED_HDR)]));
+            return false;
+        }
+        self.st.lock().qp != QpState::Error
     }
 
     /// After a local Terminate: keep reading (so the peer never stalls on a full window)
@@ -1033,14 +1257,11 @@ impl SiwQp {
         })?;
         match (h.opcode, h.model) {
             (Opcode::Write, Model::Tagged { stag, to }) => {
+                self.require_qp_access(Access::REMOTE_WRITE)?;
                 self.place_tagged(stag, to, payload, Access::REMOTE_WRITE)
             }
             (Opcode::ReadResponse, Model::Tagged { stag, to }) => {
-                self.place_tagged(stag, to, payload, Access::LOCAL_WRITE)?;
-                if h.last {
-                    self.read_response_done()?;
-                }
-                Ok(())
+                self.on_read_response(stag, to, h.last, payload)
             }
             (
                 op,
@@ -1049,12 +1270,14 @@ impl SiwQp {
                 },
             ) if op.is_send() => self.place_send(op, h.last, inv_stag, msn, mo, payload),
             (Opcode::ReadRequest, Model::Untagged { msn, mo, .. }) => {
+                self.require_qp_access(Access::REMOTE_READ)?;
                 self.on_read_request(h.last, msn, mo, payload)
             }
             (Opcode::Terminate, _) => {
                 let code = payload
                     .get(..4)
-                    .map(|b| TermCode::from_u32(u32::from_be_bytes(b.try_into().unwrap())));
+                    .and_then(|b| b.try_into().ok())
+                    .map(|b| TermCode::from_u32(u32::from_be_bytes(b)));
                 tracing::warn!(qpn = self.qpn, ?code, "siw peer terminated the connection");
                 self.dev
                     .counters
@@ -1075,9 +1298,23 @@ impl SiwQp {
         }
     }
 
+    /// The QP's own access flags must allow an incoming RDMA Write or Read at all,
+    /// whatever the registration it names would allow (RFC 5040: access violation).
+    fn require_qp_access(&self, need: Access) -> Result<(), TermCode> {
+        if self.st.lock().attr.access.contains(need) {
+            Ok(())
+        } else {
+            Err(TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_PROT,
+                ecode: term::RDMAP_ACCESS,
+            })
+        }
+    }
+
     fn place_tagged(&self, stag: u32, to: u64, data: &[u8], need: Access) -> Result<(), TermCode> {
-        if data.is_empty() && need == Access::REMOTE_WRITE {
-            return Ok(()); // zero-length write: nothing is placed, no STag is checked
+        if data.is_empty() {
+            return Ok(()); // zero-length: nothing is placed, no STag is checked
         }
         let r = self
             .dev
@@ -1087,23 +1324,33 @@ impl SiwQp {
         r.write(self.pd, to, data, need).map_err(access_term)
     }
 
-    fn read_response_done(&self) -> Result<(), TermCode> {
+    /// A Read Response segment: accepted only as the next bytes of the oldest
+    /// outstanding read (checked by the ORQ before anything is placed), placed into that
+    /// read's sink, and the read completed with its last segment.
+    fn on_read_response(
+        &self,
+        stag: u32,
+        to: u64,
+        last: bool,
+        data: &[u8],
+    ) -> Result<(), TermCode> {
+        let p: Placement = self.st.lock().orq.check(stag, to, data.len(), last)?;
+        // Placed without the state lock: only this thread consumes the ORQ's front, and
+        // a queue cleared meanwhile (QP to Error) ignores the placement below.
+        self.place_tagged(p.stag, p.to, data, Access::LOCAL_WRITE)?;
         let mut st = self.st.lock();
-        let Some(f) = st
+        if st.orq.advance(&p).is_none() || st.qp != QpState::Rts {
+            return Ok(());
+        }
+        if let Some(f) = st
             .inflight
             .iter_mut()
             .find(|f| !f.done && f.wqe.opcode() == Some(WrOpcode::RdmaRead))
-        else {
-            return Err(TermCode {
-                layer: term::LAYER_RDMAP,
-                etype: term::RDMAP_REMOTE_OP,
-                ecode: term::RDMAP_UNEXPECTED_OP,
-            });
-        };
-        f.done = true;
-        st.reads_outstanding = st.reads_outstanding.saturating_sub(1);
+        {
+            f.done = true;
+        }
         self.complete_in_order(&mut st);
-        st.kick = true;
+        st.kick = true; // an ORD slot is free
         self.cv.notify_all();
         Ok(())
     }
@@ -1139,13 +1386,10 @@ impl SiwQp {
                 received: 0,
             });
         }
-        let rip = st.cur_recv.as_mut().unwrap();
-        if mo != rip.received {
-            return Err(untagged(term::DDP_UNTAGGED_INV_MO));
-        }
-        if mo as u64 + data.len() as u64 > rip.total {
-            return Err(untagged(term::DDP_UNTAGGED_TOO_LONG));
-        }
+        let Some(rip) = st.cur_recv.as_mut() else {
+            return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
+        };
+        let end = next_offset(rip, mo, data.len())?;
         // Scatter into the receive's SGEs starting at message offset `mo`.
         let mut skip = mo as u64;
         let mut left = data;
@@ -1168,29 +1412,47 @@ impl SiwQp {
             left = &left[take..];
             skip = 0;
         }
-        rip.received += data.len() as u32;
+        rip.received = end;
         if !last {
             return Ok(());
         }
-        let rip = st.cur_recv.take().unwrap();
+        let Some(rip) = st.cur_recv.take() else {
+            return Ok(());
+        };
         st.rx_msn_send = st.rx_msn_send.wrapping_add(1);
         let mut cqe = cqe_for(&rip.wqe, self.qpn, WcStatus::Success, rip.received);
         if op.solicited() {
             cqe.flags |= wc_flags::SOLICITED;
         }
         if op.invalidates() {
-            if self.dev.mrs.invalidate(inv_stag, self.pd).is_err() {
-                return Err(TermCode {
-                    layer: term::LAYER_RDMAP,
-                    etype: term::RDMAP_REMOTE_PROT,
-                    ecode: term::RDMAP_CANNOT_INVALIDATE,
-                });
+            if let Err(code) = self.remote_invalidate(inv_stag) {
+                cqe.status = WcStatus::RemInvReqErr as u8;
+                self.post_cqe(&mut st, &self.rcq, cqe);
+                return Err(code);
             }
             cqe.flags |= wc_flags::WITH_INV;
             cqe.imm_or_inv = inv_stag;
         }
-        drop(st);
-        self.post_cqe(&self.rcq, cqe);
+        self.post_cqe(&mut st, &self.rcq, cqe);
+        Ok(())
+    }
+
+    /// Send with Invalidate: the peer may invalidate only what it was given remote
+    /// access to — a memory window, or a registration with remote rights — of this
+    /// QP's protection domain (`docs/security.md`, M6). A local-only buffer (a receive
+    /// buffer, a Read sink) cannot be taken away from the consumer by a peer.
+    fn remote_invalidate(&self, stag: u32) -> Result<(), TermCode> {
+        let refused = TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_CANNOT_INVALIDATE,
+        };
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let r = self.dev.mrs.lookup(stag).map_err(|_| refused)?;
+        if r.pd != self.pd || !(r.is_window() || r.access.intersects(remote)) {
+            return Err(refused);
+        }
+        r.invalidate();
         Ok(())
     }
 
@@ -1237,6 +1499,8 @@ impl SiwQp {
         Ok(())
     }
 
+    /// Close locally: orderly (a FIN once the send queue has drained) or abortive (a TCP
+    /// reset now, as for a destroyed QP or a dead process; outstanding work flushes).
     pub(crate) fn begin_close(&self, abortive: bool) {
         let mut st = self.st.lock();
         st.local_close = true;
@@ -1247,12 +1511,11 @@ impl SiwQp {
         }
         self.cv.notify_all();
         drop(st);
-        // Lock order: the tx thread holds `tx` and then takes `st`; the socket is shut
-        // down here through `ctl`, taken without `st` held.
+        // Lock order: the tx thread holds `tx` and then takes `st`; the socket is reset
+        // here through `ctl`, taken without `st` held.
         if abortive {
             if let Some(s) = self.ctl.lock().as_ref() {
-                set_linger_zero(s);
-                let _ = s.shutdown(Shutdown::Both);
+                s.abort();
             }
         }
     }
@@ -1262,9 +1525,9 @@ impl SiwQp {
 #[allow(clippy::large_enum_variant)]
 enum Work {
     Idle,
-    Close {
-        abortive: bool,
-    },
+    /// The orderly close: a FIN once everything before it is out.
+    Finish,
+    /// A Terminate.
     Raw(Vec<u8>),
     Response {
         rr: ReadRequest,
@@ -1355,41 +1618,6 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
     Ok(true)
 }
 
-fn tcp_mss(s: &TcpStream) -> Option<usize> {
-    use std::os::fd::AsRawFd;
-    let mut v: libc::c_int = 0;
-    let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes one c_int into `v` and its size into `l`.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            &mut v as *mut _ as *mut libc::c_void,
-            &mut l,
-        )
-    };
-    (r == 0 && v > 0).then_some(v as usize)
-}
-
-pub(crate) fn set_linger_zero(s: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt reads one linger struct of the given size.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-}
-
 impl ProviderQp for SiwQp {
     fn qp_num(&self) -> u32 {
         self.qpn
@@ -1444,29 +1672,32 @@ impl ProviderQp for SiwQp {
             }
             st.kick = true;
         }
-        // Small requests go out inline in the caller's thread when nobody is transmitting.
-        let inline_ok = self.tx.try_lock().is_some_and(|g| g.is_some());
-        if inline_ok {
-            self.pump(INLINE_TX);
-        }
+        // Small requests go out inline in the caller's thread while the socket takes
+        // them; nothing here ever waits for the socket or for the tx thread.
+        self.pump(Mode::Inline);
         self.cv.notify_one();
     }
 
     fn connect(&self, peer: std::net::SocketAddr, param: ConnParam) -> Result<()> {
         let me = self.me.upgrade().ok_or(VerbsError::BadState)?;
-        {
-            let st = self.st.lock();
-            if st.connected || !matches!(st.qp, QpState::Reset | QpState::Init | QpState::Rtr) {
-                return Err(VerbsError::BadState);
-            }
-        }
         if param.private_data.len() + 4 > wire::MPA_MAX_PDATA {
             return Err(VerbsError::Invalid);
         }
-        std::thread::Builder::new()
-            .name("siw-connect".into())
-            .spawn(move || crate::cm::active_connect(me, peer, param))?;
-        Ok(())
+        {
+            let mut st = self.st.lock();
+            if st.connected
+                || st.connecting
+                || !matches!(st.qp, QpState::Reset | QpState::Init | QpState::Rtr)
+            {
+                return Err(VerbsError::BadState);
+            }
+            st.connecting = true;
+        }
+        let started = crate::cm::connect(me, peer, param);
+        if started.is_err() {
+            self.st.lock().connecting = false;
+        }
+        started
     }
 
     fn disconnect(&self, abortive: bool) -> Result<()> {
@@ -1520,5 +1751,45 @@ pub(crate) fn mpa_frame(
         revision,
         ird_ord: (revision == 2).then(|| (word(ird), word(ord))),
         private_data: pdata.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receiving(received: u32, total: u64) -> RecvInProgress {
+        RecvInProgress {
+            wqe: Wqe::default(),
+            received,
+            total,
+        }
+    }
+
+    #[test]
+    fn message_offsets_and_byte_counts_never_overflow() {
+        // A receive larger than 4 GiB: the message still ends at u32::MAX bytes, what
+        // the 32-bit message offset and the completion's byte count can say.
+        let r = receiving(u32::MAX - 10, 8 << 30);
+        assert_eq!(next_offset(&r, u32::MAX - 10, 10), Ok(u32::MAX));
+        assert_eq!(
+            next_offset(&r, u32::MAX - 10, 11).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_TOO_LONG)
+        );
+        assert_eq!(
+            next_offset(&r, u32::MAX - 10, usize::MAX).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_TOO_LONG)
+        );
+        // The offset must be where the message stands, and the receive must hold it.
+        assert_eq!(
+            next_offset(&r, 0, 1).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_INV_MO)
+        );
+        let small = receiving(10, 16);
+        assert_eq!(next_offset(&small, 10, 6), Ok(16));
+        assert_eq!(
+            next_offset(&small, 10, 7).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_TOO_LONG)
+        );
     }
 }

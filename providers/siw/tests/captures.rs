@@ -311,15 +311,72 @@ proptest! {
     }
 }
 
-/// `scripts/fuzz.sh seed`: the captured FPDUs become the `siw_fpdu` fuzz corpus.
+/// `scripts/fuzz.sh seed`: the captured FPDUs become the `siw_fpdu` fuzz corpus, and
+/// each captured connection direction a `siw_qp` input (its first FPDUs, as the peer's
+/// actions against the engine harness).
 #[test]
 fn write_fuzz_seeds() {
     let Some(dir) = std::env::var_os("KRDMA_FUZZ_SEEDS") else {
         return;
     };
-    let dir = PathBuf::from(dir).join("siw_fpdu");
-    std::fs::create_dir_all(&dir).unwrap();
+    let fpdus = PathBuf::from(&dir).join("siw_fpdu");
+    std::fs::create_dir_all(&fpdus).unwrap();
     for (i, f) in corpus().iter().enumerate() {
-        std::fs::write(dir.join(format!("capture-{i:04}")), f).unwrap();
+        std::fs::write(fpdus.join(format!("capture-{i:04}")), f).unwrap();
     }
+    let sessions = PathBuf::from(&dir).join("siw_qp");
+    std::fs::create_dir_all(&sessions).unwrap();
+    for name in [
+        "rping_siw.pcap",
+        "rping_siw_crc.pcap",
+        "rdma_server_siw.pcap",
+        "send_lat_siw.pcap",
+    ] {
+        for (i, (crc, ulpdus)) in directions(name).into_iter().enumerate() {
+            let actions = siw::harness::Action::from_capture(&ulpdus[..ulpdus.len().min(20)]);
+            let mut input = vec![crc as u8];
+            input.extend(siw::harness::Action::encode(&actions));
+            let stem = name.trim_end_matches(".pcap");
+            std::fs::write(sessions.join(format!("{stem}-{i}")), input).unwrap();
+        }
+    }
+}
+
+/// Every direction of every MPA connection of a capture: its CRC setting and ULPDUs.
+fn directions(name: &str) -> Vec<(bool, Vec<Vec<u8>>)> {
+    let streams = tcp_streams(name);
+    let mut out = Vec::new();
+    for (flow, s) in &streams {
+        let Ok((req, used)) = MpaFrame::parse(&s.data) else {
+            continue;
+        };
+        if req.reply {
+            continue;
+        }
+        let Some((_, back)) = streams.iter().find(|(f, _)| f.0 == flow.1 && f.1 == flow.0) else {
+            continue;
+        };
+        let Ok((rep, rep_used)) = MpaFrame::parse(&back.data) else {
+            continue;
+        };
+        for data in [&s.data[used..], &back.data[rep_used..]] {
+            let mut ulpdus = Vec::new();
+            let mut off = 0;
+            while off + 2 <= data.len() {
+                let total = wire::fpdu_len(u16::from_be_bytes([data[off], data[off + 1]]) as usize);
+                let Some(Ok(u)) = data
+                    .get(off..off + total)
+                    .map(|f| wire::check_fpdu(f, rep.crc))
+                else {
+                    break;
+                };
+                ulpdus.push(u.to_vec());
+                off += total;
+            }
+            if !ulpdus.is_empty() {
+                out.push((rep.crc, ulpdus));
+            }
+        }
+    }
+    out
 }

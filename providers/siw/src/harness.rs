@@ -1,0 +1,1165 @@
+//! The QP engine on an in-memory LLP, for fuzzing (`tests/fuzz`, target `siw_qp`) and
+//! deterministic tests: a real [`SiwDevice`], CQ and QP with real rings and key table, a
+//! connection that carries the peer's FPDUs into the engine (the rx thread's own entry
+//! point) and collects what the engine transmits, and registrations over guarded
+//! buffers whose accessor refuses — by panicking, which a fuzzer reports — every write
+//! that lands outside what the operation under way may touch.
+//!
+//! The peer is a list of [`Action`]s, decoded from arbitrary bytes: consumer requests
+//! (post a receive, a Read, a Send), FPDUs built near the registrations (STags, tagged
+//! offsets, MSNs and sizes close to the real ones), Read Responses aimed at the reads
+//! outstanding, raw bytes, polls, access-flag changes and closes. Nothing here runs a
+//! thread: the harness plays the tx thread by pumping after each action.
+
+use crate::llp::Llp;
+use crate::qp::SiwQp;
+use crate::wire::{self, Header, Model, Opcode, ReadRequest};
+use crate::{SiwConfig, SiwDevice};
+use parking_lot::Mutex;
+use rnicpi::*;
+use std::io;
+use std::net::{IpAddr, Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Guard bytes on each side of every registered buffer.
+const GUARD: usize = 64;
+const GUARD_BYTE: u8 = 0xA5;
+/// Bytes of each registration.
+pub const MR_LEN: usize = 4096;
+/// Largest payload an action builds.
+const MAX_PAYLOAD: usize = 2048;
+/// Actions taken from one input.
+const MAX_ACTIONS: usize = 64;
+const CQ_DEPTH: u32 = 16;
+const QP_DEPTH: u32 = 16;
+
+/// The registrations of the harness, by index in [`Action`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Remote write and read, local write: a peer may write anywhere in it.
+    Remote,
+    /// Local write only: written only by receives and Read Responses into posted ranges.
+    Local,
+    /// Remote read only: never written.
+    ReadOnly,
+    /// Every right, in another protection domain: never written through this QP.
+    Foreign,
+}
+
+const KINDS: [Kind; 4] = [Kind::Remote, Kind::Local, Kind::ReadOnly, Kind::Foreign];
+
+/// A registered buffer with guard bytes around it, and the ranges the engine may write
+/// into right now.
+#[derive(Debug)]
+struct Guarded {
+    base: u64,
+    bytes: Mutex<Vec<u8>>,
+    /// (wr_id, start, end) of ranges a posted receive or Read may fill; the whole
+    /// buffer for `Remote`.
+    open: Mutex<Vec<(u64, u64, u64)>>,
+}
+
+impl Guarded {
+    fn new(base: u64, kind: Kind) -> Guarded {
+        let mut bytes = vec![GUARD_BYTE; GUARD + MR_LEN + GUARD];
+        for (i, b) in bytes[GUARD..GUARD + MR_LEN].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let open = if kind == Kind::Remote {
+            vec![(u64::MAX, base, base + MR_LEN as u64)]
+        } else {
+            Vec::new()
+        };
+        Guarded {
+            base,
+            bytes: Mutex::new(bytes),
+            open: Mutex::new(open),
+        }
+    }
+
+    /// Index of `addr..addr+len` in `bytes` (guards included); panics outside it.
+    fn index(&self, addr: u64, len: usize) -> usize {
+        let lo = self.base - GUARD as u64;
+        let off = addr.checked_sub(lo).expect("access below the buffer") as usize;
+        assert!(
+            off + len <= GUARD + MR_LEN + GUARD,
+            "access beyond the buffer"
+        );
+        off
+    }
+
+    /// The guards and, for buffers nothing may write, the contents are as made.
+    fn check(&self, writable: bool) {
+        let b = self.bytes.lock();
+        assert!(
+            b[..GUARD]
+                .iter()
+                .chain(&b[GUARD + MR_LEN..])
+                .all(|&x| x == GUARD_BYTE),
+            "a guard byte around the registration at {:#x} changed",
+            self.base
+        );
+        if !writable {
+            assert!(
+                b[GUARD..GUARD + MR_LEN]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == i as u8),
+                "the registration at {:#x}, which nothing may write, changed",
+                self.base
+            );
+        }
+    }
+}
+
+impl MemoryAccess for Guarded {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let i = self.index(addr, buf.len());
+        buf.copy_from_slice(&self.bytes.lock()[i..i + buf.len()]);
+        Ok(())
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        let i = self.index(addr, data.len());
+        let end = addr + data.len() as u64;
+        assert!(
+            self.open
+                .lock()
+                .iter()
+                .any(|&(_, lo, hi)| addr >= lo && end <= hi),
+            "write of {} bytes at {addr:#x} outside every range the engine may fill",
+            data.len()
+        );
+        self.bytes.lock()[i..i + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// The connection's far end in memory: what the engine transmits is kept; a write that
+/// never waits takes at most `room` bytes, so the doorbell's hand-over to the tx thread
+/// runs too.
+#[derive(Default)]
+struct MemoryLlp {
+    sent: Mutex<Vec<u8>>,
+    room: AtomicUsize,
+    closed: AtomicBool,
+    /// Runs once, right after the next waiting write took its bytes and before the
+    /// transmitter hears back (a test's stand-in for the peer acting at that moment).
+    after_write: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Llp for MemoryLlp {
+    fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        self.sent.lock().extend_from_slice(bytes);
+        let after = self.after_write.lock().take();
+        if let Some(f) = after {
+            f();
+        }
+        Ok(())
+    }
+
+    fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let n = bytes.len().min(self.room.load(Ordering::Acquire));
+        self.sent.lock().extend_from_slice(&bytes[..n]);
+        Ok(n)
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        if how != Shutdown::Read {
+            self.closed.store(true, Ordering::Release);
+        }
+    }
+
+    fn abort(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// A network that is not there: the harness's QP is connected over memory.
+struct NoNetwork;
+
+impl KalServices for NoNetwork {
+    fn route(&self, _peer: IpAddr) -> Result<Route> {
+        Err(VerbsError::Unreachable)
+    }
+    fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
+        None
+    }
+    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
+        Err(VerbsError::Unreachable)
+    }
+    fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
+        Err(VerbsError::Unsupported)
+    }
+}
+
+struct Bell(Weak<SiwQp>);
+
+impl Doorbell for Bell {
+    fn ring(&self) {
+        if let Some(qp) = self.0.upgrade() {
+            qp.doorbell();
+        }
+    }
+}
+
+/// What the peer or the consumer does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Post a receive into `len` bytes at `off` of registration `mr`.
+    PostRecv { mr: u8, off: u16, len: u16 },
+    /// Post an RDMA Read into registration `mr` from the peer's `(rkey, raddr)`.
+    PostRead {
+        mr: u8,
+        off: u16,
+        len: u16,
+        rkey: u32,
+        raddr: u64,
+    },
+    /// Post a Send of `len` bytes at `off` of registration `mr`.
+    PostSend { mr: u8, off: u16, len: u16 },
+    /// The peer sends one well-framed FPDU.
+    Fpdu(Fpdu),
+    /// The peer answers the `read`-th outstanding read (wrapping), `skew` bytes off the
+    /// next expected offset.
+    Respond {
+        read: u8,
+        skew: i16,
+        len: u16,
+        last: bool,
+    },
+    /// The peer sends these bytes as they are.
+    Raw(Vec<u8>),
+    /// The consumer polls the CQ.
+    Poll,
+    /// The socket takes at most this many bytes without waiting (0: full).
+    Room(u16),
+    /// The consumer sets the QP's access flags.
+    QpAccess(u8),
+    /// The consumer closes the connection.
+    Close { abortive: bool },
+}
+
+/// An FPDU built near the harness's registrations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fpdu {
+    /// RDMAP opcode (0..=7; the model follows it).
+    pub opcode: u8,
+    pub last: bool,
+    /// Tagged: STag and offset. A registration's STag (by index), optionally with some
+    /// bits flipped; the offset relative to its base.
+    pub stag: StagSel,
+    pub to: i32,
+    /// Untagged: MSN relative to the next one the QP expects for the opcode's queue,
+    /// message offset, and the STag a Send with Invalidate names.
+    pub msn: i8,
+    pub mo: u32,
+    pub payload_len: u16,
+    pub fill: u8,
+}
+
+/// A registration's STag, or a near miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagSel {
+    pub mr: u8,
+    pub flip: u32,
+}
+
+/// A cursor over fuzz input bytes; reads past the end give `None`.
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (a, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*a)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take::<1>().map(|[b]| b)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+impl Action {
+    /// Decode a list of actions (at most 64; a truncated last one is dropped).
+    pub fn decode(data: &[u8]) -> Vec<Action> {
+        let mut i = Input(data);
+        let mut out = Vec::new();
+        while out.len() < MAX_ACTIONS {
+            match Self::decode_one(&mut i) {
+                Some(a) => out.push(a),
+                None => break,
+            }
+        }
+        out
+    }
+
+    fn decode_one(i: &mut Input) -> Option<Action> {
+        Some(match i.u8()? % 10 {
+            0 => Action::PostRecv {
+                mr: i.u8()?,
+                off: i.u16()?,
+                len: i.u16()?,
+            },
+            1 => Action::PostRead {
+                mr: i.u8()?,
+                off: i.u16()?,
+                len: i.u16()?,
+                rkey: i.u32()?,
+                raddr: i.u64()?,
+            },
+            2 => Action::PostSend {
+                mr: i.u8()?,
+                off: i.u16()?,
+                len: i.u16()?,
+            },
+            3 => Action::Fpdu(Fpdu {
+                opcode: i.u8()?,
+                last: i.u8()? & 1 != 0,
+                stag: StagSel {
+                    mr: i.u8()?,
+                    flip: i.u32()?,
+                },
+                to: i.u32()? as i32,
+                msn: i.u8()? as i8,
+                mo: i.u32()?,
+                payload_len: i.u16()?,
+                fill: i.u8()?,
+            }),
+            4 => Action::Respond {
+                read: i.u8()?,
+                skew: i.u16()? as i16,
+                len: i.u16()?,
+                last: i.u8()? & 1 != 0,
+            },
+            5 => {
+                let n = (i.u16()? as usize).min(i.0.len()).min(MAX_PAYLOAD + 64);
+                let (raw, rest) = i.0.split_at(n);
+                i.0 = rest;
+                Action::Raw(raw.to_vec())
+            }
+            6 => Action::Poll,
+            7 => Action::Room(i.u16()?),
+            8 => Action::QpAccess(i.u8()?),
+            _ => Action::Close {
+                abortive: i.u8()? & 1 != 0,
+            },
+        })
+    }
+
+    /// The bytes [`decode`](Self::decode) turns back into these actions.
+    pub fn encode(actions: &[Action]) -> Vec<u8> {
+        let mut o = Vec::new();
+        for a in actions {
+            match a {
+                Action::PostRecv { mr, off, len } => {
+                    o.push(0);
+                    o.push(*mr);
+                    o.extend(off.to_le_bytes());
+                    o.extend(len.to_le_bytes());
+                }
+                Action::PostRead {
+                    mr,
+                    off,
+                    len,
+                    rkey,
+                    raddr,
+                } => {
+                    o.push(1);
+                    o.push(*mr);
+                    o.extend(off.to_le_bytes());
+                    o.extend(len.to_le_bytes());
+                    o.extend(rkey.to_le_bytes());
+                    o.extend(raddr.to_le_bytes());
+                }
+                Action::PostSend { mr, off, len } => {
+                    o.push(2);
+                    o.push(*mr);
+                    o.extend(off.to_le_bytes());
+                    o.extend(len.to_le_bytes());
+                }
+                Action::Fpdu(f) => {
+                    o.push(3);
+                    o.push(f.opcode);
+                    o.push(f.last as u8);
+                    o.push(f.stag.mr);
+                    o.extend(f.stag.flip.to_le_bytes());
+                    o.extend((f.to as u32).to_le_bytes());
+                    o.push(f.msn as u8);
+                    o.extend(f.mo.to_le_bytes());
+                    o.extend(f.payload_len.to_le_bytes());
+                    o.push(f.fill);
+                }
+                Action::Respond {
+                    read,
+                    skew,
+                    len,
+                    last,
+                } => {
+                    o.push(4);
+                    o.push(*read);
+                    o.extend((*skew as u16).to_le_bytes());
+                    o.extend(len.to_le_bytes());
+                    o.push(*last as u8);
+                }
+                Action::Raw(b) => {
+                    o.push(5);
+                    o.extend((b.len() as u16).to_le_bytes());
+                    o.extend(b);
+                }
+                Action::Poll => o.push(6),
+                Action::Room(n) => {
+                    o.push(7);
+                    o.extend(n.to_le_bytes());
+                }
+                Action::QpAccess(a) => {
+                    o.push(8);
+                    o.push(*a);
+                }
+                Action::Close { abortive } => {
+                    o.push(9);
+                    o.push(*abortive as u8);
+                }
+            }
+        }
+        o
+    }
+
+    /// A captured connection direction (its ULPDUs, in order) as the peer's actions:
+    /// receives posted for its Sends, its FPDUs aimed at the harness's registrations
+    /// (each captured STag mapped to one, offsets kept relative to the first seen), a
+    /// Read posted for each Read Response it carries. Seeds the `siw_qp` corpus.
+    pub fn from_capture(ulpdus: &[Vec<u8>]) -> Vec<Action> {
+        let mut out = Vec::new();
+        let mut stags: Vec<(u32, u64)> = Vec::new();
+        let mut reads = 0;
+        for u in ulpdus {
+            let Ok((h, payload)) = Header::parse(u) else {
+                out.push(Action::Raw(u.clone()));
+                continue;
+            };
+            let len = payload.len().min(MAX_PAYLOAD) as u16;
+            let fill = payload.first().copied().unwrap_or(0);
+            match (h.opcode, h.model) {
+                (Opcode::ReadResponse, _) => {
+                    if reads == 0 {
+                        out.push(Action::PostRead {
+                            mr: 1,
+                            off: 0,
+                            len: MR_LEN as u16,
+                            rkey: 0x1234,
+                            raddr: 0,
+                        });
+                        reads = 1;
+                    }
+                    out.push(Action::Respond {
+                        read: 0,
+                        skew: 0,
+                        len,
+                        last: h.last,
+                    });
+                    if h.last {
+                        reads = 0;
+                    }
+                }
+                (op, Model::Tagged { stag, to }) => {
+                    let first = match stags.iter().find(|s| s.0 == stag) {
+                        Some(&(_, t)) => t,
+                        None => {
+                            stags.push((stag, to));
+                            to
+                        }
+                    };
+                    out.push(Action::Fpdu(Fpdu {
+                        opcode: op as u8,
+                        last: h.last,
+                        stag: StagSel { mr: 0, flip: 0 },
+                        to: to.wrapping_sub(first).min(MR_LEN as u64) as i32,
+                        msn: 0,
+                        mo: 0,
+                        payload_len: len,
+                        fill,
+                    }));
+                }
+                (op, Model::Untagged { mo, .. }) => {
+                    if op.is_send() && mo == 0 {
+                        out.push(Action::PostRecv {
+                            mr: 1,
+                            off: 0,
+                            len: MR_LEN as u16,
+                        });
+                    }
+                    out.push(Action::Fpdu(Fpdu {
+                        opcode: op as u8,
+                        last: h.last,
+                        stag: StagSel { mr: 0, flip: 0 },
+                        to: 0,
+                        msn: 0,
+                        mo,
+                        payload_len: if op == Opcode::ReadRequest { 0 } else { len },
+                        fill,
+                    }));
+                }
+            }
+            out.push(Action::Poll);
+        }
+        out
+    }
+}
+
+/// A read the consumer posted, as the peer sees it: where its response goes.
+#[derive(Debug, Clone, Copy)]
+struct PeerRead {
+    wr_id: u64,
+    sink_stag: u32,
+    sink_to: u64,
+    answered: u32,
+}
+
+/// One siw QP connected over memory to a scripted peer.
+pub struct Harness {
+    _dev: Arc<SiwDevice>,
+    qp: Arc<SiwQp>,
+    user: UserQp,
+    cq: UserCq,
+    mrs: Vec<(Kind, Arc<Guarded>, u32)>,
+    llp: Arc<MemoryLlp>,
+    crc: bool,
+    next_wr: u64,
+    /// Next MSN the engine expects per untagged queue (Send, Read Request), as the
+    /// peer keeps it.
+    msn: [u32; 2],
+    reads: Vec<PeerRead>,
+    /// The QP's asynchronous and connection events.
+    events: Arc<Mutex<Vec<EventKind>>>,
+    _keep: Vec<Arc<dyn ProviderCq>>,
+}
+
+impl Harness {
+    /// A QP in RTS (MPA CRC on or off), with a receive-capable CQ and four registrations.
+    pub fn new(crc: bool) -> Harness {
+        let dev = SiwDevice::new(SiwConfig::default(), Arc::new(NoNetwork));
+        let ring_mem = |n: usize| Arc::new(SharedMem::create("siw-harness", n).expect("memfd"));
+        let cq_mem = ring_mem(queue::ring_bytes::<Cqe>(CQ_DEPTH));
+        let stats = Arc::new(RingStats::default());
+        let cq: Arc<dyn ProviderCq> = dev
+            .create_cq(CqInit {
+                depth: CQ_DEPTH,
+                ring: Ring::attach(cq_mem.clone(), 0, CQ_DEPTH)
+                    .expect("ring")
+                    .producer(),
+                sink: Arc::new(NullSink),
+                stats: stats.clone(),
+            })
+            .expect("cq");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let log = events.clone();
+        let layout = QpRingLayout::new(QP_DEPTH, QP_DEPTH).expect("layout");
+        let qp_mem = ring_mem(layout.total);
+        let ring = |off, depth| Ring::attach(qp_mem.clone(), off, depth).expect("ring");
+        let caps = QpCaps {
+            max_send_wr: QP_DEPTH,
+            max_recv_wr: QP_DEPTH,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+        };
+        let pqp = dev
+            .create_qp(QpInit {
+                qp_type: QpType::Rc,
+                pd: 1,
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                caps,
+                sq: ring(layout.sq_offset, layout.sq_depth).consumer(),
+                rq: ring(layout.rq_offset, layout.rq_depth).consumer(),
+                srq: None,
+                sink: Arc::new(move |ev: Event| log.lock().push(ev.kind)),
+                stats,
+            })
+            .expect("qp");
+        let qp = pqp
+            .as_any()
+            .downcast_ref::<SiwQp>()
+            .and_then(|q| q.arc().ok())
+            .expect("a siw QP");
+        let user = UserQp::new(
+            qp.qpn,
+            caps,
+            ring(layout.sq_offset, layout.sq_depth).producer(),
+            ring(layout.rq_offset, layout.rq_depth).producer(),
+            Arc::new(Bell(Arc::downgrade(&qp))),
+        );
+        let mrs = KINDS
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| {
+                let base = 0x1_0000 * (i as u64 + 1);
+                let mem = Arc::new(Guarded::new(base, kind));
+                let (pd, access) = match kind {
+                    Kind::Remote => (
+                        1,
+                        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+                    ),
+                    Kind::Local => (1, Access::LOCAL_WRITE),
+                    Kind::ReadOnly => (1, Access::REMOTE_READ),
+                    Kind::Foreign => (
+                        2,
+                        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+                    ),
+                };
+                let r = dev
+                    .reg_mr(pd, base, MR_LEN as u64, access, mem.clone())
+                    .expect("registration");
+                (kind, mem, r.stag)
+            })
+            .collect();
+        let llp = Arc::new(MemoryLlp {
+            room: AtomicUsize::new(usize::MAX),
+            ..MemoryLlp::default()
+        });
+        qp.enter_rts(llp.clone(), crc, 4, 4, 1460)
+            .expect("QP to RTS");
+        Harness {
+            _dev: dev,
+            qp,
+            user,
+            cq: UserCq::new(Ring::attach(cq_mem, 0, CQ_DEPTH).expect("ring").consumer()),
+            mrs,
+            llp,
+            crc,
+            next_wr: 1,
+            msn: [1, 1],
+            reads: Vec::new(),
+            events,
+            _keep: vec![cq],
+        }
+    }
+
+    fn mr(&self, i: u8) -> &(Kind, Arc<Guarded>, u32) {
+        &self.mrs[i as usize % self.mrs.len()]
+    }
+
+    /// A range inside registration `mr` (offset and length wrapped into it).
+    fn range(&self, mr: u8, off: u16, len: u16) -> (u32, u64, u32, Arc<Guarded>) {
+        let (_, g, stag) = self.mr(mr);
+        let off = off as u64 % MR_LEN as u64;
+        let len = (len as u64).min(MR_LEN as u64 - off) as u32;
+        (*stag, g.base + off, len, g.clone())
+    }
+
+    /// Do one action, then play the tx thread.
+    pub fn apply(&mut self, a: &Action) {
+        match a {
+            Action::PostRecv { mr, off, len } => {
+                let (stag, addr, len, g) = self.range(*mr, *off, *len);
+                let wr = self.wr();
+                if self
+                    .user
+                    .post_recv(&Wqe::recv(
+                        wr,
+                        &[Sge {
+                            addr,
+                            length: len,
+                            lkey: stag,
+                        }],
+                    ))
+                    .is_ok()
+                {
+                    g.open.lock().push((wr, addr, addr + len as u64));
+                }
+            }
+            Action::PostRead {
+                mr,
+                off,
+                len,
+                rkey,
+                raddr,
+            } => {
+                let (stag, addr, len, g) = self.range(*mr, *off, *len);
+                let wr = self.wr();
+                let sge = Sge {
+                    addr,
+                    length: len,
+                    lkey: stag,
+                };
+                let w = Wqe::new(wr, WrOpcode::RdmaRead, &[sge]).with_remote(*raddr, *rkey);
+                g.open.lock().push((wr, addr, addr + len as u64));
+                if self.user.post_send(&w).is_ok() {
+                    self.reads.push(PeerRead {
+                        wr_id: wr,
+                        sink_stag: stag,
+                        sink_to: addr,
+                        answered: 0,
+                    });
+                }
+            }
+            Action::PostSend { mr, off, len } => {
+                let (stag, addr, len, _) = self.range(*mr, *off, *len);
+                let wr = self.wr();
+                let sge = Sge {
+                    addr,
+                    length: len,
+                    lkey: stag,
+                };
+                let _ = self.user.post_send(&Wqe::new(wr, WrOpcode::Send, &[sge]));
+            }
+            Action::Fpdu(f) => {
+                let u = self.ulpdu(f);
+                self.deliver(&u);
+            }
+            Action::Respond {
+                read,
+                skew,
+                len,
+                last,
+            } => {
+                if !self.reads.is_empty() {
+                    let i = *read as usize % self.reads.len();
+                    let r = self.reads[i];
+                    let len = (*len as usize).min(MAX_PAYLOAD);
+                    let to = r
+                        .sink_to
+                        .wrapping_add(r.answered as u64)
+                        .wrapping_add(*skew as i64 as u64);
+                    let mut u = Vec::new();
+                    Header {
+                        opcode: Opcode::ReadResponse,
+                        last: *last,
+                        model: Model::Tagged {
+                            stag: r.sink_stag,
+                            to,
+                        },
+                    }
+                    .emit(&mut u);
+                    u.extend(std::iter::repeat_n(0x5a, len));
+                    if self.deliver(&u) && *skew == 0 {
+                        self.reads[i].answered += len as u32;
+                        if *last {
+                            self.reads.remove(i);
+                        }
+                    }
+                }
+            }
+            Action::Raw(b) => {
+                self.qp.receive_fpdu(b);
+            }
+            Action::Poll => self.poll(),
+            Action::Room(n) => self.llp.room.store(*n as usize, Ordering::Release),
+            Action::QpAccess(bits) => {
+                let access = Access::from_bits_truncate(*bits as u32);
+                let _ = self.qp.modify(
+                    &QpAttr {
+                        access,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::ACCESS,
+                );
+            }
+            Action::Close { abortive } => {
+                let _ = self.qp.disconnect(*abortive);
+            }
+        }
+        self.qp.transmit();
+    }
+
+    fn wr(&mut self) -> u64 {
+        self.next_wr += 1;
+        self.next_wr
+    }
+
+    /// The ULPDU of an [`Fpdu`] action.
+    fn ulpdu(&mut self, f: &Fpdu) -> Vec<u8> {
+        let opcode = Opcode::from_u8(f.opcode % 8).unwrap_or(Opcode::Send);
+        let (_, g, stag) = self.mr(f.stag.mr);
+        let stag = stag ^ f.stag.flip;
+        let model = if opcode.tagged() {
+            Model::Tagged {
+                stag,
+                to: g.base.wrapping_add(f.to as i64 as u64),
+            }
+        } else {
+            let q = usize::from(opcode == Opcode::ReadRequest);
+            let msn = self.msn[q].wrapping_add(f.msn as i32 as u32);
+            Model::Untagged {
+                inv_stag: stag,
+                qn: opcode.queue(),
+                msn,
+                mo: f.mo,
+            }
+        };
+        let mut u = Vec::new();
+        Header {
+            opcode,
+            last: f.last,
+            model,
+        }
+        .emit(&mut u);
+        if opcode == Opcode::ReadRequest {
+            // The body names a source near a registration, and a sink at the peer.
+            ReadRequest {
+                sink_stag: 0x4242,
+                sink_to: 0,
+                size: f.payload_len as u32,
+                src_stag: stag,
+                src_to: g.base.wrapping_add(f.to as i64 as u64),
+            }
+            .emit(&mut u);
+        } else {
+            let n = (f.payload_len as usize).min(MAX_PAYLOAD);
+            u.extend(std::iter::repeat_n(f.fill, n));
+        }
+        if !opcode.tagged() && f.last && f.msn == 0 {
+            let q = usize::from(opcode == Opcode::ReadRequest);
+            self.msn[q] = self.msn[q].wrapping_add(1);
+        }
+        u
+    }
+
+    /// Frame a ULPDU as the peer would and hand it to the engine. Returns whether the
+    /// QP still takes FPDUs.
+    fn deliver(&mut self, ulpdu: &[u8]) -> bool {
+        let mut f = Vec::new();
+        let start = wire::begin_fpdu(&mut f);
+        f.extend_from_slice(ulpdu);
+        if wire::finish_fpdu(&mut f, start, self.crc).is_err() {
+            return true;
+        }
+        self.qp.receive_fpdu(&f)
+    }
+
+    /// Take every completion: the ranges of finished requests close.
+    pub fn poll(&mut self) {
+        let mut out = [Cqe::default(); CQ_DEPTH as usize];
+        loop {
+            let n = self.cq.poll(&mut out);
+            for c in &out[..n] {
+                for (_, g, _) in &self.mrs {
+                    g.open.lock().retain(|&(wr, _, _)| wr != c.wr_id);
+                }
+                self.reads.retain(|r| r.wr_id != c.wr_id);
+            }
+            if n == 0 {
+                return;
+            }
+        }
+    }
+
+    /// The oracle after each action: no guard byte changed, and nothing changed in
+    /// registrations the engine may never write. (Each write was checked as it
+    /// happened against the ranges open at that moment.)
+    pub fn check(&self) {
+        for (kind, g, _) in &self.mrs {
+            g.check(matches!(kind, Kind::Remote | Kind::Local));
+        }
+    }
+
+    /// The QP's asynchronous and connection events so far.
+    pub fn events(&self) -> Vec<EventKind> {
+        self.events.lock().clone()
+    }
+
+    /// Bytes the engine transmitted so far.
+    pub fn transmitted(&self) -> Vec<u8> {
+        self.llp.sent.lock().clone()
+    }
+
+    /// Tear the QP down as the kAL does, and check once more.
+    pub fn finish(mut self) {
+        self.qp.destroy();
+        self.poll();
+        self.check();
+    }
+}
+
+/// Run one fuzz input: decode it, apply every action with the oracle after each.
+pub fn run(data: &[u8]) {
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    let mut h = Harness::new(first & 1 != 0);
+    for a in Action::decode(rest) {
+        h.apply(&a);
+        h.check();
+    }
+    h.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_then_decode_is_identity() {
+        let actions = vec![
+            Action::PostRecv {
+                mr: 1,
+                off: 10,
+                len: 100,
+            },
+            Action::Fpdu(Fpdu {
+                opcode: 3,
+                last: true,
+                stag: StagSel { mr: 0, flip: 0 },
+                to: -5,
+                msn: -1,
+                mo: 7,
+                payload_len: 12,
+                fill: 9,
+            }),
+            Action::Respond {
+                read: 2,
+                skew: -3,
+                len: 5,
+                last: true,
+            },
+            Action::Raw(vec![1, 2, 3]),
+            Action::Poll,
+            Action::Room(4),
+            Action::QpAccess(6),
+            Action::Close { abortive: true },
+        ];
+        assert_eq!(Action::decode(&Action::encode(&actions)), actions);
+    }
+
+    #[test]
+    fn a_send_lands_in_the_posted_receive_only() {
+        let mut h = Harness::new(false);
+        h.apply(&Action::PostRecv {
+            mr: 1,
+            off: 100,
+            len: 50,
+        });
+        h.apply(&Action::Fpdu(Fpdu {
+            opcode: Opcode::Send as u8,
+            last: true,
+            stag: StagSel { mr: 0, flip: 0 },
+            to: 0,
+            msn: 0,
+            mo: 0,
+            payload_len: 50,
+            fill: 0xEE,
+        }));
+        h.check();
+        let b = h.mrs[1].1.bytes.lock().clone();
+        assert!(b[GUARD + 100..GUARD + 150].iter().all(|&x| x == 0xEE));
+        h.finish();
+    }
+
+    #[test]
+    fn read_responses_fill_only_the_read_posted() {
+        let mut h = Harness::new(true);
+        h.apply(&Action::PostRead {
+            mr: 1,
+            off: 0,
+            len: 64,
+            rkey: 0x777,
+            raddr: 0x9000,
+        });
+        assert!(!h.transmitted().is_empty(), "the Read Request went out");
+        // An unsolicited-looking response aimed elsewhere is refused before placement.
+        h.apply(&Action::Respond {
+            read: 0,
+            skew: 8,
+            len: 8,
+            last: false,
+        });
+        h.check();
+        assert_eq!(h.qp.query().state, QpState::Error);
+        h.finish();
+    }
+
+    fn send(h: &mut Harness, len: u16) {
+        h.apply(&Action::Fpdu(Fpdu {
+            opcode: Opcode::Send as u8,
+            last: true,
+            stag: StagSel { mr: 0, flip: 0 },
+            to: 0,
+            msn: 0,
+            mo: 0,
+            payload_len: len,
+            fill: 1,
+        }));
+    }
+
+    fn cqes(h: &Harness) -> Vec<Cqe> {
+        let mut out = [Cqe::default(); CQ_DEPTH as usize];
+        let n = h.cq.poll(&mut out);
+        out[..n].to_vec()
+    }
+
+    /// The last FPDU the engine sent is a Terminate with this code.
+    fn last_terminate(h: &Harness) -> wire::TermCode {
+        let sent = h.transmitted();
+        let mut off = 0;
+        let mut last = None;
+        while off + 2 <= sent.len() {
+            let total = wire::fpdu_len(u16::from_be_bytes([sent[off], sent[off + 1]]) as usize);
+            let u = wire::check_fpdu(&sent[off..off + total], h.crc).unwrap();
+            let (hdr, p) = Header::parse(u).unwrap();
+            if hdr.opcode == Opcode::Terminate {
+                last = Some(wire::TermCode::from_u32(u32::from_be_bytes(
+                    p[..4].try_into().unwrap(),
+                )));
+            }
+            off += total;
+        }
+        last.expect("a Terminate was sent")
+    }
+
+    #[test]
+    fn a_close_never_flushes_a_send_already_written() {
+        let mut h = Harness::new(false);
+        h.apply(&Action::PostRecv {
+            mr: 1,
+            off: 0,
+            len: 8,
+        });
+        // The doorbell finds the socket full and leaves the Send to the tx thread; the
+        // peer, having read the Send, closes at the very moment its bytes are written,
+        // before the transmitter records them.
+        h.apply(&Action::Room(0));
+        let qp = h.qp.clone();
+        *h.llp.after_write.lock() = Some(Box::new(move || qp.connection_lost(true)));
+        h.apply(&Action::PostSend {
+            mr: 0,
+            off: 0,
+            len: 100,
+        });
+        assert_eq!(h.qp.query().state, QpState::Error);
+        let c = cqes(&h);
+        let send = c.iter().find(|c| c.opcode == WcOpcode::Send as u8).unwrap();
+        assert_eq!((send.status(), send.byte_len), (WcStatus::Success, 100));
+        let recv = c.iter().find(|c| c.opcode == WcOpcode::Recv as u8).unwrap();
+        assert_eq!(recv.status(), WcStatus::WrFlushErr);
+        h.finish();
+    }
+
+    #[test]
+    fn cq_overflow_moves_the_qp_to_error_with_a_terminate_and_an_event() {
+        let mut h = Harness::new(true);
+        for _ in 0..QP_DEPTH {
+            h.apply(&Action::PostRecv {
+                mr: 1,
+                off: 0,
+                len: 8,
+            });
+        }
+        for _ in 0..CQ_DEPTH {
+            send(&mut h, 8);
+        }
+        assert_eq!(
+            h.qp.query().state,
+            QpState::Rts,
+            "the CQ is full, nothing lost yet"
+        );
+        // One more completion has no room.
+        h.apply(&Action::PostSend {
+            mr: 0,
+            off: 0,
+            len: 8,
+        });
+        assert_eq!(h.qp.query().state, QpState::Error);
+        assert!(h.events().contains(&EventKind::QpFatal));
+        assert_eq!(
+            last_terminate(&h),
+            wire::TermCode {
+                layer: wire::term::LAYER_RDMAP,
+                etype: wire::term::RDMAP_REMOTE_OP,
+                ecode: wire::term::RDMAP_CATASTROPHIC_LOCAL,
+            }
+        );
+        assert_eq!(cqes(&h).len(), CQ_DEPTH as usize);
+        h.finish();
+    }
+
+    fn valid(h: &Harness, mr: usize) -> bool {
+        h._dev
+            .shared
+            .mrs
+            .lookup(h.mrs[mr].2)
+            .is_ok_and(|r| r.is_valid())
+    }
+
+    fn send_invalidating(h: &mut Harness, mr: u8) {
+        h.apply(&Action::PostRecv {
+            mr: 1,
+            off: 0,
+            len: 8,
+        });
+        h.apply(&Action::Fpdu(Fpdu {
+            opcode: Opcode::SendInvalidate as u8,
+            last: true,
+            stag: StagSel { mr, flip: 0 },
+            to: 0,
+            msn: 0,
+            mo: 0,
+            payload_len: 4,
+            fill: 1,
+        }));
+    }
+
+    #[test]
+    fn a_peer_invalidates_only_what_it_was_given_remote_access_to() {
+        let mut h = Harness::new(false);
+        send_invalidating(&mut h, 1); // local write only
+        assert_eq!(h.qp.query().state, QpState::Error);
+        assert_eq!(
+            last_terminate(&h).ecode,
+            wire::term::RDMAP_CANNOT_INVALIDATE
+        );
+        assert!(valid(&h, 1), "the consumer keeps its local buffer");
+        let c = cqes(&h);
+        assert_eq!(c[0].status(), WcStatus::RemInvReqErr);
+        h.finish();
+
+        let mut h = Harness::new(false);
+        send_invalidating(&mut h, 0); // remotely writable: the peer may
+        assert_eq!(h.qp.query().state, QpState::Rts);
+        assert!(!valid(&h, 0));
+        let c = cqes(&h);
+        assert_eq!(c[0].status(), WcStatus::Success);
+        assert_ne!(c[0].flags & wc_flags::WITH_INV, 0);
+        h.finish();
+    }
+
+    #[test]
+    fn a_read_completes_in_two_segments() {
+        let mut h = Harness::new(false);
+        h.apply(&Action::PostRead {
+            mr: 1,
+            off: 0,
+            len: 64,
+            rkey: 0x777,
+            raddr: 0x9000,
+        });
+        for last in [false, true] {
+            h.apply(&Action::Respond {
+                read: 0,
+                skew: 0,
+                len: 32,
+                last,
+            });
+        }
+        assert_eq!(h.qp.query().state, QpState::Rts);
+        let mut out = [Cqe::default(); 4];
+        assert_eq!(h.cq.poll(&mut out), 1);
+        assert_eq!((out[0].status(), out[0].byte_len), (WcStatus::Success, 64));
+        h.finish();
+    }
+}

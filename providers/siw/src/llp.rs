@@ -1,0 +1,149 @@
+//! The lower-layer protocol stream of a connected QP (TCP), as the engine uses it:
+//! writes that wait for room and writes that never wait, an orderly close (FIN) and an
+//! abortive one (TCP reset), and the socket options siw sets.
+//!
+//! The transmit path reaches the stream only through [`Llp`], so the engine can also be
+//! driven over memory (`crate::harness`, for fuzzing) without a socket.
+
+use nix::sys::socket::{self, sockopt, MsgFlags};
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+
+/// Where a connected QP's FPDUs go.
+pub(crate) trait Llp: Send + Sync {
+    /// Write all of `bytes`, waiting for room (only the QP's own transmit thread waits).
+    fn write_all(&self, bytes: &[u8]) -> io::Result<()>;
+    /// Write what fits now without waiting; returns how many bytes were taken.
+    fn write_now(&self, bytes: &[u8]) -> io::Result<usize>;
+    /// Close one or both directions in order (a FIN after what was written).
+    fn shutdown(&self, how: Shutdown);
+    /// Abortive close: a TCP reset now, unsent data discarded; readers and writers
+    /// blocked on the stream return with an error.
+    fn abort(&self);
+}
+
+impl Llp for TcpStream {
+    fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
+        Write::write_all(&mut &*self, bytes)
+    }
+
+    fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+        loop {
+            match socket::send(self.as_raw_fd(), bytes, flags) {
+                Ok(n) => return Ok(n),
+                Err(nix::errno::Errno::EAGAIN) => return Ok(0),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        let _ = TcpStream::shutdown(self, how);
+    }
+
+    fn abort(&self) {
+        set_linger_zero(self);
+        if disconnect(self).is_err() {
+            // No reset possible (not connected any more): at least wake every waiter.
+            let _ = TcpStream::shutdown(self, Shutdown::Both);
+        }
+    }
+}
+
+/// `connect(AF_UNSPEC)`: Linux's `tcp_disconnect`, which sends a reset on a
+/// synchronized connection whatever other descriptors of the socket are still open
+/// (closing one of several never would), fails pending reads and writes, and leaves the
+/// socket unconnected.
+fn disconnect(s: &TcpStream) -> io::Result<()> {
+    // SAFETY: an all-zero sockaddr is a valid value of the plain C struct.
+    let mut unspec: libc::sockaddr = unsafe { std::mem::zeroed() };
+    unspec.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: connect reads `size_of::<sockaddr>()` bytes from a live local struct; the
+    // descriptor is the stream's own.
+    let r = unsafe {
+        libc::connect(
+            s.as_raw_fd(),
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Make the last close of the socket a reset rather than a FIN. Set on every connected
+/// stream, so a process that dies with connected QPs (its descriptors closed by the
+/// kernel) reaches its peers as an abort; an orderly close has exchanged FINs by then,
+/// and a closed connection is never reset.
+pub(crate) fn set_linger_zero(s: &TcpStream) {
+    let off = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = socket::setsockopt(s, sockopt::Linger, &off);
+}
+
+/// The connected stream's maximum segment size (`TCP_MAXSEG`).
+pub(crate) fn tcp_mss(s: &TcpStream) -> Option<usize> {
+    socket::getsockopt(s, sockopt::TcpMaxSeg)
+        .ok()
+        .filter(|&v| v > 0)
+        .map(|v| v as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn abort_resets_the_peer_even_with_other_descriptors_open() {
+        let (a, mut b) = pair();
+        let _clone = a.try_clone().unwrap();
+        Llp::abort(&a);
+        let mut buf = [0u8; 8];
+        let e = b.read(&mut buf).expect_err("a reset, not an orderly EOF");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    #[test]
+    fn write_now_never_waits() {
+        let (a, _b) = pair();
+        let chunk = vec![0u8; 1 << 20];
+        // The peer reads nothing: the buffers fill and write_now starts taking nothing.
+        let mut total = 0usize;
+        loop {
+            let n = a.write_now(&chunk).unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n;
+            assert!(total < 1 << 30, "socket buffers never filled");
+        }
+        assert!(total > 0);
+    }
+
+    #[test]
+    fn abort_wakes_a_blocked_reader() {
+        let (a, _b) = pair();
+        let mut reader = a.try_clone().unwrap();
+        let t = std::thread::spawn(move || reader.read(&mut [0u8; 8]));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        Llp::abort(&a);
+        assert!(t.join().unwrap().is_err(), "the blocked read fails");
+    }
+}
