@@ -1,18 +1,18 @@
 //! A hostile iWARP peer: a raw TCP client that speaks MPA itself and then sends malformed
 //! FPDUs to a krdma QP. Each attack must end with the Terminate message RFC 5040/5041/5044
 //! (and Linux kernel siw) prescribe, the QP in Error with its posted receive flushed and an
-//! async event, not one byte outside the registration changed, and a bystander connection
-//! in another context still working. Both kAL front doors.
+//! async event, not one byte outside the registration changed, and a bystander tenant in
+//! contexts of its own served throughout. Both kAL front doors.
 
-use krdma_tests::{each_front_door, FrontDoor};
+use krdma_tests::{each_front_door, Bystander, FrontDoor};
 use siw::wire::{self, term, Header, Model, MpaFrame, Opcode, ReadRequest, TermCode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ual::perf::connect_pair;
 use ual::{
-    send_flags, Access, ConnParam, Context, EventKind, QpCaps, QpConfig, RegBuf, WcStatus, Wqe,
+    Access, ConnParam, Context, EventKind, QpAttr, QpAttrMask, QpCaps, QpConfig, RegBuf, WcStatus,
+    Wqe, WrOpcode,
 };
 
 const GUARD: u8 = 0xAA;
@@ -20,6 +20,11 @@ const GUARD: u8 = 0xAA;
 const BUF_LEN: usize = 3 * 4096;
 const REG_OFF: usize = 4096 + 100;
 const REG_LEN: usize = 1000;
+/// A second registration in the same buffer with local write only (receive buffers,
+/// Read sinks): [LOCAL_OFF, LOCAL_OFF + REG_LEN). No attack may change a byte of it.
+const LOCAL_OFF: usize = 2 * 4096 + 100;
+/// How long a round trip of the bystander tenant may take while a peer attacks.
+const BYSTANDER_BOUND: Duration = Duration::from_secs(2);
 /// A second, large registration for the IRD test.
 /// Larger than a loopback TCP send buffer can grow (tcp_wmem max 4 MiB) plus the
 /// attacker's unread receive buffer.
@@ -33,6 +38,9 @@ struct Victim {
     buf: Arc<RegBuf>,
     stag: u32,
     addr: u64,
+    /// The local-write-only registration.
+    local_stag: u32,
+    local_addr: u64,
     big_stag: u32,
     big_addr: u64,
     _keep: Keep,
@@ -41,8 +49,7 @@ struct Victim {
 /// Objects the victim holds only to keep them alive.
 type Keep = (
     Arc<ual::Pd>,
-    Arc<ual::Mr>,
-    Arc<ual::Mr>,
+    [Arc<ual::Mr>; 3],
     Arc<RegBuf>,
     Arc<ual::Listener>,
 );
@@ -51,6 +58,8 @@ type Keep = (
 struct Attacker {
     sock: TcpStream,
     crc: bool,
+    /// Bytes read from the victim and not yet taken as FPDUs.
+    got: Vec<u8>,
 }
 
 fn setup(door: &FrontDoor, crc: bool, ird: u16) -> (Victim, Attacker) {
@@ -84,6 +93,10 @@ fn setup_rev(door: &FrontDoor, crc: bool, ird: u16, revision: u8) -> (Victim, At
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let addr = buf.as_ptr() as u64 + REG_OFF as u64;
     let mr = ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all).unwrap();
+    let local_addr = buf.as_ptr() as u64 + LOCAL_OFF as u64;
+    let local = ctx
+        .reg_mr(&pd, local_addr as *const u8, REG_LEN, Access::LOCAL_WRITE)
+        .unwrap();
     let big = RegBuf::new(BIG_LEN).unwrap();
     let big_mr = ctx.reg_mr(&pd, big.as_ptr(), BIG_LEN, all).unwrap();
     // A receive the attack must flush.
@@ -115,9 +128,11 @@ fn setup_rev(door: &FrontDoor, crc: bool, ird: u16, revision: u8) -> (Victim, At
         buf,
         stag: mr.rkey,
         addr,
+        local_stag: local.rkey,
+        local_addr,
         big_stag: big_mr.rkey,
         big_addr: big.as_ptr() as u64,
-        _keep: (pd, mr, big_mr, big, listener),
+        _keep: (pd, [mr, local, big_mr], big, listener),
     };
     (v, att)
 }
@@ -162,7 +177,11 @@ fn attacker_connect_rev(port: u16, crc: bool, ird: u16, revision: u8) -> Attacke
         "the reply answers in the initiator's revision"
     );
     assert_eq!(rep.ird_ord.is_some(), revision == 2);
-    Attacker { sock, crc }
+    Attacker {
+        sock,
+        crc,
+        got: Vec::new(),
+    }
 }
 
 impl Attacker {
@@ -190,31 +209,47 @@ impl Attacker {
         self.sock.write_all(bytes).unwrap();
     }
 
-    /// Read FPDUs until a Terminate arrives; returns its control field.
-    fn terminate(&mut self) -> TermCode {
+    /// The next FPDU from the victim (its header and payload).
+    fn next_fpdu(&mut self) -> (Header, Vec<u8>) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut got = Vec::new();
         let mut b = vec![0u8; 1 << 16];
         loop {
-            while got.len() >= 2 {
-                let total = wire::fpdu_len(u16::from_be_bytes([got[0], got[1]]) as usize);
-                if got.len() < total {
-                    break;
-                }
-                let u = wire::check_fpdu(&got[..total], self.crc)
-                    .expect("krdma sends well-formed FPDUs")
-                    .to_vec();
-                got.drain(..total);
-                let (h, p) = Header::parse(&u).expect("valid header");
-                if h.opcode == Opcode::Terminate {
-                    return TermCode::from_u32(u32::from_be_bytes(p[..4].try_into().unwrap()));
+            if self.got.len() >= 2 {
+                let total = wire::fpdu_len(u16::from_be_bytes([self.got[0], self.got[1]]) as usize);
+                if self.got.len() >= total {
+                    let u = wire::check_fpdu(&self.got[..total], self.crc)
+                        .expect("krdma sends well-formed FPDUs")
+                        .to_vec();
+                    self.got.drain(..total);
+                    let (h, p) = Header::parse(&u).expect("valid header");
+                    return (h, p.to_vec());
                 }
             }
-            assert!(Instant::now() < deadline, "no Terminate within 10 s");
+            assert!(Instant::now() < deadline, "no FPDU within 10 s");
             match self.sock.read(&mut b) {
-                Ok(0) => panic!("connection closed without a Terminate"),
-                Ok(n) => got.extend_from_slice(&b[..n]),
-                Err(e) => panic!("reading the Terminate: {e}"),
+                Ok(0) => panic!("connection closed"),
+                Ok(n) => self.got.extend_from_slice(&b[..n]),
+                Err(e) => panic!("reading from the victim: {e}"),
+            }
+        }
+    }
+
+    /// Read FPDUs until a Terminate arrives; returns its control field.
+    fn terminate(&mut self) -> TermCode {
+        loop {
+            let (h, p) = self.next_fpdu();
+            if h.opcode == Opcode::Terminate {
+                return TermCode::from_u32(u32::from_be_bytes(p[..4].try_into().unwrap()));
+            }
+        }
+    }
+
+    /// Read FPDUs until the victim's Read Request arrives.
+    fn read_request(&mut self) -> ReadRequest {
+        loop {
+            let (h, p) = self.next_fpdu();
+            if h.opcode == Opcode::ReadRequest {
+                return ReadRequest::parse(&p).expect("a well-formed Read Request");
             }
         }
     }
@@ -254,14 +289,27 @@ fn write_hdr(stag: u32, to: u64) -> Header {
     }
 }
 
+fn read_response_hdr(stag: u32, to: u64, last: bool) -> Header {
+    Header {
+        opcode: Opcode::ReadResponse,
+        last,
+        model: Model::Tagged { stag, to },
+    }
+}
+
 /// After the attack: the QP is in Error, the receive was flushed, an async event arrived,
 /// no byte outside the registration changed, and the device counted the Terminate.
 fn assert_contained(v: &Victim, terminates_before: u64, expect_event: &[EventKind]) {
-    let c =
-        v.cq.wait(1, Duration::from_secs(10))
-            .expect("flushed receive");
-    assert_eq!((c[0].wr_id, c[0].status()), (77, WcStatus::WrFlushErr));
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c =
+            v.cq.wait(1, deadline.saturating_duration_since(Instant::now()))
+                .expect("flushed receive");
+        if c[0].wr_id == 77 {
+            assert_eq!(c[0].status(), WcStatus::WrFlushErr);
+            break;
+        }
+    }
     loop {
         let ev =
             v.qp.next_event(deadline.saturating_duration_since(Instant::now()))
@@ -276,7 +324,10 @@ fn assert_contained(v: &Victim, terminates_before: u64, expect_event: &[EventKin
         .iter()
         .chain(&data[REG_OFF + REG_LEN..])
         .all(|&b| b == GUARD);
-    assert!(outside, "a byte outside the registration changed");
+    assert!(
+        outside,
+        "a byte outside the remotely writable registration changed"
+    );
     assert_eq!(terminates(v), terminates_before + 1, "Terminate counted");
 }
 
@@ -291,34 +342,9 @@ fn terminates(v: &Victim) -> u64 {
         .unwrap()
 }
 
-/// A connection in other contexts that must keep working through every attack.
-struct Bystander {
-    _ctx: (Arc<Context>, Arc<Context>),
-    s: ual::perf::Endpoint,
-    c: ual::perf::Endpoint,
-}
-
-impl Bystander {
-    fn new(door: &FrontDoor) -> Bystander {
-        let (a, b) = (door.open(), door.open());
-        let (s, c) = connect_pair(&a, &b, "siw0", 4096, 8).unwrap();
-        Bystander { _ctx: (a, b), s, c }
-    }
-
-    fn still_works(&self) {
-        self.c.buf.write(0, b"still here");
-        self.s.post_recv(1, 0, 4096).unwrap();
-        self.c.send(2, 0, 10, send_flags::SIGNALED).unwrap();
-        let r = self.s.complete(1).unwrap();
-        assert_eq!(r[0].byte_len, 10);
-        self.c.complete(1).unwrap();
-        let mut got = [0u8; 10];
-        self.s.buf.read(0, &mut got);
-        assert_eq!(&got, b"still here");
-    }
-}
-
-/// Run one attack through each front door, with a bystander connection checked after it.
+/// Run one attack through each front door, with a bystander tenant served throughout.
+/// Every attack is refused before anything is placed: not a byte of the victim's buffer
+/// may change.
 fn attack(
     crc: bool,
     ird: u16,
@@ -327,13 +353,15 @@ fn attack(
     run: impl Fn(&Victim, &mut Attacker),
 ) {
     each_front_door(|door| {
-        let by = Bystander::new(door);
+        let by = Bystander::start(door, "siw0");
         let (v, mut a) = setup(door, crc, ird);
         let before = terminates(&v);
+        let image = v.buf.to_vec();
         run(&v, &mut a);
         assert_eq!(a.terminate(), want, "Terminate control field");
         assert_contained(&v, before, events);
-        by.still_works();
+        assert_eq!(v.buf.to_vec(), image, "nothing was placed");
+        by.finish().assert_served(BYSTANDER_BOUND);
     });
 }
 
@@ -419,7 +447,7 @@ fn write_to_an_invalid_stag_is_terminated() {
 #[test]
 fn write_past_the_registration_changes_nothing() {
     each_front_door(|door| {
-        let by = Bystander::new(door);
+        let by = Bystander::start(door, "siw0");
         let (v, mut a) = setup(door, false, 4);
         let before = terminates(&v);
         let image = v.buf.to_vec();
@@ -447,7 +475,7 @@ fn write_past_the_registration_changes_nothing() {
         a.send(&f);
         assert_eq!(a.terminate().ecode, term::DDP_TAGGED_BASE_BOUNDS);
         assert_contained(&v, before, ACCESS);
-        by.still_works();
+        by.finish().assert_served(BYSTANDER_BOUND);
     });
 }
 
@@ -539,5 +567,155 @@ fn revision_1_initiator_is_served() {
         let mut got = [0u8; 13];
         v.buf.read(REG_OFF, &mut got);
         assert_eq!(&got, b"rfc 5044 peer");
+    });
+}
+
+/// The victim posts an RDMA Read of 64 bytes into its local-write-only registration.
+fn post_read(v: &Victim) {
+    let sink = ual::Sge {
+        addr: v.local_addr,
+        length: 64,
+        lkey: v.local_stag,
+    };
+    v.qp.post_send(&Wqe::new(5, WrOpcode::RdmaRead, &[sink]).with_remote(0x5000, 0x1234))
+        .unwrap();
+}
+
+fn ddp_catastrophic() -> TermCode {
+    tc(term::LAYER_DDP, term::DDP_CATASTROPHIC, 0)
+}
+
+#[test]
+fn unsolicited_read_responses_place_nothing() {
+    // With no read outstanding, a Read Response aimed at a local-write-only registration
+    // (a receive buffer, say) is refused, middle segment or last (kernel siw: DDP
+    // catastrophic error); the last one completes nothing either.
+    for last in [false, true] {
+        attack(false, 4, ddp_catastrophic(), FATAL, |v, a| {
+            let h = read_response_hdr(v.local_stag, v.local_addr, last);
+            a.send(&a.fpdu(&Attacker::ulpdu(h, b"PWNED"), false));
+        });
+    }
+}
+
+#[test]
+fn read_response_for_another_stag_places_nothing() {
+    attack(
+        false,
+        4,
+        tc(
+            term::LAYER_DDP,
+            term::DDP_TAGGED_BUF,
+            term::DDP_TAGGED_INV_STAG,
+        ),
+        ACCESS,
+        |v, a| {
+            post_read(v);
+            let rr = a.read_request();
+            assert_eq!((rr.sink_stag, rr.sink_to), (v.local_stag, v.local_addr));
+            // A real, remotely writable STag of the same PD — but not the read's sink.
+            let h = read_response_hdr(v.stag, v.addr, true);
+            a.send(&a.fpdu(&Attacker::ulpdu(h, &[0x55; 64]), false));
+        },
+    );
+}
+
+#[test]
+fn read_response_at_another_offset_places_nothing() {
+    attack(
+        false,
+        4,
+        tc(
+            term::LAYER_DDP,
+            term::DDP_TAGGED_BUF,
+            term::DDP_TAGGED_BASE_BOUNDS,
+        ),
+        ACCESS,
+        |v, a| {
+            post_read(v);
+            let rr = a.read_request();
+            // The sink's STag, but 8 bytes past where the response must start.
+            let h = read_response_hdr(rr.sink_stag, rr.sink_to + 8, false);
+            a.send(&a.fpdu(&Attacker::ulpdu(h, &[0x55; 32]), false));
+        },
+    );
+}
+
+/// The victim's QP takes only `access` from its peer from now on.
+fn restrict_qp(v: &Victim, access: Access) {
+    let attr = QpAttr {
+        access,
+        ..QpAttr::default()
+    };
+    v.qp.modify(&attr, QpAttrMask::ACCESS).unwrap();
+}
+
+fn access_violation() -> TermCode {
+    tc(
+        term::LAYER_RDMAP,
+        term::RDMAP_REMOTE_PROT,
+        term::RDMAP_ACCESS,
+    )
+}
+
+#[test]
+fn qp_access_flags_refuse_remote_writes() {
+    // The registration allows remote writes; the QP does not.
+    attack(false, 4, access_violation(), ACCESS, |v, a| {
+        restrict_qp(v, Access::REMOTE_READ);
+        let f = a.fpdu(&Attacker::ulpdu(write_hdr(v.stag, v.addr), &[1; 64]), false);
+        a.send(&f);
+    });
+}
+
+#[test]
+fn qp_access_flags_refuse_remote_reads() {
+    attack(false, 4, access_violation(), ACCESS, |v, a| {
+        restrict_qp(v, Access::REMOTE_WRITE);
+        let mut body = Vec::new();
+        ReadRequest {
+            sink_stag: 1,
+            sink_to: 0,
+            size: 64,
+            src_stag: v.stag,
+            src_to: v.addr,
+        }
+        .emit(&mut body);
+        a.send(&a.fpdu(&Attacker::ulpdu(read_hdr(1), &body), false));
+    });
+}
+
+#[test]
+fn remote_invalidation_of_a_local_buffer_is_refused() {
+    // A Send with Invalidate naming the local-write-only registration (which the peer was
+    // never given): refused with "STag cannot be invalidated", the receive completes in
+    // error, and the consumer keeps its buffer.
+    each_front_door(|door| {
+        let by = Bystander::start(door, "siw0");
+        let (v, mut a) = setup(door, false, 4);
+        let before = terminates(&v);
+        let h = Header {
+            opcode: Opcode::SendInvalidate,
+            last: true,
+            model: Model::Untagged {
+                inv_stag: v.local_stag,
+                qn: wire::QN_SEND,
+                msn: 1,
+                mo: 0,
+            },
+        };
+        a.send(&a.fpdu(&Attacker::ulpdu(h, b"inv"), false));
+        assert_eq!(
+            a.terminate(),
+            tc(
+                term::LAYER_RDMAP,
+                term::RDMAP_REMOTE_PROT,
+                term::RDMAP_CANNOT_INVALIDATE
+            )
+        );
+        let c = v.cq.wait(1, Duration::from_secs(10)).unwrap();
+        assert_eq!((c[0].wr_id, c[0].status()), (77, WcStatus::RemInvReqErr));
+        assert_eq!(terminates(&v), before + 1);
+        by.finish().assert_served(BYSTANDER_BOUND);
     });
 }
