@@ -2,6 +2,7 @@
 //! private `krdmad` instance serving a FUSE device), and data checks.
 
 pub mod impair;
+pub mod raw_siw;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

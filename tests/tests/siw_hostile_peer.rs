@@ -4,10 +4,10 @@
 //! async event, not one byte outside the registration changed, and a bystander tenant in
 //! contexts of its own served throughout. Both kAL front doors.
 
+use krdma_tests::raw_siw::RawSiwPeer as Attacker;
 use krdma_tests::{each_front_door, Bystander, FrontDoor};
-use siw::wire::{self, term, Header, Model, MpaFrame, Opcode, ReadRequest, TermCode};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use siw::wire::{self, term, Header, Model, Opcode, ReadRequest, TermCode};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::{
@@ -54,14 +54,6 @@ type Keep = (
     Arc<ual::Listener>,
 );
 
-/// The raw peer's end.
-struct Attacker {
-    sock: TcpStream,
-    crc: bool,
-    /// Bytes read from the victim and not yet taken as FPDUs.
-    got: Vec<u8>,
-}
-
 fn setup(door: &FrontDoor, crc: bool, ird: u16) -> (Victim, Attacker) {
     setup_rev(door, crc, ird, 2)
 }
@@ -104,7 +96,8 @@ fn setup_rev(door: &FrontDoor, crc: bool, ird: u16, revision: u8) -> (Victim, At
 
     let listener = ctx.listen(dev, "127.0.0.1:0".parse().unwrap(), 4).unwrap();
     let port = listener.port;
-    let t = std::thread::spawn(move || attacker_connect_rev(port, crc, ird, revision));
+    let peer = SocketAddr::from(([127, 0, 0, 1], port));
+    let t = std::thread::spawn(move || Attacker::connect(peer, crc, ird, revision));
     let req = listener.get_request(Duration::from_secs(10)).unwrap();
     assert_eq!(req.kind, EventKind::ConnectRequest);
     listener
@@ -135,124 +128,6 @@ fn setup_rev(door: &FrontDoor, crc: bool, ird: u16, revision: u8) -> (Victim, At
         _keep: (pd, [mr, local, big_mr], big, listener),
     };
     (v, att)
-}
-
-fn attacker_connect_rev(port: u16, crc: bool, ird: u16, revision: u8) -> Attacker {
-    let mut sock = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
-    sock.set_nodelay(true).unwrap();
-    let mut req = Vec::new();
-    MpaFrame {
-        reply: false,
-        markers: false,
-        crc,
-        reject: false,
-        revision,
-        ird_ord: (revision == 2).then_some((1, ird)),
-        private_data: vec![],
-    }
-    .emit(&mut req)
-    .unwrap();
-    sock.write_all(&req).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut got = Vec::new();
-    let mut b = [0u8; 256];
-    let rep = loop {
-        let n = sock.read(&mut b).unwrap();
-        assert!(n > 0, "connection closed during MPA negotiation");
-        got.extend_from_slice(&b[..n]);
-        match MpaFrame::parse(&got) {
-            Ok((f, used)) => {
-                assert_eq!(used, got.len(), "no FPDU before the first message");
-                break f;
-            }
-            Err(wire::WireError::Truncated) => continue,
-            Err(e) => panic!("MPA reply: {e}"),
-        }
-    };
-    assert!(rep.reply && !rep.reject);
-    assert_eq!(rep.crc, crc, "CRC as the initiator asked");
-    assert_eq!(
-        rep.revision, revision,
-        "the reply answers in the initiator's revision"
-    );
-    assert_eq!(rep.ird_ord.is_some(), revision == 2);
-    Attacker {
-        sock,
-        crc,
-        got: Vec::new(),
-    }
-}
-
-impl Attacker {
-    /// Frame `ulpdu` as an FPDU (CRC as negotiated, or deliberately wrong).
-    fn fpdu(&self, ulpdu: &[u8], break_crc: bool) -> Vec<u8> {
-        let mut out = Vec::new();
-        let start = wire::begin_fpdu(&mut out);
-        out.extend_from_slice(ulpdu);
-        wire::finish_fpdu(&mut out, start, self.crc).unwrap();
-        if break_crc {
-            let n = out.len();
-            out[n - 1] ^= 0x5a;
-        }
-        out
-    }
-
-    fn ulpdu(h: Header, payload: &[u8]) -> Vec<u8> {
-        let mut u = Vec::new();
-        h.emit(&mut u);
-        u.extend_from_slice(payload);
-        u
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.sock.write_all(bytes).unwrap();
-    }
-
-    /// The next FPDU from the victim (its header and payload).
-    fn next_fpdu(&mut self) -> (Header, Vec<u8>) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut b = vec![0u8; 1 << 16];
-        loop {
-            if self.got.len() >= 2 {
-                let total = wire::fpdu_len(u16::from_be_bytes([self.got[0], self.got[1]]) as usize);
-                if self.got.len() >= total {
-                    let u = wire::check_fpdu(&self.got[..total], self.crc)
-                        .expect("krdma sends well-formed FPDUs")
-                        .to_vec();
-                    self.got.drain(..total);
-                    let (h, p) = Header::parse(&u).expect("valid header");
-                    return (h, p.to_vec());
-                }
-            }
-            assert!(Instant::now() < deadline, "no FPDU within 10 s");
-            match self.sock.read(&mut b) {
-                Ok(0) => panic!("connection closed"),
-                Ok(n) => self.got.extend_from_slice(&b[..n]),
-                Err(e) => panic!("reading from the victim: {e}"),
-            }
-        }
-    }
-
-    /// Read FPDUs until a Terminate arrives; returns its control field.
-    fn terminate(&mut self) -> TermCode {
-        loop {
-            let (h, p) = self.next_fpdu();
-            if h.opcode == Opcode::Terminate {
-                return TermCode::from_u32(u32::from_be_bytes(p[..4].try_into().unwrap()));
-            }
-        }
-    }
-
-    /// Read FPDUs until the victim's Read Request arrives.
-    fn read_request(&mut self) -> ReadRequest {
-        loop {
-            let (h, p) = self.next_fpdu();
-            if h.opcode == Opcode::ReadRequest {
-                return ReadRequest::parse(&p).expect("a well-formed Read Request");
-            }
-        }
-    }
 }
 
 fn send_hdr(msn: u32) -> Header {

@@ -144,6 +144,8 @@ struct MemoryLlp {
     sent: Mutex<Vec<u8>>,
     room: AtomicUsize,
     closed: AtomicBool,
+    /// A doorbell is running: it may never wait for the socket (audit H1).
+    in_doorbell: AtomicBool,
     /// Runs once, right after the next waiting write took its bytes and before the
     /// transmitter hears back (a test's stand-in for the peer acting at that moment).
     after_write: Mutex<Option<Box<dyn FnOnce() + Send>>>,
@@ -151,6 +153,10 @@ struct MemoryLlp {
 
 impl Llp for MemoryLlp {
     fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
+        assert!(
+            !self.in_doorbell.load(Ordering::Acquire),
+            "a doorbell waited for the socket"
+        );
         if self.closed.load(Ordering::Acquire) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
@@ -200,12 +206,16 @@ impl KalServices for NoNetwork {
     }
 }
 
-struct Bell(Weak<SiwQp>);
+/// The consumer's doorbell, as in embedded mode: the engine's doorbell runs in the
+/// caller's thread (and may not wait for the socket there).
+struct Bell(Weak<SiwQp>, Arc<MemoryLlp>);
 
 impl Doorbell for Bell {
     fn ring(&self) {
         if let Some(qp) = self.0.upgrade() {
+            self.1.in_doorbell.store(true, Ordering::Release);
             qp.doorbell();
+            self.1.in_doorbell.store(false, Ordering::Release);
         }
     }
 }
@@ -598,12 +608,16 @@ impl Harness {
             .downcast_ref::<SiwQp>()
             .and_then(|q| q.arc().ok())
             .expect("a siw QP");
+        let llp = Arc::new(MemoryLlp {
+            room: AtomicUsize::new(usize::MAX),
+            ..MemoryLlp::default()
+        });
         let user = UserQp::new(
             qp.qpn,
             caps,
             ring(layout.sq_offset, layout.sq_depth).producer(),
             ring(layout.rq_offset, layout.rq_depth).producer(),
-            Arc::new(Bell(Arc::downgrade(&qp))),
+            Arc::new(Bell(Arc::downgrade(&qp), llp.clone())),
         );
         let mrs = KINDS
             .iter()
@@ -629,10 +643,6 @@ impl Harness {
                 (kind, mem, r.stag)
             })
             .collect();
-        let llp = Arc::new(MemoryLlp {
-            room: AtomicUsize::new(usize::MAX),
-            ..MemoryLlp::default()
-        });
         qp.enter_rts(llp.clone(), crc, 4, 4, 1460)
             .expect("QP to RTS");
         Harness {
@@ -1047,6 +1057,30 @@ mod tests {
         assert_eq!((send.status(), send.byte_len), (WcStatus::Success, 100));
         let recv = c.iter().find(|c| c.opcode == WcOpcode::Recv as u8).unwrap();
         assert_eq!(recv.status(), WcStatus::WrFlushErr);
+        h.finish();
+    }
+
+    #[test]
+    fn a_doorbell_never_waits_for_the_socket() {
+        // The socket takes 100 bytes and then nothing: the doorbell sends what fits and
+        // leaves the rest to the tx thread (the Bell asserts it never waits), which
+        // finishes the request and completes it.
+        let mut h = Harness::new(false);
+        h.apply(&Action::Room(100));
+        for _ in 0..3 {
+            h.apply(&Action::PostSend {
+                mr: 0,
+                off: 0,
+                len: 1000,
+            });
+        }
+        let c = cqes(&h);
+        assert_eq!(c.len(), 3);
+        assert!(c.iter().all(|c| c.status() == WcStatus::Success));
+        assert_eq!(
+            h.transmitted().len(),
+            3 * wire::fpdu_len(wire::UNTAGGED_HDR + 1000)
+        );
         h.finish();
     }
 
