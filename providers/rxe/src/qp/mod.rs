@@ -394,6 +394,15 @@ impl RxeQp {
         }
     }
 
+    /// The peer stopped answering (transport retries exhausted): a dead peer, which a
+    /// connected consumer hears of as a broken connection (once, as for a close).
+    pub(crate) fn peer_lost(&self, st: &mut State) {
+        if !std::mem::replace(&mut st.closed_reported, true) {
+            self.sink
+                .deliver(Event::new(EventKind::ConnectionBroken).with_status(libc::ETIMEDOUT));
+        }
+    }
+
     pub(crate) fn state(&self) -> QpState {
         self.st.lock().qp
     }

@@ -716,6 +716,7 @@ impl RxeQp {
         );
         if st.req.retry_left == 0 {
             self.fail_front(st, WcStatus::RetryExcErr);
+            self.peer_lost(st);
             return false;
         }
         st.req.retry_left -= 1;
