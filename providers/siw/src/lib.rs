@@ -9,9 +9,12 @@
 //!   Terminate fields;
 //! * `qp`: the QP engine — requester, responder, Terminate, flush — with one receive and
 //!   one transmit thread per connected QP (small requests are transmitted inline by the
-//!   doorbell);
+//!   doorbell, which never waits for the socket); `orq`: the RDMA Reads outstanding, which
+//!   alone may be answered; `llp`: the TCP stream as the engine uses it;
 //! * `cm`: connection management — active connect, listen, accept/reject with private
-//!   data, over TCP sockets from the kAL's LLP services.
+//!   data, over TCP sockets from the kAL's LLP services, on one non-blocking reactor
+//!   thread per device;
+//! * [`harness`]: the engine over memory, for fuzzing and deterministic tests.
 //!
 //! Not supported: MPA markers (refused, as kernel siw does), memory windows, SRQs.
 
