@@ -41,6 +41,11 @@ impl Llp for TcpStream {
     }
 
     fn shutdown(&self, how: Shutdown) {
+        if how != Shutdown::Read {
+            // An orderly close: what was written before the FIN is delivered even if the
+            // descriptors close at once (no reset from `set_linger_zero` any more).
+            let _ = socket::setsockopt(self, sockopt::Linger, &LINGER_OFF);
+        }
         let _ = TcpStream::shutdown(self, how);
     }
 
@@ -79,15 +84,21 @@ fn disconnect(s: &TcpStream) -> io::Result<()> {
 
 /// Make the last close of the socket a reset rather than a FIN. Set on every connected
 /// stream, so a process that dies with connected QPs (its descriptors closed by the
-/// kernel) reaches its peers as an abort; an orderly close has exchanged FINs by then,
-/// and a closed connection is never reset.
+/// kernel) reaches its peers as an abort; an orderly close turns it off again when it
+/// sends its FIN ([`Llp::shutdown`]).
 pub(crate) fn set_linger_zero(s: &TcpStream) {
-    let off = libc::linger {
+    let zero = libc::linger {
         l_onoff: 1,
         l_linger: 0,
     };
-    let _ = socket::setsockopt(s, sockopt::Linger, &off);
+    let _ = socket::setsockopt(s, sockopt::Linger, &zero);
 }
+
+/// The default: a close sends a FIN after what is queued.
+const LINGER_OFF: libc::linger = libc::linger {
+    l_onoff: 0,
+    l_linger: 0,
+};
 
 /// The connected stream's maximum segment size (`TCP_MAXSEG`).
 pub(crate) fn tcp_mss(s: &TcpStream) -> Option<usize> {
@@ -118,6 +129,18 @@ mod tests {
         let mut buf = [0u8; 8];
         let e = b.read(&mut buf).expect_err("a reset, not an orderly EOF");
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    #[test]
+    fn an_orderly_close_delivers_everything_even_when_closed_at_once() {
+        let (a, mut b) = pair();
+        set_linger_zero(&a);
+        Write::write_all(&mut &a, &[7u8; 100_000]).unwrap();
+        Llp::shutdown(&a, Shutdown::Write);
+        drop(a);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).expect("a FIN, not a reset");
+        assert_eq!(got.len(), 100_000);
     }
 
     #[test]

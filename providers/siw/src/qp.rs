@@ -108,6 +108,8 @@ struct State {
     last_wqe_sent: bool,
     kick: bool,
     closing: bool,
+    /// The orderly close's FIN has been sent.
+    fin_sent: bool,
     /// Local side asked for the close (Disconnected rather than ConnectionBroken).
     local_close: bool,
     events_sent: bool,
@@ -241,6 +243,7 @@ impl SiwQp {
                 last_wqe_sent: false,
                 kick: false,
                 closing: false,
+                fin_sent: false,
                 local_close: false,
                 events_sent: false,
             }),
@@ -544,6 +547,7 @@ impl SiwQp {
         }
         if st.qp != QpState::Rts {
             return if st.closing || st.qp == QpState::Error {
+                st.fin_sent = true;
                 Work::Finish
             } else {
                 Work::Idle
@@ -565,6 +569,7 @@ impl SiwQp {
             Ok(None) => {
                 drop(sq);
                 return if st.closing && st.inflight.is_empty() {
+                    st.fin_sent = true;
                     Work::Finish
                 } else {
                     Work::Idle
@@ -1502,22 +1507,23 @@ impl SiwQp {
     /// Close locally: orderly (a FIN once the send queue has drained) or abortive (a TCP
     /// reset now, as for a destroyed QP or a dead process; outstanding work flushes).
     pub(crate) fn begin_close(&self, abortive: bool) {
-        let mut st = self.st.lock();
-        st.local_close = true;
-        if abortive {
-            self.to_error(&mut st);
-        } else {
-            st.closing = true;
-        }
-        self.cv.notify_all();
-        drop(st);
-        // Lock order: the tx thread holds `tx` and then takes `st`; the socket is reset
-        // here through `ctl`, taken without `st` held.
-        if abortive {
-            if let Some(s) = self.ctl.lock().as_ref() {
-                s.abort();
+        {
+            let mut st = self.st.lock();
+            st.local_close = true;
+            if !abortive {
+                st.closing = true;
+                self.cv.notify_all();
+                return;
             }
         }
+        // Reset first: once the QP is in Error its tx thread closes the stream in order,
+        // and that FIN must not reach the peer before the reset. Lock order: the tx
+        // thread holds `tx` and then takes `st`; `ctl` is taken alone.
+        if let Some(s) = self.ctl.lock().as_ref() {
+            s.abort();
+        }
+        let mut st = self.st.lock();
+        self.to_error(&mut st);
     }
 }
 
@@ -1642,7 +1648,6 @@ impl ProviderQp for SiwQp {
             match to {
                 QpState::Rts | QpState::Sqd if !st.connected => return Err(VerbsError::BadState),
                 QpState::Error => {
-                    self.to_error(&mut st);
                     drop(st);
                     self.begin_close(true);
                     return Ok(());
@@ -1709,8 +1714,13 @@ impl ProviderQp for SiwQp {
     }
 
     fn destroy(&self) {
-        let connected = self.st.lock().connected;
-        if connected {
+        // Destroying a connected QP is an abortive close, unless an orderly one already
+        // sent its FIN: then what was sent before it is still delivered.
+        let abort = {
+            let st = self.st.lock();
+            st.connected && !st.fin_sent
+        };
+        if abort {
             self.begin_close(true);
         }
         let mut st = self.st.lock();
