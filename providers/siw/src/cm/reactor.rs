@@ -35,6 +35,9 @@ const ACCEPT_BUDGET: usize = 64;
 /// First and longest pause of a listener whose `accept` fails.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Timers kept before those of finished handshakes and requests are dropped: live ones
+/// are at most `GLOBAL_CAP` in all, so this bounds the heap.
+const TIMERS_MAX: usize = 4 * GLOBAL_CAP;
 /// The epoll token of the wake-up eventfd.
 const WAKE: u64 = 0;
 
@@ -340,6 +343,18 @@ impl Loop {
     }
 
     fn insert(&mut self, dev: &Shared, t: u64, h: Handshake) {
+        if self.timers.len() >= TIMERS_MAX {
+            // Deadlines of handshakes and requests already gone (a flood evicts them by
+            // the thousand) would otherwise pile up until they come due.
+            let (live, listeners) = (&self.handshakes, &self.listeners);
+            self.timers.retain(|Reverse((_, timer))| match timer {
+                Timer::Handshake(t) => live.contains_key(t),
+                Timer::Pending(l, id) => listeners
+                    .get(l)
+                    .is_some_and(|e| e.l.pending.lock().contains_key(id)),
+                Timer::Rearm(_) => true,
+            });
+        }
         self.timers.push(Reverse((h.deadline, Timer::Handshake(t))));
         self.handshakes.insert(t, h);
         dev.counters
