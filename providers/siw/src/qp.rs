@@ -1161,7 +1161,10 @@ impl SiwQp {
     /// queue what it carries; on any violation queue a Terminate and go to Error.
     /// Returns whether the QP still takes FPDUs.
     pub(crate) fn receive_fpdu(&self, fpdu: &[u8]) -> bool {
-        let crc = self.st.lock().crc;
+        let (crc, access) = {
+            let st = self.st.lock();
+            (st.crc, st.attr.access)
+        };
         self.dev.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
         self.dev
             .counters
@@ -1189,7 +1192,7 @@ impl SiwQp {
                 return false;
             }
         };
-        if let Err(code) = self.on_ulpdu(u) {
+        if let Err(code) = self.on_ulpdu(u, access) {
             self.dev.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
             self.fail(code, Some(&u[..u.len().min(wire::UNTAGGED_HDR)]));
             return false;
@@ -1231,7 +1234,8 @@ impl SiwQp {
         self.connection_lost(false);
     }
 
-    fn on_ulpdu(&self, u: &[u8]) -> Result<(), TermCode> {
+    /// One ULPDU, under the QP's access flags `access`.
+    fn on_ulpdu(&self, u: &[u8], access: Access) -> Result<(), TermCode> {
         let (h, payload) = Header::parse(u).map_err(|e| match e {
             wire::WireError::BadDdpVersion => TermCode {
                 layer: term::LAYER_DDP,
@@ -1262,7 +1266,7 @@ impl SiwQp {
         })?;
         match (h.opcode, h.model) {
             (Opcode::Write, Model::Tagged { stag, to }) => {
-                self.require_qp_access(Access::REMOTE_WRITE)?;
+                require_qp_access(access, Access::REMOTE_WRITE)?;
                 self.place_tagged(stag, to, payload, Access::REMOTE_WRITE)
             }
             (Opcode::ReadResponse, Model::Tagged { stag, to }) => {
@@ -1275,7 +1279,7 @@ impl SiwQp {
                 },
             ) if op.is_send() => self.place_send(op, h.last, inv_stag, msn, mo, payload),
             (Opcode::ReadRequest, Model::Untagged { msn, mo, .. }) => {
-                self.require_qp_access(Access::REMOTE_READ)?;
+                require_qp_access(access, Access::REMOTE_READ)?;
                 self.on_read_request(h.last, msn, mo, payload)
             }
             (Opcode::Terminate, _) => {
@@ -1300,20 +1304,6 @@ impl SiwQp {
                 etype: term::RDMAP_REMOTE_OP,
                 ecode: term::RDMAP_UNEXPECTED_OP,
             }),
-        }
-    }
-
-    /// The QP's own access flags must allow an incoming RDMA Write or Read at all,
-    /// whatever the registration it names would allow (RFC 5040: access violation).
-    fn require_qp_access(&self, need: Access) -> Result<(), TermCode> {
-        if self.st.lock().attr.access.contains(need) {
-            Ok(())
-        } else {
-            Err(TermCode {
-                layer: term::LAYER_RDMAP,
-                etype: term::RDMAP_REMOTE_PROT,
-                ecode: term::RDMAP_ACCESS,
-            })
         }
     }
 
@@ -1546,6 +1536,20 @@ enum Work {
         mtu: usize,
         msn: u32,
     },
+}
+
+/// The QP's own access flags must allow an incoming RDMA Write or Read at all, whatever
+/// the registration it names would allow (RFC 5040: access violation).
+fn require_qp_access(access: Access, need: Access) -> Result<(), TermCode> {
+    if access.contains(need) {
+        Ok(())
+    } else {
+        Err(TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_ACCESS,
+        })
+    }
 }
 
 fn tagged_err(ecode: u8) -> TermCode {
