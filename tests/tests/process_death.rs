@@ -267,7 +267,9 @@ fn killed_mid_traffic(door: &krdma_tests::FrontDoor, dev_name: &str) -> Survivor
 fn killed_mid_traffic_siw0() {
     krdma_tests::setup_embedded();
     krdma_tests::each_front_door(|door| {
+        let by = krdma_tests::Bystander::start(door, "siw0");
         let seen = killed_mid_traffic(door, "siw0");
+        by.finish().assert_served(Duration::from_secs(2));
         // A dead process's siw connections end with a reset, never a FIN.
         assert_eq!(seen.ended, Some(ual::EventKind::ConnectionBroken));
     });
@@ -277,7 +279,9 @@ fn killed_mid_traffic_siw0() {
 fn killed_mid_traffic_rxe0() {
     krdma_tests::setup_embedded();
     krdma_tests::each_front_door(|door| {
+        let by = krdma_tests::Bystander::start(door, "rxe0");
         let seen = killed_mid_traffic(door, "rxe0");
+        by.finish().assert_served(Duration::from_secs(2));
         // The IB CM has no abort: through the daemon, which closes the dead process's
         // QPs, the peer gets their DREQ; a dead embedded process sends nothing, and the
         // peer's transport retries run out (a dead peer: a broken connection).
