@@ -919,7 +919,7 @@ impl SiwQp {
             .cq_overflows
             .fetch_add(1, Ordering::Relaxed);
         if st.qp != QpState::Error {
-            tracing::warn!(qpn = self.qpn, "siw QP lost a completion: CQ overflow");
+            rnicpi::warn_limited!(qpn = self.qpn, "siw QP lost a completion: CQ overflow");
             self.terminate_locked(st, CQ_OVERFLOW, None);
             self.sink
                 .deliver(Event::new(EventKind::QpFatal).with_status(libc::EOVERFLOW));
@@ -1053,7 +1053,7 @@ impl SiwQp {
         if st.qp == QpState::Error {
             return;
         }
-        tracing::warn!(
+        rnicpi::warn_limited!(
             qpn = self.qpn,
             layer = code.layer,
             etype = code.etype,
@@ -1287,7 +1287,7 @@ impl SiwQp {
                     .get(..4)
                     .and_then(|b| b.try_into().ok())
                     .map(|b| TermCode::from_u32(u32::from_be_bytes(b)));
-                tracing::warn!(qpn = self.qpn, ?code, "siw peer terminated the connection");
+                rnicpi::warn_limited!(qpn = self.qpn, ?code, "siw peer terminated the connection");
                 self.dev
                     .counters
                     .terminates_received

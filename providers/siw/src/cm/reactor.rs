@@ -321,7 +321,7 @@ impl Loop {
                 .add(&stream, EpollEvent::new(EpollFlags::EPOLLIN, t))
                 .map_err(io::Error::from)
         }) {
-            tracing::warn!(%peer, "siw handshake not started: {err}");
+            rnicpi::warn_limited!(%peer, "siw handshake not started: {err}");
             return;
         }
         if let Some(e) = self.listeners.get_mut(&token) {
@@ -465,7 +465,7 @@ impl Loop {
                 if frame.reply || frame.markers {
                     // Markers are not supported (kernel siw refuses them too); a Reply
                     // here is not a connection request.
-                    tracing::info!(%peer, markers = frame.markers, "siw refusing MPA request");
+                    tracing::debug!(%peer, markers = frame.markers, "siw refusing MPA request");
                     dev.counters.bad_mpa.fetch_add(1, Ordering::Relaxed);
                     let reject = mpa_frame(true, false, true, frame.revision, 0, 0, &[]);
                     let _ = send_mpa(&mut stream, &reject);
