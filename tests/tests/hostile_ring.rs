@@ -529,6 +529,10 @@ fn corrupt_ring_indices_move_the_object_to_error() {
             client.send(2, 0, 8, rnicpi::send_flags::SIGNALED).unwrap();
             wait_for(server.cq.events(), EventKind::CqError);
             assert_eq!(kal_counter(&a, "cq_ring_corrupt"), cq_before + 1);
+            // A QP that cannot complete its work goes to Error, and on siw its peer hears
+            // of it (a Terminate: `QpFatal` there too): the send ring is tried on a fresh pair.
+            drop((server, client));
+            let (_a, b, _server, client) = connected_pair(door, device, 4096);
 
             // The client's send ring: a producer index more than a ring ahead.
             let wq_before = kal_counter(&b, "wq_ring_corrupt");
@@ -543,7 +547,7 @@ fn corrupt_ring_indices_move_the_object_to_error() {
             client.qp.ring_doorbell();
             wait_for(client.qp.events(), EventKind::QpFatal);
             assert!(kal_counter(&b, "wq_ring_corrupt") > wq_before);
-            drop((server, client));
+            drop(client);
             bystander.finish().assert_served(BOUND);
         }
     });
