@@ -5,11 +5,14 @@
 //! (directly in embedded mode, `process_vm_readv/writev` across processes) and hands
 //! the provider an [`MemoryAccess`]; the provider never touches consumer memory any
 //! other way. A [`Region`] adds the bounds and rights of one registration on top, so
-//! "no byte outside a registration changes" is enforced in exactly one place.
+//! "no byte outside a registration changes" is enforced in exactly one place, and holds
+//! every access in flight against its invalidation, so once a deregistration returns no
+//! access to the memory is under way or can start.
 
 use crate::error::{Result, VerbsError};
 use crate::types::Access;
 use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -107,11 +110,38 @@ pub struct Region {
     pub access: Access,
     mem: Arc<dyn MemoryAccess>,
     valid: AtomicBool,
+    /// Held shared by every access for the whole of its copy, and exclusively by
+    /// [`invalidate`](Self::invalidate): when that returns, no access is in flight and
+    /// every later one sees the region invalid (so a consumer may free the memory).
+    in_flight: RwLock<()>,
     /// For a window: the registration it is bound onto (the window dies with it).
     parent: Option<Arc<Region>>,
 }
 
 impl Region {
+    /// A registration (no `parent`), or a window bound onto `parent` (`None` with `valid`
+    /// false: an unbound window).
+    fn new(
+        stag: u32,
+        pd: u32,
+        (base, len): (u64, u64),
+        access: Access,
+        mem: Arc<dyn MemoryAccess>,
+        (parent, valid): (Option<Arc<Region>>, bool),
+    ) -> Region {
+        Region {
+            stag,
+            pd,
+            base,
+            len,
+            access,
+            mem,
+            valid: AtomicBool::new(valid),
+            in_flight: RwLock::new(()),
+            parent,
+        }
+    }
+
     pub fn is_valid(&self) -> bool {
         self.valid.load(Ordering::Acquire) && self.parent.as_ref().is_none_or(|p| p.is_valid())
     }
@@ -121,9 +151,27 @@ impl Region {
         self.parent.is_some()
     }
 
-    /// Mark invalid (local or remote invalidation); later accesses fail.
+    /// Mark invalid (local or remote invalidation, deregistration); later accesses fail.
+    /// Waits for the accesses in flight to finish: they are copies, so this is short.
     pub fn invalidate(&self) {
+        let _no_access = self.in_flight.write();
         self.valid.store(false, Ordering::Release);
+    }
+
+    /// Run `copy` against the memory if `[addr, addr+len)` passes [`check`](Self::check),
+    /// holding off invalidation (of this region and, for a window, its registration)
+    /// until it is done.
+    fn access<T>(
+        &self,
+        pd: u32,
+        (addr, len): (u64, u64),
+        need: Access,
+        copy: impl FnOnce(&dyn MemoryAccess) -> Result<T>,
+    ) -> Result<T, AccessError> {
+        let _mine = self.in_flight.read();
+        let _parents = self.parent.as_ref().map(|p| p.in_flight.read());
+        self.check(pd, addr, len, need)?;
+        copy(self.mem.as_ref()).map_err(|_| AccessError::Fault)
     }
 
     /// Check that `[addr, addr+len)` lies inside the registration, in `pd`, with `need`.
@@ -153,20 +201,22 @@ impl Region {
         buf: &mut [u8],
         need: Access,
     ) -> Result<(), AccessError> {
-        self.check(pd, addr, buf.len() as u64, need)?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.mem.read(addr, buf).map_err(|_| AccessError::Fault)
+        self.access(pd, (addr, buf.len() as u64), need, |m| {
+            match buf.is_empty() {
+                true => Ok(()),
+                false => m.read(addr, buf),
+            }
+        })
     }
 
     /// Write `data` at `addr` if the registration allows `need` there.
     pub fn write(&self, pd: u32, addr: u64, data: &[u8], need: Access) -> Result<(), AccessError> {
-        self.check(pd, addr, data.len() as u64, need)?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.mem.write(addr, data).map_err(|_| AccessError::Fault)
+        self.access(pd, (addr, data.len() as u64), need, |m| {
+            match data.is_empty() {
+                true => Ok(()),
+                false => m.write(addr, data),
+            }
+        })
     }
 
     /// RDMA atomic on an aligned word inside the registration.
@@ -176,21 +226,23 @@ impl Region {
         addr: u64,
         op: &mut dyn FnMut(u64) -> u64,
     ) -> Result<u64, AccessError> {
-        self.check(pd, addr, 8, Access::REMOTE_ATOMIC)?;
         if !addr.is_multiple_of(8) {
+            self.check(pd, addr, 8, Access::REMOTE_ATOMIC)?;
             return Err(AccessError::OutOfBounds);
         }
-        self.mem.atomic(addr, op).map_err(|_| AccessError::Fault)
+        self.access(pd, (addr, 8), Access::REMOTE_ATOMIC, |m| m.atomic(addr, op))
     }
 }
 
 const INDEX_BITS: u32 = 24;
 const MAX_INDEX: u32 = (1 << INDEX_BITS) - 1;
+/// Indices given back most recently, kept out of use so that a key of a registration
+/// just deregistered cannot name the next one (on top of the random key byte).
+const QUARANTINE: usize = 4096;
 
 /// What one index of the key table holds.
 #[derive(Debug)]
 enum Slot {
-    Free,
     Mr(Arc<Region>),
     /// A memory window of `pd`: `bound` while bound (its key is the window's current key).
     Mw {
@@ -198,6 +250,8 @@ enum Slot {
         key: u32,
         bound: Option<Arc<Region>>,
     },
+    /// Given back recently; not handed out again while in quarantine.
+    Retired,
 }
 
 /// Why a memory-window bind failed (reported as `MwBindErr` / `LocProtErr`).
@@ -213,18 +267,35 @@ pub enum BindError {
     OutOfBounds,
 }
 
+/// Random bits from the kernel's CSPRNG (`getrandom(2)`, which never fails once the
+/// pool is seeded; a short or failed read is retried).
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: getrandom writes at most `len - got` bytes into the rest of `b`.
+        let r = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if r > 0 {
+            got += r as usize;
+        }
+    }
+    u32::from_ne_bytes(b)
+}
+
 /// The STag / key table of one device: allocates keys and looks registrations up.
 ///
-/// A key is `index << 8 | key byte`. Registrations: each reuse of an index bumps the key
-/// byte, so a key from an earlier registration of the same slot does not match. Windows:
-/// the consumer picks the key byte at each bind (verbs type 2 windows), so the keys
-/// handed out for earlier binds stop matching. Index 0 is never used, so STag 0 (and the
-/// iWARP reserved STag range below 256) is always invalid.
+/// A key is `index << 8 | key byte`, and both parts are random (as kernel siw draws the
+/// index and kernel rxe the key byte), so a peer that learns some keys cannot predict
+/// another tenant's: it has to guess 32 bits. An index given back stays in quarantine
+/// for the next 4096 deregistrations, so a key just deregistered never names
+/// a new registration. Windows: the consumer picks the key byte at each bind (verbs
+/// type 2 windows), so the keys handed out for earlier binds stop matching. Index 0 is
+/// never used, so STag 0 (and the iWARP reserved STag range below 256) is always invalid.
 #[derive(Debug)]
 pub struct MrTable {
-    slots: RwLock<Vec<Slot>>,
-    free: Mutex<Vec<u32>>,
-    generation: Mutex<Vec<u8>>,
+    slots: RwLock<HashMap<u32, Slot>>,
+    /// Retired indices, oldest first.
+    retired: Mutex<VecDeque<u32>>,
     limit: u32,
     live: AtomicU32,
     windows: AtomicU32,
@@ -233,10 +304,11 @@ pub struct MrTable {
 impl MrTable {
     pub fn new(limit: u32) -> Self {
         MrTable {
-            slots: RwLock::new(vec![Slot::Free]),
-            free: Mutex::new(Vec::new()),
-            generation: Mutex::new(vec![0]),
-            limit: limit.min(MAX_INDEX),
+            slots: RwLock::new(HashMap::new()),
+            retired: Mutex::new(VecDeque::new()),
+            // At most half the index space is ever live, so a random draw finds a free
+            // index with probability at least one half.
+            limit: limit.min(MAX_INDEX / 2),
             live: AtomicU32::new(0),
             windows: AtomicU32::new(0),
         }
@@ -252,23 +324,37 @@ impl MrTable {
         self.windows.load(Ordering::Relaxed)
     }
 
-    /// Take a free index and give it a fresh key byte; returns the key.
-    fn allocate(&self, slots: &mut Vec<Slot>) -> Result<u32> {
-        let mut gens = self.generation.lock();
-        let index = match self.free.lock().pop() {
-            Some(i) => i,
-            None => {
-                if slots.len() as u32 > self.limit {
-                    return Err(VerbsError::Exhausted);
-                }
-                slots.push(Slot::Free);
-                gens.push(0);
-                slots.len() as u32 - 1
+    /// Take a random free index and give it a random key byte; returns the key. The
+    /// caller fills the slot before releasing `slots`.
+    fn allocate(&self, slots: &mut HashMap<u32, Slot>) -> Result<u32> {
+        if self.live() + self.windows() >= self.limit {
+            return Err(VerbsError::Exhausted);
+        }
+        // Each draw is free with probability > 1/2 (see `new`): 64 draws all failing
+        // would take a broken random source.
+        for _ in 0..64 {
+            let r = random_u32();
+            let index = r >> 8;
+            if index != 0 && !slots.contains_key(&index) {
+                return Ok(r);
             }
-        };
-        let g = &mut gens[index as usize];
-        *g = g.wrapping_add(1);
-        Ok((index << 8) | *g as u32)
+        }
+        Err(VerbsError::Exhausted)
+    }
+
+    /// Give an index back: it stays retired (and its keys invalid) until it leaves the
+    /// quarantine.
+    fn retire(&self, slots: &mut HashMap<u32, Slot>, index: u32) {
+        slots.insert(index, Slot::Retired);
+        let mut q = self.retired.lock();
+        q.push_back(index);
+        while q.len() > QUARANTINE {
+            if let Some(old) = q.pop_front() {
+                if matches!(slots.get(&old), Some(Slot::Retired)) {
+                    slots.remove(&old);
+                }
+            }
+        }
     }
 
     /// Register `[base, base+len)` of the memory behind `mem` in `pd` with `access`.
@@ -285,17 +371,15 @@ impl MrTable {
         }
         let mut slots = self.slots.write();
         let stag = self.allocate(&mut slots)?;
-        let region = Arc::new(Region {
+        let region = Arc::new(Region::new(
             stag,
             pd,
-            base,
-            len,
+            (base, len),
             access,
             mem,
-            valid: AtomicBool::new(true),
-            parent: None,
-        });
-        slots[(stag >> 8) as usize] = Slot::Mr(region.clone());
+            (None, true),
+        ));
+        slots.insert(stag >> 8, Slot::Mr(region.clone()));
         self.live.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             stag = format_args!("{stag:#x}"),
@@ -310,28 +394,33 @@ impl MrTable {
     /// Find the registration or bound window a key names; stale, unbound or unknown keys
     /// give `InvalidStag`.
     pub fn lookup(&self, stag: u32) -> Result<Arc<Region>, AccessError> {
-        let index = (stag >> 8) as usize;
         let slots = self.slots.read();
-        match slots.get(index) {
+        match slots.get(&(stag >> 8)) {
             Some(Slot::Mr(r)) if r.stag == stag => Ok(r.clone()),
             Some(Slot::Mw { bound: Some(r), .. }) if r.stag == stag => Ok(r.clone()),
             _ => Err(AccessError::InvalidStag),
         }
     }
 
-    /// Remove a registration (it is invalidated first, so an engine holding a reference
-    /// stops, and so do the windows bound onto it).
+    /// Remove a registration. It is invalidated first, so an engine holding a reference
+    /// stops, and so do the windows bound onto it; this returns once no access to its
+    /// memory is in flight (the table itself stays available meanwhile).
     pub fn deregister(&self, stag: u32) -> Result<()> {
-        let index = (stag >> 8) as usize;
-        let mut slots = self.slots.write();
-        if !matches!(slots.get(index), Some(Slot::Mr(r)) if r.stag == stag) {
-            return Err(VerbsError::NoSuchResource);
-        }
-        if let Slot::Mr(r) = std::mem::replace(&mut slots[index], Slot::Free) {
-            r.invalidate();
-        }
-        self.free.lock().push(index as u32);
-        self.live.fetch_sub(1, Ordering::Relaxed);
+        let index = stag >> 8;
+        let region = {
+            let mut slots = self.slots.write();
+            match slots.get(&index) {
+                Some(Slot::Mr(r)) if r.stag == stag => {}
+                _ => return Err(VerbsError::NoSuchResource),
+            }
+            let Some(Slot::Mr(r)) = slots.remove(&index) else {
+                unreachable!("checked above");
+            };
+            self.retire(&mut slots, index);
+            self.live.fetch_sub(1, Ordering::Relaxed);
+            r
+        };
+        region.invalidate();
         Ok(())
     }
 
@@ -339,30 +428,37 @@ impl MrTable {
     pub fn alloc_window(&self, pd: u32) -> Result<u32> {
         let mut slots = self.slots.write();
         let key = self.allocate(&mut slots)?;
-        slots[(key >> 8) as usize] = Slot::Mw {
-            pd,
-            key,
-            bound: None,
-        };
+        slots.insert(
+            key >> 8,
+            Slot::Mw {
+                pd,
+                key,
+                bound: None,
+            },
+        );
         self.windows.fetch_add(1, Ordering::Relaxed);
         Ok(key)
     }
 
     /// Free a window (any of its keys names it); a bound window stops working at once.
     pub fn dealloc_window(&self, key: u32) -> Result<()> {
-        let index = (key >> 8) as usize;
-        let mut slots = self.slots.write();
-        match slots.get_mut(index) {
-            Some(slot @ Slot::Mw { .. }) => {
-                if let Slot::Mw { bound: Some(r), .. } = std::mem::replace(slot, Slot::Free) {
-                    r.invalidate();
-                }
-                self.free.lock().push(index as u32);
-                self.windows.fetch_sub(1, Ordering::Relaxed);
-                Ok(())
+        let index = key >> 8;
+        let bound = {
+            let mut slots = self.slots.write();
+            if !matches!(slots.get(&index), Some(Slot::Mw { .. })) {
+                return Err(VerbsError::NoSuchResource);
             }
-            _ => Err(VerbsError::NoSuchResource),
+            let Some(Slot::Mw { bound, .. }) = slots.remove(&index) else {
+                unreachable!("checked above");
+            };
+            self.retire(&mut slots, index);
+            self.windows.fetch_sub(1, Ordering::Relaxed);
+            bound
+        };
+        if let Some(r) = bound {
+            r.invalidate();
         }
+        Ok(())
     }
 
     /// Bind (or with `len` 0 unbind) the window whose index `new_key` names, for a QP of
@@ -393,37 +489,36 @@ impl MrTable {
         } else {
             None
         };
-        let mut slots = self.slots.write();
-        let Some(Slot::Mw {
-            pd: mw_pd,
-            key,
-            bound,
-        }) = slots.get_mut((new_key >> 8) as usize)
-        else {
-            return Err(BindError::NotAWindow);
-        };
-        if *mw_pd != pd {
-            return Err(BindError::NotAWindow);
-        }
-        if let Some(old) = bound.take() {
-            old.invalidate();
-        }
-        *key = new_key;
-        let region = Arc::new(Region {
-            stag: new_key,
+        let mem = parent.as_ref().map_or_else(
+            || Arc::new(LocalMemory) as Arc<dyn MemoryAccess>,
+            |p| p.mem.clone(),
+        );
+        let region = Arc::new(Region::new(
+            new_key,
             pd,
-            base: addr,
-            len,
+            (addr, len),
             access,
-            mem: parent.as_ref().map_or_else(
-                || Arc::new(LocalMemory) as Arc<dyn MemoryAccess>,
-                |p| p.mem.clone(),
-            ),
-            valid: AtomicBool::new(len > 0),
-            parent: parent.clone(),
-        });
-        if parent.is_some() {
-            *bound = Some(region.clone());
+            mem,
+            (parent.clone(), len > 0),
+        ));
+        let old = {
+            let mut slots = self.slots.write();
+            let Some(Slot::Mw {
+                pd: mw_pd,
+                key,
+                bound,
+            }) = slots.get_mut(&(new_key >> 8))
+            else {
+                return Err(BindError::NotAWindow);
+            };
+            if *mw_pd != pd {
+                return Err(BindError::NotAWindow);
+            }
+            *key = new_key;
+            std::mem::replace(bound, parent.is_some().then(|| region.clone()))
+        };
+        if let Some(old) = old {
+            old.invalidate();
         }
         tracing::debug!(
             key = format_args!("{new_key:#x}"),
@@ -500,14 +595,107 @@ mod tests {
     fn stale_keys_never_match() {
         let t = MrTable::new(16);
         let mut b = vec![0u8; 8];
-        let old = buf_region(&t, &mut b, Access::LOCAL_WRITE).stag;
-        t.deregister(old).unwrap();
-        let new = buf_region(&t, &mut b, Access::LOCAL_WRITE).stag;
-        assert_ne!(old, new);
-        assert_eq!(old >> 8, new >> 8, "slot reused");
-        assert_eq!(t.lookup(old).unwrap_err(), AccessError::InvalidStag);
-        assert!(t.lookup(new).is_ok());
+        let mut stale = Vec::new();
+        for _ in 0..QUARANTINE {
+            let k = buf_region(&t, &mut b, Access::LOCAL_WRITE).stag;
+            t.deregister(k).unwrap();
+            stale.push(k);
+        }
+        let live = buf_region(&t, &mut b, Access::LOCAL_WRITE).stag;
+        assert!(t.lookup(live).is_ok());
+        for k in &stale {
+            assert_eq!(t.lookup(*k).unwrap_err(), AccessError::InvalidStag);
+            assert_ne!(
+                k >> 8,
+                live >> 8,
+                "a quarantined index was handed out again"
+            );
+        }
         assert!(t.lookup(0).is_err());
+        assert_eq!(t.deregister(stale[0]), Err(VerbsError::NoSuchResource));
+    }
+
+    #[test]
+    fn keys_are_unpredictable() {
+        let t = MrTable::new(4096);
+        let mut b = vec![0u8; 8];
+        let keys: Vec<u32> = (0..1000)
+            .map(|_| buf_region(&t, &mut b, Access::LOCAL_WRITE).stag)
+            .collect();
+        // Neither part counts: consecutive registrations share no index neighbourhood,
+        // and the key bytes spread over the whole byte.
+        let neighbours = keys
+            .windows(2)
+            .filter(|w| (w[1] >> 8).abs_diff(w[0] >> 8) <= 16)
+            .count();
+        assert!(neighbours < 5, "{neighbours} near-sequential indices");
+        let bytes: std::collections::HashSet<u8> = keys.iter().map(|k| *k as u8).collect();
+        assert!(bytes.len() > 200, "only {} distinct key bytes", bytes.len());
+        let distinct: std::collections::HashSet<u32> = keys.iter().map(|k| k >> 8).collect();
+        assert_eq!(
+            distinct.len(),
+            keys.len(),
+            "an index named two registrations"
+        );
+    }
+
+    /// A memory whose writes wait at a gate, to hold an access in flight.
+    #[derive(Debug, Default)]
+    struct Gated {
+        entered: std::sync::Mutex<bool>,
+        open: std::sync::Mutex<bool>,
+        cv: std::sync::Condvar,
+    }
+
+    impl MemoryAccess for Gated {
+        fn read(&self, _addr: u64, _buf: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+        fn write(&self, _addr: u64, _data: &[u8]) -> Result<()> {
+            *self.entered.lock().unwrap() = true;
+            self.cv.notify_all();
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.cv.wait(open).unwrap();
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn deregistration_waits_for_accesses_in_flight() {
+        let t = Arc::new(MrTable::new(16));
+        let gate = Arc::new(Gated::default());
+        let r = t
+            .register(1, 4096, 4096, Access::LOCAL_WRITE, gate.clone())
+            .unwrap();
+        let stag = r.stag;
+        let writer = std::thread::spawn(move || r.write(1, 4096, &[1], Access::LOCAL_WRITE));
+        let mut entered = gate.entered.lock().unwrap();
+        while !*entered {
+            entered = gate.cv.wait(entered).unwrap();
+        }
+        drop(entered);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t2 = t.clone();
+        let dereg = std::thread::spawn(move || {
+            t2.deregister(stag).unwrap();
+            tx.send(()).unwrap();
+        });
+        // The key is gone from the table at once (lookups never wait), but the
+        // deregistration does not return while the write is inside the memory.
+        while t.lookup(stag).is_ok() {
+            std::thread::yield_now();
+        }
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(200))
+            .is_err());
+        *gate.open.lock().unwrap() = true;
+        gate.cv.notify_all();
+        assert_eq!(writer.join().unwrap(), Ok(()));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("deregistration returns once the write is done");
+        dereg.join().unwrap();
     }
 
     #[test]
