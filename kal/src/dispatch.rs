@@ -2,6 +2,8 @@
 
 use crate::abi::{self, cmd};
 use crate::context::{ConnAccount, ConnWatch, Context, Kind, Object};
+use crate::counters::Counters;
+use crate::creds::{cap, Requester};
 use crate::events::ObjectSink;
 use crate::quota::{Charges, Resource};
 use crate::{peer, pin, Kal};
@@ -74,7 +76,13 @@ fn pdata(buf: &[u8], len: u32) -> Result<Vec<u8>> {
         .ok_or(VerbsError::Invalid)
 }
 
-pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Result<()> {
+pub fn ioctl(
+    kal: &Kal,
+    c: &Arc<Context>,
+    who: &Requester,
+    command: u32,
+    arg: &mut [u8],
+) -> Result<()> {
     match command {
         cmd::QUERY_ABI => with(arg, |a: &mut abi::QueryAbi| {
             a.version = abi::ABI_VERSION;
@@ -176,6 +184,7 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
         }
         cmd::LISTEN => with(arg, |a: &mut abi::Listen| {
             let dev = kal.device(a.dev)?;
+            may_bind(kal, who, a.port)?;
             let mut objs = c.objects.lock();
             objs.check_limit(Kind::Listener, &kal.config.limits)?;
             let charges = charge(kal, c, Some(a.dev), &[(Resource::Listener, 1)])?;
@@ -238,7 +247,7 @@ pub fn ioctl(kal: &Kal, c: &Arc<Context>, command: u32, arg: &mut [u8]) -> Resul
             qp.disconnect(a.abortive != 0)
         }),
         cmd::STAT_CONTEXTS => with(arg, |a: &mut abi::StatContexts| {
-            stat_contexts(kal, a);
+            stat_contexts(kal, who, a);
             Ok(())
         }),
         cmd::STAT_DEVICE => with(arg, |a: &mut abi::StatDevice| stat_device(kal, a)),
@@ -508,14 +517,22 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     let h = objs.next_handle()?;
     let writable =
         access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-    peer::check_mapping(c.caller.pid, a.addr, a.length, writable)?;
+    let vmas = peer::check_registration(c.peer.as_ref(), a.addr, a.length, writable).map_err(
+        |why| {
+            if !matches!(why, crate::backing::Refused::Unmapped) {
+                Counters::bump(&kal.checks.backing_refused);
+            }
+            tracing::info!(ctx = c.id, addr = format_args!("{:#x}", a.addr), len = a.length, %why, "registration refused");
+            VerbsError::BadAddress
+        },
+    )?;
     let limit = match (kal.config.pin_limit, c.peer.unlimited_pin()) {
         (Some(l), _) => Some(l),
         (None, true) => None,
         (None, false) => c.peer.memlock_limit(),
     };
     kal.pins.charge(c.caller.uid, span, limit)?;
-    let mut memory = c.peer.memory_for(a.addr, a.length);
+    let mut memory = c.peer.memory_for(&vmas, a.addr, a.length);
     if memory.mapped_bytes() > 0 {
         // Mapped directly into the daemon: charged as a mapping, or, past the quota,
         // reached by copies instead (drops the mapping).
@@ -632,10 +649,41 @@ fn qp_attr_out(q: &QpAttr, a: &mut abi::QpAttrs) {
     a.hop_limit = q.hop_limit;
 }
 
-fn stat_contexts(kal: &Kal, a: &mut abi::StatContexts) {
-    let ctxs: Vec<Arc<Context>> = kal.contexts.read().values().cloned().collect();
+/// A LISTEN on a privileged port needs the requester's `CAP_NET_BIND_SERVICE`, as a bind
+/// or kernel rdma_cm would (ports below `net.ipv4.ip_unprivileged_port_start`, 1024 by
+/// default); the daemon's own right to bind there must not be lent out.
+fn may_bind(kal: &Kal, who: &Requester, port: u16) -> Result<()> {
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(1024);
+    if port == 0 || u32::from(port) >= start || who.has(cap::NET_BIND_SERVICE) {
+        return Ok(());
+    }
+    Counters::bump(&kal.checks.privileged_port_refused);
+    tracing::info!(
+        port,
+        "LISTEN on a privileged port refused: no CAP_NET_BIND_SERVICE"
+    );
+    Err(VerbsError::Permission)
+}
+
+/// Contexts as `STAT_CONTEXTS` lists them: all of them for root, else only the
+/// requester's own user's (other tenants' pids, uids and usage are theirs).
+fn stat_contexts(kal: &Kal, who: &Requester, a: &mut abi::StatContexts) {
+    let euid = who.euid();
+    let ctxs: Vec<Arc<Context>> = kal
+        .contexts
+        .read()
+        .values()
+        .filter(|c| euid == 0 || c.caller.uid == euid)
+        .cloned()
+        .collect();
     a.total = ctxs.len() as u32;
-    a.pinned_total = kal.pins.total();
+    a.pinned_total = match euid {
+        0 => kal.pins.total(),
+        uid => kal.pins.of(uid),
+    };
     a.count = 0;
     for (row, c) in a.rows.iter_mut().zip(ctxs.iter().skip(a.start as usize)) {
         let objs = c.objects.lock();

@@ -1,13 +1,19 @@
 //! The daemon's front door: `/dev/krdma` as a FUSE mount of one regular file.
 //!
 //! `open` creates a kAL context keyed on the FUSE file handle (RELEASE carries no pid or
-//! uid), `ioctl` runs one command, `poll` reports queued events and remembers the poll
-//! handle so the kAL's waker can send `FUSE_NOTIFY_POLL`, `read` returns whole event
-//! records or `EAGAIN` — never waits, because fuser cannot answer `FUSE_INTERRUPT` and a
-//! deferred read would leave a killed client unkillable — and `release` tears the
-//! context down.
+//! uid) and records who opened it ([`Opener`]); every later `ioctl`, `poll` and `read`
+//! is served only for a thread of that same process with the same credentials, and a
+//! context whose opener exited, exec'd or changed credentials is ended, whoever still
+//! holds the file ([`crate::watch`] notices without a request). `ioctl` runs one
+//! command, `poll` reports queued events and remembers the poll handle so the kAL's
+//! waker can send `FUSE_NOTIFY_POLL`, `read` returns whole event records or `EAGAIN` —
+//! never waits, because fuser cannot answer `FUSE_INTERRUPT` and a deferred read would
+//! leave a killed client unkillable — and `release` tears the context down.
 
+use crate::creds::{Creds, Requester};
+use crate::opener::{Opener, Refusal};
 use crate::process::ProcessPeer;
+use crate::watch::Watch;
 use crate::{abi, Caller, ContextId, Kal};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, IoctlFlags,
@@ -16,17 +22,54 @@ use fuser::{
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 /// Where the last `poll` of an open file left its notifier.
 type PollSlot = Arc<Mutex<Option<PollNotifier>>>;
 
-struct Device {
+/// One open of the device.
+struct OpenFile {
+    ctx: ContextId,
+    poll: PollSlot,
+    opener: Arc<Opener>,
+    /// The context was ended because its opener is gone or changed; the file stays open
+    /// (someone else holds it) and refuses everything.
+    ended: AtomicBool,
+}
+
+/// The open files, shared with the opener watch.
+struct Files {
     kal: Arc<Kal>,
-    /// fh → (context, last poll handle).
-    open: Mutex<HashMap<u64, (ContextId, PollSlot)>>,
+    open: Mutex<HashMap<u64, Arc<OpenFile>>>,
+}
+
+impl Files {
+    /// End the context of `fh` because its opener is gone or changed.
+    fn end(&self, fh: u64, why: Refusal) {
+        let Some(f) = self.open.lock().get(&fh).cloned() else {
+            return;
+        };
+        if f.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.kal.refused(why);
+        tracing::info!(ctx = f.ctx, pid = f.opener.tgid, reason = %why, "context ended");
+        self.kal.release(f.ctx);
+        // A poller still waiting learns at its next poll (which fails).
+        let waiting = f.poll.lock().take();
+        if let Some(ph) = waiting {
+            let _ = ph.notify();
+        }
+    }
+}
+
+struct Device {
+    files: Arc<Files>,
+    watch: Arc<Watch>,
     uid: u32,
     gid: u32,
 }
@@ -36,8 +79,33 @@ fn errno(e: rnicpi::VerbsError) -> Errno {
 }
 
 impl Device {
-    fn ctx(&self, fh: FileHandle) -> Option<(ContextId, Arc<Mutex<Option<PollNotifier>>>)> {
-        self.open.lock().get(&fh.0).cloned()
+    /// The open file `fh`, if the request comes from its opener, with the requesting
+    /// thread's credentials. Refusals are counted; one that means the opener is gone or
+    /// changed ends the context.
+    fn authorize(&self, req: &Request, fh: FileHandle) -> Result<(Arc<OpenFile>, Creds), Errno> {
+        let f = self
+            .files
+            .open
+            .lock()
+            .get(&fh.0)
+            .cloned()
+            .ok_or(Errno::EBADF)?;
+        if f.ended.load(Ordering::Acquire) {
+            return Err(Errno::EACCES);
+        }
+        match f.opener.check(req.pid()) {
+            Ok(creds) => Ok((f, creds)),
+            Err(why) => {
+                tracing::info!(ctx = f.ctx, pid = f.opener.tgid, tid = req.pid(), reason = %why, "request refused");
+                if why.ends_context() {
+                    self.watch.remove(fh.0);
+                    self.files.end(fh.0, why);
+                } else {
+                    self.files.kal.refused(why);
+                }
+                Err(Errno::EACCES)
+            }
+        }
     }
 }
 
@@ -65,45 +133,53 @@ impl Filesystem for Device {
     }
 
     fn open(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let caller = match ProcessPeer::new(req.pid(), req.uid()) {
-            Ok(peer) => {
-                let c = Caller {
-                    pid: peer.tgid,
-                    uid: req.uid(),
-                    gid: req.gid(),
-                };
-                self.kal.open(c, Arc::new(peer))
-            }
-            Err(e) => Err(e),
+        let opened = Opener::open(req.pid()).and_then(|opener| {
+            let opener = Arc::new(opener);
+            let caller = Caller {
+                pid: opener.tgid,
+                uid: opener.creds.euid(),
+                gid: opener.creds.gids[1],
+            };
+            let peer = Arc::new(ProcessPeer::new(opener.clone()));
+            Ok((self.files.kal.open(caller, peer)?, opener))
+        });
+        let (ctx, opener) = match opened {
+            Ok(v) => v,
+            Err(e) => return reply.error(errno(e)),
         };
-        match caller {
-            Ok(ctx) => {
-                let fh = ctx as u64;
-                let slot: Arc<Mutex<Option<PollNotifier>>> = Arc::default();
-                let s2 = slot.clone();
-                self.kal.set_waker(
-                    ctx,
-                    Some(Arc::new(move || {
-                        if let Some(ph) = s2.lock().take() {
-                            let _ = ph.notify();
-                        }
-                    })),
-                );
-                self.open.lock().insert(fh, (ctx, slot));
-                reply.opened(
-                    FileHandle(fh),
-                    FopenFlags::FOPEN_DIRECT_IO
-                        | FopenFlags::FOPEN_NONSEEKABLE
-                        | FopenFlags::FOPEN_STREAM,
-                );
-            }
-            Err(e) => reply.error(errno(e)),
+        let fh = ctx as u64;
+        let slot: PollSlot = Arc::default();
+        let s2 = slot.clone();
+        self.files.kal.set_waker(
+            ctx,
+            Some(Arc::new(move || {
+                if let Some(ph) = s2.lock().take() {
+                    let _ = ph.notify();
+                }
+            })),
+        );
+        let file = Arc::new(OpenFile {
+            ctx,
+            poll: slot,
+            opener: opener.clone(),
+            ended: AtomicBool::new(false),
+        });
+        self.files.open.lock().insert(fh, file);
+        if let Err(e) = self.watch.add(fh, opener) {
+            tracing::warn!(ctx, error = %e, "cannot watch the opener; refusing the open");
+            self.files.open.lock().remove(&fh);
+            self.files.kal.release(ctx);
+            return reply.error(Errno::EIO);
         }
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE | FopenFlags::FOPEN_STREAM,
+        );
     }
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: IoctlFlags,
@@ -112,8 +188,9 @@ impl Filesystem for Device {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        let Some((ctx, _)) = self.ctx(fh) else {
-            return reply.error(Errno::EBADF);
+        let (f, creds) = match self.authorize(req, fh) {
+            Ok(v) => v,
+            Err(e) => return reply.error(e),
         };
         let Some((t, _, size)) = abi::decode(cmd) else {
             return reply.error(Errno::ENOTTY);
@@ -125,7 +202,11 @@ impl Filesystem for Device {
             return reply.error(Errno::EINVAL);
         }
         let mut arg = in_data.to_vec();
-        match self.kal.ioctl(ctx, cmd, &mut arg) {
+        match self
+            .files
+            .kal
+            .ioctl_as(f.ctx, &Requester::Verified(creds), cmd, &mut arg)
+        {
             Ok(()) => reply.ioctl(0, &arg),
             Err(e) => reply.error(errno(e)),
         }
@@ -133,7 +214,7 @@ impl Filesystem for Device {
 
     fn poll(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         ph: PollNotifier,
@@ -141,12 +222,13 @@ impl Filesystem for Device {
         _flags: PollFlags,
         reply: ReplyPoll,
     ) {
-        let Some((ctx, slot)) = self.ctx(fh) else {
-            return reply.error(Errno::EBADF);
+        let f = match self.authorize(req, fh) {
+            Ok((f, _)) => f,
+            Err(e) => return reply.error(e),
         };
-        *slot.lock() = Some(ph);
+        *f.poll.lock() = Some(ph);
         // Check after storing the handle, so an event queued in between still wakes.
-        if self.kal.readable(ctx) {
+        if self.files.kal.readable(f.ctx) {
             reply.poll(PollEvents::POLLIN | PollEvents::POLLRDNORM);
         } else {
             reply.poll(PollEvents::empty());
@@ -156,7 +238,7 @@ impl Filesystem for Device {
     #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _offset: u64,
@@ -165,11 +247,12 @@ impl Filesystem for Device {
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some((ctx, _)) = self.ctx(fh) else {
-            return reply.error(Errno::EBADF);
+        let f = match self.authorize(req, fh) {
+            Ok((f, _)) => f,
+            Err(e) => return reply.error(e),
         };
         let mut buf = vec![0u8; (size as usize).min(abi::EVENT_SIZE * 64)];
-        match self.kal.read_events(ctx, &mut buf) {
+        match self.files.kal.read_events(f.ctx, &mut buf) {
             Ok(0) => reply.error(Errno::EAGAIN),
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(e)),
@@ -197,9 +280,10 @@ impl Filesystem for Device {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let entry = self.open.lock().remove(&fh.0);
-        if let Some((ctx, _)) = entry {
-            self.kal.release(ctx);
+        self.watch.remove(fh.0);
+        let entry = self.files.open.lock().remove(&fh.0);
+        if let Some(f) = entry {
+            self.files.kal.release(f.ctx);
         }
         reply.ok();
     }
@@ -212,10 +296,22 @@ pub struct FuseHandle {
 }
 
 impl FuseHandle {
+    /// Unmount. With no file open the session ends cleanly; with files still open (a
+    /// client that has not exited yet) a plain unmount is refused (`EBUSY`), so the mount
+    /// is detached instead: the path is free at once, and the clients' files fail
+    /// (`ENOTCONN`) once this process exits and closes the FUSE connection. The session
+    /// threads are then not joined: they serve those files until the exit.
     pub fn shutdown(mut self) -> std::io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
+        let Some(s) = self.session.take() else {
+            return Ok(());
+        };
+        match s.umount_and_join() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                tracing::info!(path = %self.path.display(), "files still open: detaching the mount");
+                nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH)
+                    .map_err(std::io::Error::from)
+            }
+            r => r,
         }
     }
 }
@@ -228,22 +324,49 @@ impl Drop for FuseHandle {
     }
 }
 
-/// Serve `kal` as the file `path` (created as an empty 0666 regular file if missing).
-pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
-    if !path.exists() {
-        std::fs::File::create(path)?;
-    }
-    let meta = std::fs::metadata(path)?;
-    if !meta.is_file() {
+/// Create (or reuse) the regular file `path` to mount on, with mode 0666, never following
+/// a symbolic link and never changing anything but a regular file: `O_NOFOLLOW` on the
+/// open, and the mode set through the descriptor (`fchmod`), not the path.
+fn mount_point(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o666)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::other(format!(
+                "{} is a symbolic link: refusing to follow it",
+                path.display()
+            )),
+            _ => e,
+        })?;
+    if !f.metadata()?.is_file() {
         return Err(std::io::Error::other(format!(
             "{} exists and is not a regular file",
             path.display()
         )));
     }
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
-    let dev = Device {
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))
+}
+
+/// Serve `kal` as the file `path` (created as an empty 0666 regular file if missing).
+pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
+    mount_point(path)?;
+    let files = Arc::new(Files {
         kal,
         open: Mutex::new(HashMap::new()),
+    });
+    let weak: Weak<Files> = Arc::downgrade(&files);
+    let watch = Watch::start(Box::new(move |fh, why| {
+        if let Some(files) = weak.upgrade() {
+            files.end(fh, why);
+        }
+    }))?;
+    let dev = Device {
+        files,
+        watch,
         uid: 0,
         gid: 0,
     };
@@ -263,4 +386,34 @@ pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
         session: Some(session),
         path: path.to_path_buf(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mount_point_is_never_reached_through_a_symlink() {
+        let dir = std::env::temp_dir().join(format!("krdma-mp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = mount_point(&link).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let meta = std::fs::metadata(&target).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "target untouched");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        // A directory is refused; a fresh path becomes an empty 0666 file.
+        assert!(mount_point(&dir).is_err());
+        let fresh = dir.join("dev");
+        mount_point(&fresh).unwrap();
+        assert_eq!(
+            std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777,
+            0o666
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -13,24 +13,34 @@
 //! * system call management — the ioctl ABI ([`abi`], dispatched in [`dispatch`]);
 //! * LLP management — host routes, addresses and TCP sockets for providers ([`services`]).
 //!
-//! Front doors: [`fuse`] serves the kAL as `/dev/krdma`; embedded mode calls
-//! [`Kal::ioctl`] directly with an [`EmbeddedPeer`]. Both pass the same command structs.
+//! Front doors: [`fuse`] serves the kAL as `/dev/krdma`, where every request is checked
+//! against the process that opened the context ([`opener`]); embedded mode calls
+//! [`Kal::ioctl`] directly with an [`EmbeddedPeer`], refused in a fork child ([`fork`]).
+//! Both pass the same command structs.
 
 pub mod abi;
+pub mod backing;
 pub mod context;
+pub mod counters;
+pub mod creds;
 mod dispatch;
 pub mod doorbell;
 pub mod events;
+pub mod fork;
 pub mod fuse;
 pub mod mapped;
+pub mod opener;
 pub mod peer;
 pub mod pin;
 pub mod process;
+pub mod procmem;
 pub mod quota;
 pub mod services;
 pub mod stack;
+pub mod watch;
 
 pub use context::Limits;
+pub use creds::Requester;
 pub use peer::{Caller, EmbeddedPeer, Peer};
 pub use quota::{Quota, Resource};
 
@@ -105,6 +115,10 @@ pub struct Kal {
     refusals: Refusals,
     /// Doorbells served by the contexts' doorbell threads.
     doorbells_rung: Arc<AtomicU64>,
+    /// The process the kAL was created in: a fork child's copy refuses every call.
+    lineage: fork::Lineage,
+    /// What the checks of who asks and of registered memory refused.
+    checks: counters::Counters,
 }
 
 impl Kal {
@@ -119,6 +133,8 @@ impl Kal {
             ring_stats: Arc::default(),
             refusals: Refusals::default(),
             doorbells_rung: Arc::default(),
+            lineage: fork::Lineage::here(),
+            checks: counters::Counters::default(),
         })
     }
 
@@ -129,17 +145,34 @@ impl Kal {
         Ok(self.ledger.charge(uid, dev, r, n)?)
     }
 
-    /// The kAL's own counters: refusals (quotas, ring memory, doorbells) and what the
-    /// engines could not do with consumers' rings.
+    /// The kAL's own counters: refusals (quotas, ring memory, doorbells, requests not
+    /// from a context's opener, registered memory, privileged ports, fork children) and
+    /// what the engines could not do with consumers' rings.
     pub fn counters(&self) -> Vec<Counter> {
         let mut v = self.ledger.counters();
         v.extend(self.refusals.counters());
+        v.extend(self.checks.list());
         v.extend(self.ring_stats.counters());
         v.push((
             "doorbells_rung",
             self.doorbells_rung.load(Ordering::Relaxed),
         ));
         v
+    }
+
+    /// Count a request refused because of who made it (the daemon's front door).
+    pub fn refused(&self, why: opener::Refusal) {
+        self.checks.refused(why);
+    }
+
+    /// `Permission` in a fork child of the process this kAL lives in: its provider
+    /// threads do not exist there and its locks may be held by threads that are gone.
+    fn here(&self) -> Result<()> {
+        if self.lineage.is_here() {
+            return Ok(());
+        }
+        counters::Counters::bump(&self.checks.fork_child_refused);
+        Err(VerbsError::Permission)
     }
 
     /// Register a provider's device; returns its device number.
@@ -175,6 +208,7 @@ impl Kal {
 
     /// Open a context for `caller`, reached through `peer`.
     pub fn open(&self, caller: Caller, peer: Arc<dyn Peer>) -> Result<ContextId> {
+        self.here()?;
         let charge = self.charge(caller.uid, None, Resource::Context, 1)?;
         let mut ctxs = self.contexts.write();
         let id = rnicpi::ids::next_free(&mut self.next_ctx.lock(), ctxs.len(), |id| {
@@ -201,10 +235,24 @@ impl Kal {
         Ok(id)
     }
 
-    /// Execute one command; `arg` is the whole in/out struct.
+    /// Execute one command for the calling thread of this process (embedded mode); `arg`
+    /// is the whole in/out struct.
     pub fn ioctl(&self, ctx: ContextId, cmd: u32, arg: &mut [u8]) -> Result<()> {
+        self.ioctl_as(ctx, &Requester::ThisThread, cmd, arg)
+    }
+
+    /// Execute one command for `who` (the daemon's front door: a thread already checked
+    /// against the context's opener).
+    pub fn ioctl_as(
+        &self,
+        ctx: ContextId,
+        who: &Requester,
+        cmd: u32,
+        arg: &mut [u8],
+    ) -> Result<()> {
+        self.here()?;
         let c = self.context(ctx)?;
-        let r = dispatch::ioctl(self, &c, cmd, arg);
+        let r = dispatch::ioctl(self, &c, who, cmd, arg);
         if let Err(e) = r {
             tracing::debug!(ctx, cmd = abi::cmd::name(cmd), error = %e, "ioctl failed");
         }
@@ -213,6 +261,7 @@ impl Kal {
 
     /// Move whole event records into `out`; `Ok(0)` when none are queued.
     pub fn read_events(&self, ctx: ContextId, out: &mut [u8]) -> Result<usize> {
+        self.here()?;
         let c = self.context(ctx)?;
         let max = out.len() / abi::EVENT_SIZE;
         if max == 0 {
@@ -229,20 +278,29 @@ impl Kal {
 
     /// Whether an event is queued for `ctx`.
     pub fn readable(&self, ctx: ContextId) -> bool {
-        self.context(ctx)
-            .map(|c| !c.events.is_empty())
-            .unwrap_or(false)
+        self.lineage.is_here()
+            && self
+                .context(ctx)
+                .map(|c| !c.events.is_empty())
+                .unwrap_or(false)
     }
 
     /// `waker` is called (from any thread) whenever an event is queued for `ctx`.
     pub fn set_waker(&self, ctx: ContextId, waker: Option<events::Waker>) {
+        if self.here().is_err() {
+            return;
+        }
         if let Ok(c) = self.context(ctx) {
             c.events.set_waker(waker);
         }
     }
 
-    /// Tear a context down, children first; idempotent.
+    /// Tear a context down, children first; idempotent. A no-op in a fork child (the
+    /// context is the parent's).
     pub fn release(&self, ctx: ContextId) {
+        if self.here().is_err() {
+            return;
+        }
         let Some(c) = self.contexts.write().remove(&ctx) else {
             return;
         };
@@ -279,12 +337,13 @@ impl Kal {
 
     /// Embedded mode: a doorbell that calls the QP's provider directly.
     pub fn doorbell_for(&self, ctx: ContextId, qp: u32) -> Result<Arc<dyn Doorbell>> {
+        self.here()?;
         let c = self.context(ctx)?;
         if !c.peer.in_process() {
             return Err(VerbsError::Permission);
         }
         let (_, qp) = c.objects.lock().qp(qp)?;
-        Ok(Arc::new(DirectDoorbell(Arc::downgrade(&qp))))
+        Ok(Arc::new(DirectDoorbell(Arc::downgrade(&qp), self.lineage)))
     }
 
     /// Contexts open now.
@@ -306,10 +365,15 @@ impl Kal {
     }
 }
 
-struct DirectDoorbell(Weak<dyn rnicpi::ProviderQp>);
+/// Embedded mode's doorbell: a call into the provider, never from a fork child (the
+/// provider's threads are not there).
+struct DirectDoorbell(Weak<dyn rnicpi::ProviderQp>, fork::Lineage);
 
 impl Doorbell for DirectDoorbell {
     fn ring(&self) {
+        if !self.1.is_here() {
+            return;
+        }
         if let Some(qp) = self.0.upgrade() {
             qp.doorbell();
         }

@@ -1,19 +1,31 @@
 //! Consumer memory the daemon maps for itself: when a registered range lies in a shared
 //! mapping of a sealed memfd (what `ual::RegBuf` allocates), `krdmad` maps the same pages
 //! through `/proc/PID/map_files` and the engine copies straight in and out of them, as in
-//! embedded mode — one copy per byte instead of the two of `process_vm_readv/writev` plus
-//! the socket. Anything else (private anonymous memory, `malloc`) keeps the
-//! `process_vm_*` path of [`crate::process`].
+//! embedded mode — one copy per byte instead of the two of reading and writing the
+//! process's memory file plus the socket. Anything else (private anonymous memory,
+//! `malloc`) is reached through the opener's memory file ([`crate::procmem`]).
 //!
 //! The file must carry `F_SEAL_SHRINK`: a consumer that could truncate it would make the
 //! daemon's next access to the vanished pages a SIGBUS. With the seal the mapping stays
 //! valid for as long as the daemon holds it, whatever the consumer does to its own.
+//!
+//! What is mapped is exactly what the caller could write at the moment of registration,
+//! and no more: the `map_files` entry is opened as the caller's own user (DAC and the
+//! ptrace check apply as to the caller), the opened file must be the very file the
+//! `maps` line showed (device and inode), the line must still be there once the file is
+//! open (so a mapping swapped in between is caught), and only the registered pages are
+//! mapped, at their own file offset.
 
+use crate::backing::Vma;
+use crate::creds::{as_opener, cap, Creds};
+use crate::procmem::open_at;
 use rnicpi::{MemoryAccess, Result, VerbsError};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One shared mapping of a consumer, mapped again in this process.
+const PAGE: u64 = 4096;
+
+/// The registered pages of one shared mapping of a consumer, mapped again in this process.
 pub struct MappedMemory {
     map: memmap2::MmapRaw,
     /// The consumer's address of the first mapped byte.
@@ -29,66 +41,73 @@ impl std::fmt::Debug for MappedMemory {
     }
 }
 
-/// The line of `/proc/PID/maps` covering `[addr, addr+len)`: (lo, hi, perms, offset).
-fn covering_mapping(pid: u32, addr: u64, len: u64) -> Option<(u64, u64, String, u64)> {
-    let end = addr.checked_add(len)?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    maps.lines().find_map(|line| {
-        let mut cols = line.split_whitespace();
-        let (lo, hi) = cols.next()?.split_once('-')?;
-        let (lo, hi) = (
-            u64::from_str_radix(lo, 16).ok()?,
-            u64::from_str_radix(hi, 16).ok()?,
-        );
-        let perms = cols.next()?.to_string();
-        let offset = u64::from_str_radix(cols.next()?, 16).ok()?;
-        (lo <= addr && end <= hi).then_some((lo, hi, perms, offset))
-    })
+/// The fields that say which file a mapping shows, and where.
+fn same_mapping(a: &Vma, b: &Vma) -> bool {
+    (a.lo, a.hi, a.perms, a.offset, a.dev, a.inode)
+        == (b.lo, b.hi, b.perms, b.offset, b.dev, b.inode)
 }
 
 impl MappedMemory {
-    /// Map the consumer's shared, shrink-sealed mapping that holds the whole range, or
-    /// `None` when there is none (the caller falls back to `process_vm_*`).
-    pub fn open(pid: u32, addr: u64, len: u64) -> Option<MappedMemory> {
-        let (lo, hi, perms, offset) = covering_mapping(pid, addr, len)?;
-        if perms.as_bytes().get(3) != Some(&b's') {
-            return None; // private: copy-on-write pages nobody else can see
-        }
-        if perms.as_bytes().get(1) != Some(&b'w') {
+    /// Map the pages of `[addr, addr+len)` of the process whose `/proc/<pid>` directory is
+    /// `dir`, when the range lies in `vma` (read from its maps just before), a writable
+    /// shared mapping of a shrink-sealed file; `None` otherwise (the caller then uses the
+    /// process's memory file). `now` asks the process's mapping at `addr` again.
+    pub fn open(
+        dir: BorrowedFd<'_>,
+        creds: &Creds,
+        vma: &Vma,
+        (addr, len): (u64, u64),
+        now: impl Fn() -> Option<Vma>,
+    ) -> Option<MappedMemory> {
+        let end = addr.checked_add(len)?;
+        if !(vma.readable() && vma.writable() && vma.shared()) || addr < vma.lo || end > vma.hi {
             return None;
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/map_files/{lo:x}-{hi:x}"))
+        let entry = format!("map_files/{:x}-{:x}", vma.lo, vma.hi);
+        // map_files is reached with CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE), the
+        // daemon's own right; who may open what is still checked as the opener.
+        let reach = 1 << cap::SYS_ADMIN | 1 << cap::CHECKPOINT_RESTORE;
+        let file = as_opener(creds, reach, || open_at(dir, &entry, libc::O_RDWR))
+            .ok()?
             .ok()?;
+        let st = nix::sys::stat::fstat(&file).ok()?;
+        let dev = (libc::major(st.st_dev), libc::minor(st.st_dev));
+        if dev != vma.dev || st.st_ino != vma.inode {
+            tracing::info!(
+                entry,
+                "the mapping changed under the registration: not mapped"
+            );
+            return None;
+        }
         // SAFETY: F_GET_SEALS reads the seals of a descriptor we own.
         let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return None;
         }
-        let size = file.metadata().ok()?.len();
-        // Only the pages of the registration, not the whole VMA: what the daemon maps
-        // is what the registration is charged for (a 1-byte registration inside a huge
-        // sparse mapping costs one page of the daemon's address space, not the mapping).
-        let first = addr & !(crate::pin::PAGE - 1);
-        let span = crate::pin::pinned_span(addr, len)?;
-        let file_off = offset.checked_add(first - lo)?;
-        if first.checked_add(span)? > hi || file_off.checked_add(span)? > size {
+        if !same_mapping(&now()?, vma) {
+            tracing::info!(
+                entry,
+                "the mapping changed under the registration: not mapped"
+            );
+            return None;
+        }
+        let lo = addr & !(PAGE - 1);
+        let hi = end.checked_add(PAGE - 1)? & !(PAGE - 1);
+        let offset = vma.offset.checked_add(lo - vma.lo)?;
+        if offset.checked_add(hi - lo)? > st.st_size as u64 {
             return None;
         }
         let map = memmap2::MmapOptions::new()
-            .offset(file_off)
-            .len(span as usize)
+            .offset(offset)
+            .len((hi - lo) as usize)
             .map_raw(&file)
             .ok()?;
         tracing::debug!(
-            pid,
-            base = format_args!("{first:#x}"),
-            span,
+            base = format_args!("{lo:#x}"),
+            len = hi - lo,
             "consumer memory mapped directly"
         );
-        Some(MappedMemory { map, base: first })
+        Some(MappedMemory { map, base: lo })
     }
 
     /// Our pointer to consumer range `[addr, addr+len)`, if it lies in the mapping.
@@ -147,13 +166,13 @@ impl MemoryAccess for MappedMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
+    use crate::backing::parse;
+    use std::os::fd::{AsFd, FromRawFd};
 
-    fn sealed_memfd(len: usize, seal: bool) -> memmap2::MmapRaw {
-        let name = std::ffi::CString::new("t").unwrap();
+    fn memfd(len: usize, seal: bool) -> std::fs::File {
         // SAFETY: memfd_create with a valid name; the result is checked.
         let fd = unsafe {
-            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+            libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
         };
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor nobody else owns.
@@ -166,32 +185,112 @@ mod tests {
                 0
             );
         }
-        memmap2::MmapOptions::new().len(len).map_raw(&file).unwrap()
+        file
+    }
+
+    fn vma_at(addr: u64) -> Vma {
+        let maps = parse(&std::fs::read_to_string("/proc/self/maps").unwrap());
+        maps.into_iter()
+            .find(|v| v.lo <= addr && addr < v.hi)
+            .unwrap()
+    }
+
+    struct Fixture {
+        dir: std::fs::File,
+        creds: Creds,
+    }
+
+    fn fixture() -> Option<Fixture> {
+        if !nix::unistd::geteuid().is_root() {
+            return None; // /proc/PID/map_files needs CAP_SYS_ADMIN, as krdmad has
+        }
+        Some(Fixture {
+            dir: std::fs::File::open(format!("/proc/{}", std::process::id())).unwrap(),
+            creds: crate::creds::Status::of(std::process::id()).unwrap().creds,
+        })
     }
 
     #[test]
-    fn maps_sealed_shared_memory_and_refuses_the_rest() {
-        if !nix::unistd::geteuid().is_root() {
-            return; // /proc/PID/map_files needs CAP_SYS_ADMIN, as krdmad has
-        }
-        let me = std::process::id();
-        let m = sealed_memfd(8192, true);
+    fn maps_only_the_registered_pages_of_sealed_shared_memory() {
+        let Some(f) = fixture() else { return };
+        let file = memfd(64 << 10, true);
+        let m = memmap2::MmapOptions::new()
+            .len(64 << 10)
+            .map_raw(&file)
+            .unwrap();
         let base = m.as_ptr() as u64;
-        let mapped = MappedMemory::open(me, base + 100, 1000).expect("sealed memfd mapped");
-        mapped.write(base + 100, b"abc").unwrap();
+        let vma = vma_at(base);
+        let reg = (base + 5000, 1000);
+        let now = || Some(vma_at(base));
+        let mapped = MappedMemory::open(f.dir.as_fd(), &f.creds, &vma, reg, now).expect("mapped");
+        assert_eq!(mapped.map.len(), 4096, "one page, not the whole 64 KiB");
+        assert_eq!(mapped.base, base + 4096);
+        mapped.write(base + 5000, b"abc").unwrap();
         // SAFETY: reading our own mapping.
         assert_eq!(
-            unsafe { std::slice::from_raw_parts(m.as_ptr().add(100), 3) },
+            unsafe { std::slice::from_raw_parts(m.as_ptr().add(5000), 3) },
             b"abc"
         );
-        assert_eq!(mapped.atomic(base + 8, &mut |v| v + 5).unwrap(), 0);
+        assert_eq!(mapped.atomic(base + 4104, &mut |v| v + 5).unwrap(), 0);
         assert_eq!(
             mapped.read(base + 8190, &mut [0u8; 4]),
             Err(VerbsError::BadAddress)
         );
-        let unsealed = sealed_memfd(4096, false);
-        assert!(MappedMemory::open(me, unsealed.as_ptr() as u64, 10).is_none());
+        assert_eq!(
+            mapped.read(base, &mut [0u8; 4]),
+            Err(VerbsError::BadAddress)
+        );
+        // Unsealed, private or read-only mappings are not mapped.
+        let unsealed = memfd(4096, false);
+        let u = memmap2::MmapOptions::new()
+            .len(4096)
+            .map_raw(&unsealed)
+            .unwrap();
+        let uv = vma_at(u.as_ptr() as u64);
+        let now = || Some(vma_at(uv.lo));
+        assert!(MappedMemory::open(f.dir.as_fd(), &f.creds, &uv, (uv.lo, 10), now).is_none());
         let private = vec![0u8; 100_000];
-        assert!(MappedMemory::open(me, private.as_ptr() as u64, 10).is_none());
+        let pv = vma_at(private.as_ptr() as u64);
+        let range = (private.as_ptr() as u64, 10);
+        let now = || Some(vma_at(range.0));
+        assert!(MappedMemory::open(f.dir.as_fd(), &f.creds, &pv, range, now).is_none());
+    }
+
+    #[test]
+    fn a_mapping_swapped_after_the_maps_read_is_not_mapped() {
+        let Some(f) = fixture() else { return };
+        let a = memfd(8192, true);
+        let m = memmap2::MmapOptions::new().len(8192).map_raw(&a).unwrap();
+        let base = m.as_ptr() as u64;
+        let seen = vma_at(base);
+        // Between the daemon's read of the maps and its open, the caller maps another
+        // sealed memfd (one it could only read, say) over the same range.
+        let b = memfd(8192, true);
+        // SAFETY: replaces our own mapping `m` in place with one of `b` (same range).
+        let r = unsafe {
+            libc::mmap(
+                base as *mut _,
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                b.as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(r as u64, base);
+        let now = || Some(vma_at(base));
+        assert!(MappedMemory::open(f.dir.as_fd(), &f.creds, &seen, (base, 100), now).is_none());
+        // And a mapping that is another one once the file is open is refused as well.
+        let current = vma_at(base);
+        let changed = || {
+            Some(Vma {
+                inode: current.inode + 1,
+                ..current.clone()
+            })
+        };
+        assert!(
+            MappedMemory::open(f.dir.as_fd(), &f.creds, &current, (base, 100), changed).is_none()
+        );
+        assert!(MappedMemory::open(f.dir.as_fd(), &f.creds, &current, (base, 100), now).is_some());
     }
 }

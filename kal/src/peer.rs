@@ -1,5 +1,7 @@
 //! How the kAL reaches the process behind a context.
 
+use crate::backing::Vma;
+use crate::creds::Creds;
 use rnicpi::{LocalMemory, MemoryAccess, Result, VerbsError};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -19,10 +21,21 @@ pub trait Peer: Send + Sync + 'static {
     fn take_fd(&self, fd: i32) -> Result<OwnedFd>;
     /// Access to the caller's memory (for registered memory regions).
     fn memory(&self) -> Arc<dyn MemoryAccess>;
-    /// The best access to the caller's range `[addr, addr+len)` (a registration): by
-    /// default [`memory`](Self::memory).
-    fn memory_for(&self, _addr: u64, _len: u64) -> Arc<dyn MemoryAccess> {
+    /// The best access to the caller's range `[addr, addr+len)` (a registration), which
+    /// lies in `vmas` (its mappings, just checked): by default [`memory`](Self::memory).
+    fn memory_for(&self, _vmas: &[Vma], _addr: u64, _len: u64) -> Arc<dyn MemoryAccess> {
         self.memory()
+    }
+    /// Open the caller's `/proc/<pid>/<entry>` (`maps`, `smaps`, `mountinfo`, `limits`…),
+    /// of the very process that opened the context.
+    fn proc_open(&self, entry: &str) -> std::io::Result<std::fs::File>;
+    /// Read the caller's `/proc/<pid>/<entry>`.
+    fn proc_read(&self, entry: &str) -> std::io::Result<String> {
+        std::io::read_to_string(self.proc_open(entry)?)
+    }
+    /// The opener's credentials; `None` for this very process (embedded mode).
+    fn creds(&self) -> Option<Creds> {
+        None
     }
     /// The caller's RLIMIT_MEMLOCK soft limit in bytes (`None` = unlimited).
     fn memlock_limit(&self) -> Option<u64>;
@@ -57,6 +70,10 @@ impl Peer for EmbeddedPeer {
         Arc::new(LocalMemory)
     }
 
+    fn proc_open(&self, entry: &str) -> std::io::Result<std::fs::File> {
+        std::fs::File::open(format!("/proc/self/{entry}"))
+    }
+
     fn memlock_limit(&self) -> Option<u64> {
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
             .ok()
@@ -72,64 +89,98 @@ impl Peer for EmbeddedPeer {
     }
 }
 
-/// Check that `[addr, addr+len)` of process `pid` is mapped, readable, and writable
-/// when `write` is asked, by reading its `/proc/<pid>/maps`. This keeps a registration of
-/// unmapped or read-only memory from ever reaching the engine (where, in embedded mode, a
-/// direct write to it would fault).
-pub fn check_mapping(pid: u32, addr: u64, len: u64, write: bool) -> Result<()> {
-    let end = addr.checked_add(len).ok_or(VerbsError::Invalid)?;
-    if len == 0 || addr == 0 {
-        return Err(VerbsError::Invalid);
+/// The soft RLIMIT_MEMLOCK in a `/proc/<pid>/limits` text (`Some(None)` = unlimited).
+pub fn memlock_from_limits(text: &str) -> Option<Option<u64>> {
+    let line = text.lines().find(|l| l.starts_with("Max locked memory"))?;
+    let soft = line["Max locked memory".len()..]
+        .split_whitespace()
+        .next()?;
+    if soft == "unlimited" {
+        return Some(None);
     }
-    let maps =
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|_| VerbsError::BadAddress)?;
-    let mut covered = addr;
-    for line in maps.lines() {
-        let mut cols = line.split_whitespace();
-        let (Some(range), Some(perms)) = (cols.next(), cols.next()) else {
-            continue;
-        };
-        let Some((lo, hi)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
-            continue;
-        };
-        if hi <= covered || lo > covered {
-            continue;
-        }
-        let p = perms.as_bytes();
-        if p.first() != Some(&b'r') || (write && p.get(1) != Some(&b'w')) {
-            return Err(VerbsError::BadAddress);
-        }
-        covered = hi;
-        if covered >= end {
-            return Ok(());
+    soft.parse().ok().map(Some)
+}
+
+/// Check that the caller's `[addr, addr+len)` may be registered (`write`: with a write
+/// right) and return its mappings: mapped, readable, writable if asked, and backed only
+/// by memory whose faults the kernel serves ([`crate::backing`]).
+pub fn check_registration(
+    peer: &dyn Peer,
+    addr: u64,
+    len: u64,
+    write: bool,
+) -> std::result::Result<Vec<Vma>, crate::backing::Refused> {
+    use crate::backing::{self, KernelServed, Refused};
+    let end = addr.checked_add(len).ok_or(Refused::Unmapped)?;
+    if len == 0 || addr == 0 || end == 0 {
+        return Err(Refused::Unmapped);
+    }
+    let unmapped = |_| Refused::Unmapped;
+    let mut vmas = backing::covering(&mut peer.proc_open("maps").map_err(unmapped)?, addr, len)
+        .map_err(unmapped)?;
+    if backing::uffd_possible(peer.creds().as_ref()) {
+        let smaps = backing::parse(&peer.proc_read("smaps").map_err(unmapped)?);
+        for v in &mut vmas {
+            let flags = smaps.iter().find(|s| (s.lo, s.hi) == (v.lo, v.hi));
+            // A mapping that changed in between has no flags to trust: refuse it.
+            v.flags = Some(
+                flags
+                    .and_then(|s| s.flags.clone())
+                    .unwrap_or(vec!["um".into()]),
+            );
         }
     }
-    Err(VerbsError::BadAddress)
+    let mounts = || KernelServed::new(&peer.proc_read("mountinfo").unwrap_or_default());
+    backing::check(&vmas, addr, len, write, &mounts)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backing::Refused;
 
     #[test]
-    fn mapping_checks() {
-        let me = std::process::id();
+    fn registration_checks() {
+        let me = EmbeddedPeer;
         let v = vec![0u8; 3 * 4096];
-        check_mapping(me, v.as_ptr() as u64, v.len() as u64, true).unwrap();
-        assert_eq!(check_mapping(me, 8, 16, false), Err(VerbsError::BadAddress));
-        assert_eq!(check_mapping(me, 0, 16, false), Err(VerbsError::Invalid));
+        let vmas = check_registration(&me, v.as_ptr() as u64, v.len() as u64, true).unwrap();
+        assert!(!vmas.is_empty());
+        assert_eq!(
+            check_registration(&me, 8, 16, false),
+            Err(Refused::Unmapped)
+        );
+        assert_eq!(
+            check_registration(&me, 0, 16, false),
+            Err(Refused::Unmapped)
+        );
+        assert_eq!(
+            check_registration(&me, u64::MAX - 4, 16, false),
+            Err(Refused::Unmapped)
+        );
+        // Read-only data of the test binary is a file mapping: refused whatever is asked.
         static RO: [u8; 64] = [1; 64];
-        check_mapping(me, RO.as_ptr() as u64, 64, false).unwrap();
+        assert!(matches!(
+            check_registration(&me, RO.as_ptr() as u64, 64, false),
+            Err(Refused::File(_))
+        ));
+        let ro = memmap2::MmapOptions::new()
+            .len(4096)
+            .map_anon()
+            .unwrap()
+            .make_read_only()
+            .unwrap();
+        check_registration(&me, ro.as_ptr() as u64, 64, false).unwrap();
         assert_eq!(
-            check_mapping(me, RO.as_ptr() as u64, 64, true),
-            Err(VerbsError::BadAddress)
+            check_registration(&me, ro.as_ptr() as u64, 64, true),
+            Err(Refused::NotWritable)
         );
-        assert_eq!(
-            check_mapping(me, u64::MAX - 4, 16, false),
-            Err(VerbsError::Invalid)
-        );
+    }
+
+    #[test]
+    fn memlock_limit_from_proc_matches_getrlimit() {
+        let (soft, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).unwrap();
+        let text = std::fs::read_to_string("/proc/self/limits").unwrap();
+        assert_eq!(memlock_from_limits(&text), Some(rlimit_to_option(soft)));
     }
 }
