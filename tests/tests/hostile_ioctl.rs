@@ -19,8 +19,11 @@ fn random_commands_and_bytes_are_refused_cleanly() {
             ..Config::default()
         });
         let valid: Vec<u32> = cmd::ALL.iter().map(|(c, _)| *c).collect();
+        // Any number at all (the uAL refuses what is not a krdma command of the buffer's
+        // size before the system call), krdma-type numbers of any size, and real ones.
+        let krdma_type = (any::<u8>(), 0usize..4096).prop_map(|(nr, size)| abi::iowr(nr, size));
         let strategy = (
-            prop_oneof![any::<u32>(), proptest::sample::select(valid)],
+            prop_oneof![any::<u32>(), krdma_type, proptest::sample::select(valid)],
             proptest::collection::vec(any::<u8>(), 0..2048),
         );
         runner

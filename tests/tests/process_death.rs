@@ -25,14 +25,17 @@ fn hold_resources() {
         .map(|_| ctx.create_qp(&pd, &cq, &cq, QpConfig::default()).unwrap())
         .collect();
     let buf = vec![1u8; 1 << 20];
-    let mr = ctx
-        .reg_mr(
+    // SAFETY: `buf` outlives the registration (the process is killed holding both) and
+    // is not touched while registered.
+    let mr = unsafe {
+        ctx.reg_mr(
             &pd,
             buf.as_ptr(),
             buf.len(),
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )
-        .unwrap();
+    }
+    .unwrap();
     println!("HOLDING ctx={}", ctx.id());
     loop {
         std::thread::sleep(Duration::from_secs(1));

@@ -97,7 +97,7 @@ fn cm_connection_moves_every_opcode_byte_exact() {
         let word_buf = RegBuf::new(64).unwrap();
         word_buf.write(0, &40u64.to_ne_bytes());
         let atomic = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC;
-        let wmr = _a.reg_mr(&s.pd, word_buf.as_ptr(), 64, atomic).unwrap();
+        let wmr = _a.reg_buf(&s.pd, &word_buf, atomic).unwrap();
         let at = |id, op, cmp: u64, swap: u64| {
             let mut w = Wqe::new(id, op, &[c.mr.sge(128, 8)])
                 .with_remote(wmr.addr, wmr.rkey)
@@ -176,7 +176,7 @@ fn manual(ctx: &Arc<Context>, len: usize) -> Manual {
         .unwrap();
     let buf = RegBuf::new(len).unwrap();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let mr = ctx.reg_mr(&pd, buf.as_ptr(), len, all).unwrap();
+    let mr = ctx.reg_buf(&pd, &buf, all).unwrap();
     Manual {
         qp,
         cq,

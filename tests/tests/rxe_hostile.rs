@@ -67,7 +67,8 @@ fn victim(door: &FrontDoor, attacker: Ipv4Addr) -> Victim {
     buf.fill(GUARD);
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let addr = buf.as_ptr() as u64 + REG_OFF as u64;
-    let mr = ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all).unwrap();
+    // SAFETY: the range lies inside `buf`, which the returned side keeps with the MR.
+    let mr = unsafe { ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all) }.unwrap();
     let init = QpAttr {
         state: QpState::Init,
         access: all,

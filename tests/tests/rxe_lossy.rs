@@ -66,7 +66,7 @@ fn side(len: usize, access: Access) -> Side {
         )
         .unwrap();
     let buf = RegBuf::new(len).unwrap();
-    let mr = ctx.reg_mr(&pd, buf.as_ptr(), len, access).unwrap();
+    let mr = ctx.reg_buf(&pd, &buf, access).unwrap();
     Side {
         ctx,
         qp,

@@ -120,12 +120,7 @@ fn send_with_invalidate_invalidates_the_stag() {
         // A second registration on the server that the client will invalidate.
         let extra = ual::RegBuf::new(4096).unwrap();
         let mr = a
-            .reg_mr(
-                &s.pd,
-                extra.as_ptr(),
-                extra.len(),
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
+            .reg_buf(&s.pd, &extra, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
         s.post_recv(1, 0, 64).unwrap();
         let w = Wqe::new(2, WrOpcode::SendWithInv, &[c.mr.sge(0, 16)])

@@ -84,13 +84,14 @@ fn setup_rev(door: &FrontDoor, crc: bool, ird: u16, revision: u8) -> (Victim, At
     buf.fill(GUARD);
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let addr = buf.as_ptr() as u64 + REG_OFF as u64;
-    let mr = ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all).unwrap();
+    // SAFETY: both ranges lie inside `buf`, which the returned victim keeps with the MRs.
+    let mr = unsafe { ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all) }.unwrap();
     let local_addr = buf.as_ptr() as u64 + LOCAL_OFF as u64;
-    let local = ctx
-        .reg_mr(&pd, local_addr as *const u8, REG_LEN, Access::LOCAL_WRITE)
-        .unwrap();
+    // SAFETY: as above.
+    let local =
+        unsafe { ctx.reg_mr(&pd, local_addr as *const u8, REG_LEN, Access::LOCAL_WRITE) }.unwrap();
     let big = RegBuf::new(BIG_LEN).unwrap();
-    let big_mr = ctx.reg_mr(&pd, big.as_ptr(), BIG_LEN, all).unwrap();
+    let big_mr = ctx.reg_buf(&pd, &big, all).unwrap();
     // A receive the attack must flush.
     qp.post_recv(&Wqe::recv(77, &[mr.sge(0, 16)])).unwrap();
 

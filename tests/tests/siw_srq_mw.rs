@@ -32,7 +32,7 @@ impl Server {
         let pd = ctx.alloc_pd(dev).unwrap();
         let cq = ctx.create_cq(dev, 256).unwrap();
         let buf = RegBuf::new(len).unwrap();
-        let mr = ctx.reg_mr(&pd, buf.as_ptr(), len, access).unwrap();
+        let mr = ctx.reg_buf(&pd, &buf, access).unwrap();
         let listener = ctx.listen(dev, "127.0.0.1:0".parse().unwrap(), 64).unwrap();
         Server {
             ctx,
@@ -235,7 +235,7 @@ fn memory_windows_grant_exactly_their_range() {
         let recv_buf = ual::RegBuf::new(64).unwrap();
         let recv_mr = s
             .ctx
-            .reg_mr(&s.pd, recv_buf.as_ptr(), 64, Access::LOCAL_WRITE)
+            .reg_buf(&s.pd, &recv_buf, Access::LOCAL_WRITE)
             .unwrap();
         qp.post_recv(&Wqe::recv(4, &[recv_mr.sge(0, 64)])).unwrap();
         let inv = Wqe::new(5, WrOpcode::SendWithInv, &[c.mr.sge(0, 8)])

@@ -46,9 +46,7 @@ fn flood(door: &FrontDoor) -> (Duration, usize, impl Sized) {
         )
         .unwrap();
     let buf = RegBuf::new(MSG).unwrap();
-    let mr = ctx
-        .reg_mr(&pd, buf.as_ptr(), MSG, Access::LOCAL_WRITE)
-        .unwrap();
+    let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE).unwrap();
     let listener = ctx.listen(dev, "127.0.0.1:0".parse().unwrap(), 4).unwrap();
     let at = SocketAddr::from(([127, 0, 0, 1], listener.port));
     let t = std::thread::spawn(move || RawSiwPeer::connect(at, false, 4, 2));

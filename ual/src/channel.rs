@@ -148,7 +148,9 @@ impl Channel {
         }
     }
 
-    /// Raw call with arbitrary bytes (tests of hostile input).
+    /// Raw call with arbitrary bytes (tests of hostile input). Through the device file
+    /// only krdma commands whose size is `arg.len()` leave the process (see
+    /// [`DeviceFile::ioctl`]); the embedded kAL takes anything and checks it itself.
     pub fn call_raw(&self, cmd: u32, arg: &mut [u8]) -> Result<()> {
         match self {
             Channel::Device { file, .. } => file.ioctl(cmd, arg),

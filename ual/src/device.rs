@@ -51,10 +51,19 @@ impl DeviceFile {
         })
     }
 
-    /// One `_IOWR` command; `arg` is the whole in/out struct.
+    /// One command of the krdma ABI: `cmd` must be a krdma `_IOWR` number whose encoded
+    /// size is `arg.len()` (the whole in/out struct), anything else is refused with
+    /// `Invalid` before any system call. The kernel copies `_IOC_SIZE(cmd)` bytes in and
+    /// out of `arg`, and claims some numbers for itself (`FIOQSIZE` writes 8 bytes), so
+    /// any other command could write past `arg`.
     pub fn ioctl(&self, cmd: u32, arg: &mut [u8]) -> Result<()> {
-        // SAFETY: `arg` is a live, writable buffer; the kernel copies exactly the size
-        // encoded in `cmd` in and out, and the uAL only passes structs of that size.
+        match kal::abi::decode(cmd) {
+            Some((t, _, size)) if t == kal::abi::IOC_TYPE && size == arg.len() => {}
+            _ => return Err(VerbsError::Invalid),
+        }
+        // SAFETY: `arg` is a live, writable buffer of exactly the size encoded in `cmd`
+        // (checked above), which is what the kernel copies in and out for a `_IOWR`
+        // command of a type the VFS does not claim.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), cmd as libc::c_ulong, arg.as_mut_ptr()) };
         if r < 0 {
             return Err(map_err(nix::errno::Errno::last()));
@@ -118,5 +127,37 @@ impl DeviceFile {
             return Err(VerbsError::Dead);
         }
         Ok(r > 0 && ev & libc::POLLIN != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kal::abi;
+
+    #[test]
+    fn only_krdma_commands_of_the_buffer_size_leave_the_process() {
+        let f = DeviceFile::open(Path::new("/dev/null")).unwrap();
+        // FIOQSIZE would have the kernel write 8 bytes into a 1-byte buffer.
+        let mut one = [0u8; 1];
+        assert_eq!(
+            f.ioctl(libc::FIOQSIZE as u32, &mut one),
+            Err(VerbsError::Invalid)
+        );
+        let mut small = [0u8; 8];
+        assert_eq!(
+            f.ioctl(abi::iowr(0, 16), &mut small),
+            Err(VerbsError::Invalid)
+        );
+        assert_eq!(
+            f.ioctl(abi::cmd::QUERY_ABI & !(1 << 31), &mut [0u8; 16]),
+            Err(VerbsError::Invalid)
+        );
+        // The right size and type reaches the kernel (which says /dev/null has no ioctls).
+        let mut q = [0u8; 16];
+        assert_ne!(
+            f.ioctl(abi::cmd::QUERY_ABI, &mut q),
+            Err(VerbsError::Invalid)
+        );
     }
 }

@@ -52,7 +52,7 @@ pub fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) ->
     )?;
     let buf = RegBuf::new(buf_len.max(64))?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), access)?;
+    let mr = ctx.reg_buf(&pd, &buf, access)?;
     Ok(Endpoint {
         qp,
         cq,

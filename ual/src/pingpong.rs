@@ -129,7 +129,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     )?;
     let buf = RegBuf::new(o.size as usize)?;
     buf.fill(0x7b);
-    let mr = ctx.reg_mr(&pd, buf.as_ptr(), buf.len(), Access::LOCAL_WRITE)?;
+    let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE)?;
     oob::to_init(&qp, Access::empty())?;
     let recv = Wqe::recv(RECV_WRID, &[mr.sge(0, o.size)]);
     for _ in 0..o.rx_depth {

@@ -132,10 +132,10 @@ impl Session {
             },
         )?;
         let ctrl = RegBuf::new(2 * INFO_LEN)?;
-        let ctrl_mr = ctx.reg_mr(&pd, ctrl.as_ptr(), ctrl.len(), Access::LOCAL_WRITE)?;
+        let ctrl_mr = ctx.reg_buf(&pd, &ctrl, Access::LOCAL_WRITE)?;
         let data = RegBuf::new(if client { 2 * size } else { size })?;
         let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-        let data_mr = ctx.reg_mr(&pd, data.as_ptr(), data.len(), all)?;
+        let data_mr = ctx.reg_buf(&pd, &data, all)?;
         let s = Session {
             qp,
             cq,

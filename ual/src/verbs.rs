@@ -1,6 +1,7 @@
 //! Verbs objects over a kAL context: devices, PDs, CQs, QPs, SRQs, MRs, memory windows
 //! and listeners.
 
+use crate::buffer::RegBuf;
 use crate::channel::{Channel, Target};
 use crate::device::eventfd;
 use crate::events::{channel_handler, Dispatcher, Handler};
@@ -8,6 +9,7 @@ use crate::pin;
 use bytemuck::Zeroable;
 use crossbeam_channel::Receiver;
 use kal::abi::{self, cmd};
+use kal::fork::Lineage;
 use parking_lot::Mutex;
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
@@ -21,12 +23,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// An open kAL context: the root of this process's resources on one front door.
+///
+/// It belongs to the process that opened it. In a `fork()` child (which has copies of
+/// these objects but none of the threads behind them) every call fails with
+/// `Permission` and nothing touches the parent's rings, kAL or event thread: the kAL
+/// refuses the child too, through the device file as well as embedded.
 pub struct Context {
     chan: Arc<Channel>,
     dispatcher: Arc<Dispatcher>,
     id: u32,
     /// The event thread; stopped and joined on drop so the device closes at once.
     events: Mutex<Option<std::thread::JoinHandle<()>>>,
+    home: Lineage,
 }
 
 /// What `QUERY_DEVICE` reports, decoded.
@@ -74,7 +82,16 @@ impl Context {
             dispatcher,
             id: q.context,
             events: Mutex::new(Some(events)),
+            home: Lineage::here(),
         }))
+    }
+
+    /// `Permission` in a fork child of the process that opened the context.
+    fn here(&self) -> Result<()> {
+        match self.home.is_here() {
+            true => Ok(()),
+            false => Err(VerbsError::Permission),
+        }
     }
 
     /// The kAL's id of this context (as `krdma stat` shows it).
@@ -91,10 +108,14 @@ impl Context {
     }
 
     fn call<T: bytemuck::Pod>(&self, c: u32, arg: &mut T) -> Result<()> {
+        self.here()?;
         self.chan.call(c, arg)
     }
 
     fn destroy(&self, c: u32, handle: u32) {
+        if self.here().is_err() {
+            return; // the parent's object, not ours to destroy
+        }
         self.dispatcher.remove(handle);
         let mut d = abi::Destroy { handle, _pad: 0 };
         if let Err(e) = self.call(c, &mut d) {
@@ -301,15 +322,53 @@ impl Context {
         }))
     }
 
+    /// Register the whole of `buf` (kept alive by the returned [`Mr`]): memory that stays
+    /// mapped for as long as the registration exists and is only ever accessed through
+    /// copies, as registered memory must be.
+    pub fn reg_buf(
+        self: &Arc<Self>,
+        pd: &Arc<Pd>,
+        buf: &Arc<RegBuf>,
+        access: Access,
+    ) -> Result<Arc<Mr>> {
+        // SAFETY: `buf` is a mapping the Mr keeps alive until it is deregistered, and
+        // RegBuf only ever reaches it through raw copies.
+        unsafe { self.register(pd, buf.as_ptr(), buf.len(), access, Some(buf.clone())) }
+    }
+
     /// Register `len` bytes at `addr` of this process. The pages are pinned until the
-    /// returned [`Mr`] is dropped. The memory must stay mapped while registered.
-    pub fn reg_mr(
+    /// returned [`Mr`] is dropped.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay mapped for as long as the `Mr` exists, and must not be
+    /// reached through Rust references meanwhile: the engine (for local work requests
+    /// and for the peer's RDMA) reads and writes it at any time until the `Mr` is
+    /// dropped (its deregistration waits for accesses in flight). Prefer
+    /// [`Context::reg_buf`].
+    pub unsafe fn reg_mr(
         self: &Arc<Self>,
         pd: &Arc<Pd>,
         addr: *const u8,
         len: usize,
         access: Access,
     ) -> Result<Arc<Mr>> {
+        // SAFETY: the caller's contract is ours.
+        unsafe { self.register(pd, addr, len, access, None) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`Context::reg_mr`]; `buf`, when given, is the memory and is kept alive.
+    unsafe fn register(
+        self: &Arc<Self>,
+        pd: &Arc<Pd>,
+        addr: *const u8,
+        len: usize,
+        access: Access,
+        buf: Option<Arc<RegBuf>>,
+    ) -> Result<Arc<Mr>> {
+        self.here()?;
         let (addr, len) = (addr as u64, len as u64);
         pin::pin(addr, len)?;
         let mut a = abi::RegMr {
@@ -331,6 +390,7 @@ impl Context {
             lkey: a.lkey,
             rkey: a.rkey,
             _pd: pd.clone(),
+            _buf: buf,
         }))
     }
 
@@ -407,11 +467,18 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        let Some(t) = self.events.lock().take() else {
+            return;
+        };
+        if !self.home.is_here() {
+            // A fork child: the event thread is the parent's (it does not exist here)
+            // and the stop signal an eventfd shared with the parent. Touch neither.
+            std::mem::forget(t);
+            return;
+        }
         self.chan.stop_waiters();
-        if let Some(t) = self.events.lock().take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+        if t.thread().id() != std::thread::current().id() {
+            let _ = t.join();
         }
     }
 }
@@ -491,14 +558,20 @@ impl Cq {
         self.user.ring_memory()
     }
 
-    /// Take up to `out.len()` completions without a system call.
+    /// Take up to `out.len()` completions without a system call (none in a fork child:
+    /// the ring is the parent's).
     pub fn poll(&self, out: &mut [Cqe]) -> usize {
-        self.user.poll(out)
+        match self.ctx.here() {
+            Ok(()) => self.user.poll(out),
+            Err(_) => 0,
+        }
     }
 
     /// Ask for a `CqNotify` event on the next (solicited) completion.
     pub fn arm(&self, solicited_only: bool) {
-        self.user.arm(solicited_only)
+        if self.ctx.here().is_ok() {
+            self.user.arm(solicited_only)
+        }
     }
 
     /// Events of this CQ (`CqNotify`, `CqError`, `AccessLayerDead`).
@@ -604,13 +677,16 @@ impl Qp {
     }
 
     pub fn post_send(&self, wqe: &Wqe) -> Result<()> {
+        self.ctx.here()?;
         self.user.post_send(wqe)
     }
     pub fn post_send_batch(&self, wqes: &[Wqe]) -> Result<()> {
+        self.ctx.here()?;
         self.user.post_send_batch(wqes)
     }
     /// Post a receive; `Invalid` for a QP on an SRQ (post to the SRQ instead).
     pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
+        self.ctx.here()?;
         if self.srq.is_some() {
             return Err(VerbsError::Invalid);
         }
@@ -745,6 +821,9 @@ pub struct Mr {
     pub lkey: u32,
     pub rkey: u32,
     _pd: Arc<Pd>,
+    /// The memory, when the registration owns it ([`Context::reg_buf`]); dropped after
+    /// the deregistration.
+    _buf: Option<Arc<RegBuf>>,
 }
 
 impl Mr {
@@ -760,6 +839,9 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
+        if self.ctx.here().is_err() {
+            return; // the parent's registration and pins
+        }
         self.ctx.destroy(cmd::DEREG_MR, self.handle);
         pin::unpin(self.addr, self.len);
     }
@@ -840,6 +922,7 @@ impl Srq {
 
     /// Post one receive (no system call).
     pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
+        self.ctx.here()?;
         self.user.post_recv(wqe)
     }
 

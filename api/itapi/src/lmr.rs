@@ -149,8 +149,10 @@ pub struct LmrInner {
 impl Lmr {
     /// Register the whole of `buf` (kept alive by the LMR).
     pub fn create(pz: &Pz, buf: Arc<RegBuf>, privs: MemPriv) -> Result<Lmr> {
-        let (addr, len) = (buf.as_ptr(), buf.len());
-        Self::register(pz, addr, len, privs, Some(buf))
+        let len = buf.len();
+        let reg =
+            |ctx: &Arc<ual::Context>, pd: &Arc<ual::Pd>, access| ctx.reg_buf(pd, &buf, access);
+        Self::register(pz, len, privs, reg, Some(buf.clone()))
     }
 
     /// Register `len` bytes at `addr` of this process.
@@ -162,14 +164,19 @@ impl Lmr {
     /// it at any time, on behalf of local work requests and of the peer.
     #[allow(unsafe_code)]
     pub unsafe fn create_raw(pz: &Pz, addr: *const u8, len: usize, privs: MemPriv) -> Result<Lmr> {
-        Self::register(pz, addr, len, privs, None)
+        let reg = |ctx: &Arc<ual::Context>, pd: &Arc<ual::Pd>, access| {
+            // SAFETY: our caller's contract (above) is `reg_mr`'s.
+            unsafe { ctx.reg_mr(pd, addr, len, access) }
+        };
+        Self::register(pz, len, privs, reg, None)
     }
 
+    /// Check the request, then register with `reg`.
     fn register(
         pz: &Pz,
-        addr: *const u8,
         len: usize,
         privs: MemPriv,
+        reg: impl FnOnce(&Arc<ual::Context>, &Arc<ual::Pd>, Access) -> ual::Result<Arc<ual::Mr>>,
         buf: Option<Arc<RegBuf>>,
     ) -> Result<Lmr> {
         let ia = &pz.0.ia;
@@ -187,10 +194,7 @@ impl Lmr {
             return Err(Error::ResourceLmrLength);
         }
         let access = privs.lmr_access(ia.rmr_support());
-        let mr =
-            ia.0.ctx
-                .reg_mr(&pz.0.pd, addr, len, access)
-                .it(Error::InvalidLength)?;
+        let mr = reg(&ia.0.ctx, &pz.0.pd, access).it(Error::InvalidLength)?;
         let inner = LmrInner {
             common: Common::new(),
             pz: pz.clone(),
@@ -200,7 +204,13 @@ impl Lmr {
             buf,
             _pz_use: pz.0.common.use_guard(),
         };
-        tracing::debug!(id = inner.common.id, addr = ?addr, len, ?privs, "LMR created");
+        tracing::debug!(
+            id = inner.common.id,
+            addr = inner.mr.addr,
+            len,
+            ?privs,
+            "LMR created"
+        );
         Ok(Lmr(Arc::new(inner)))
     }
 

@@ -415,7 +415,10 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
     for (n, v) in ctx.stat_kal()? {
         t.add_row(vec![n, v.to_string()]);
     }
-    println!("kAL (quotas, refused rings and doorbells, consumers' rings):\n{t}");
+    println!(
+        "kAL (quotas, refused rings and doorbells, requests not from a context's opener, \
+         refused registrations and ports, consumers' rings):\n{t}"
+    );
     Ok(())
 }
 
