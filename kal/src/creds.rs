@@ -11,6 +11,7 @@ use std::io;
 pub mod cap {
     pub const CHOWN: u32 = 0;
     pub const DAC_OVERRIDE: u32 = 1;
+    pub const DAC_READ_SEARCH: u32 = 2;
     pub const SETGID: u32 = 6;
     pub const SETUID: u32 = 7;
     pub const NET_BIND_SERVICE: u32 = 10;
@@ -188,6 +189,56 @@ impl CapSets {
     }
 }
 
+/// The highest capability number this kernel knows.
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+/// Keep only the capabilities in `keep` (bits), for the calling thread and every thread
+/// it creates from now on: they leave the bounding set (so no exec can give them back),
+/// the permitted and effective sets; the inheritable and ambient sets are emptied and
+/// `no_new_privs` is set. Threads created earlier keep their own sets, so call it
+/// before starting any.
+pub fn keep_only(keep: u64) -> io::Result<()> {
+    for c in 0..=last_cap() {
+        if keep & (1u64 << c) == 0 {
+            // SAFETY: prctl with integer arguments only.
+            if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0) } != 0 {
+                // EINVAL: a capability this kernel does not have; EPERM: no CAP_SETPCAP
+                // (a container may withhold it), then only the sets below shrink.
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINVAL) => {}
+                    Some(libc::EPERM) => {
+                        tracing::warn!("cannot shrink the capability bounding set: {e}");
+                        break;
+                    }
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+    let now = CapSets::current()?;
+    CapSets {
+        effective: now.effective & keep,
+        permitted: now.permitted & keep,
+        inheritable: 0,
+    }
+    .apply()?;
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Run `work` on a thread of its own that acts as the process with `creds`: it has taken
 /// its file-system uid and gid, and its effective capabilities are the process's own
 /// (as far as we have them) plus `keep`, so whatever it opens the kernel checks as if
@@ -256,6 +307,33 @@ mod tests {
         assert_eq!(s.creds.euid(), nix::unistd::geteuid().as_raw());
         let caps = CapSets::current().unwrap();
         assert_eq!(caps.effective, s.creds.cap_eff);
+    }
+
+    #[test]
+    fn keep_only_leaves_what_it_keeps_in_every_set() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let keep = 1u64 << cap::NET_RAW | 1 << cap::SETUID;
+        // Capability sets are per thread: the test thread's own stay as they are.
+        let (sets, status) = std::thread::spawn(move || {
+            keep_only(keep).unwrap();
+            let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+            (CapSets::current().unwrap(), status)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(sets.effective, keep);
+        assert_eq!(sets.permitted, keep);
+        assert_eq!(sets.inheritable, 0);
+        let field = |n: &str| {
+            let v = status.lines().find_map(|l| l.strip_prefix(n)).unwrap();
+            u64::from_str_radix(v.trim(), 16).unwrap()
+        };
+        assert_eq!(field("CapBnd:"), keep);
+        assert_eq!(field("CapAmb:"), 0);
+        assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')));
+        assert_ne!(CapSets::current().unwrap().effective, keep);
     }
 
     #[test]

@@ -351,22 +351,31 @@ fn mount_point(path: &Path) -> std::io::Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(0o666))
 }
 
-/// Serve `kal` as the file `path` (created as an empty 0666 regular file if missing).
-pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
+/// The device mounted but not served yet: no thread of its own exists, so the threads
+/// [`Mounted::serve`] starts inherit whatever rights the caller kept after mounting
+/// (`krdmad` drops its capabilities in between).
+pub struct Mounted {
+    session: fuser::Session<Device>,
+    watch: Arc<Watch>,
+    path: PathBuf,
+}
+
+/// Mount `kal` on the file `path` (created as an empty 0666 regular file if missing).
+pub fn mount(kal: Arc<Kal>, path: &Path) -> std::io::Result<Mounted> {
     mount_point(path)?;
     let files = Arc::new(Files {
         kal,
         open: Mutex::new(HashMap::new()),
     });
     let weak: Weak<Files> = Arc::downgrade(&files);
-    let watch = Watch::start(Box::new(move |fh, why| {
+    let watch = Watch::new(Box::new(move |fh, why| {
         if let Some(files) = weak.upgrade() {
             files.end(fh, why);
         }
     }))?;
     let dev = Device {
         files,
-        watch,
+        watch: watch.clone(),
         uid: 0,
         gid: 0,
     };
@@ -381,11 +390,28 @@ pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
     config.acl = SessionACL::All;
     config.n_threads = Some(4);
     config.clone_fd = true;
-    let session = fuser::Session::new(dev, path, &config)?.spawn()?;
-    Ok(FuseHandle {
-        session: Some(session),
+    let session = fuser::Session::new(dev, path, &config)?;
+    Ok(Mounted {
+        session,
+        watch,
         path: path.to_path_buf(),
     })
+}
+
+impl Mounted {
+    /// Start serving: the FUSE threads and the opener watch.
+    pub fn serve(self) -> std::io::Result<FuseHandle> {
+        self.watch.start()?;
+        Ok(FuseHandle {
+            session: Some(self.session.spawn()?),
+            path: self.path,
+        })
+    }
+}
+
+/// Serve `kal` as the file `path` (created as an empty 0666 regular file if missing).
+pub fn serve(kal: Arc<Kal>, path: &Path) -> std::io::Result<FuseHandle> {
+    mount(kal, path)?.serve()
 }
 
 #[cfg(test)]

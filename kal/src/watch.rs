@@ -28,18 +28,22 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Start the watch thread; it ends when the returned watch is dropped.
-    pub fn start(on_gone: OnGone) -> std::io::Result<Arc<Watch>> {
-        let w = Arc::new(Watch {
+    /// A watch that reports to `on_gone` once [`started`](Self::start).
+    pub fn new(on_gone: OnGone) -> std::io::Result<Arc<Watch>> {
+        Ok(Arc::new(Watch {
             epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?,
             openers: Mutex::new(HashMap::new()),
             on_gone,
-        });
-        let weak = Arc::downgrade(&w);
+        }))
+    }
+
+    /// Start the watch thread; it ends when the watch is dropped.
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("krdma-watch".into())
             .spawn(move || run(&weak))?;
-        Ok(w)
+        Ok(())
     }
 
     /// Watch `opener` for the context `key`.
@@ -132,10 +136,11 @@ mod tests {
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let tx = Mutex::new(tx);
-        let w = Watch::start(Box::new(move |k, r| {
+        let w = Watch::new(Box::new(move |k, r| {
             let _ = tx.lock().send((k, r));
         }))
         .unwrap();
+        w.start().unwrap();
         let mut c = Command::new("sleep")
             .arg("30")
             .stdin(Stdio::null())

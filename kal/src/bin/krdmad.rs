@@ -1,6 +1,7 @@
 //! `krdmad` — the krdma kernel access layer as a daemon, serving `/dev/krdma`.
 
 use clap::Parser;
+use kal::creds::cap;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -48,6 +49,19 @@ fn main() {
     }
 }
 
+/// What krdmad keeps once the device is mounted (docs/security.md, L6): reaching its
+/// clients' descriptors with `pidfd_getfd` and their `/proc` entries (`CAP_SYS_PTRACE`),
+/// acting as a client to open its memory (`CAP_SETUID`, `CAP_SETGID`: the file-system
+/// ids), `map_files` and unmounting at the end (`CAP_SYS_ADMIN`), rxe's raw sockets
+/// (`CAP_NET_RAW`), and a client's LISTEN on a privileged port when the client itself may
+/// (`CAP_NET_BIND_SERVICE`).
+const KEEP: u64 = 1 << cap::SYS_PTRACE
+    | 1 << cap::SETUID
+    | 1 << cap::SETGID
+    | 1 << cap::SYS_ADMIN
+    | 1 << cap::NET_RAW
+    | 1 << cap::NET_BIND_SERVICE;
+
 fn run(args: Args) -> Result<(), String> {
     if !std::path::Path::new("/dev/fuse").exists() {
         return Err("/dev/fuse is missing: krdmad serves the device through FUSE (load the fuse module or create the node)".into());
@@ -80,6 +94,11 @@ fn run(args: Args) -> Result<(), String> {
         config.limit.apply(l).map_err(|e| format!("--limit {e}"))?;
     }
     let kal = kal::Kal::new(config);
+    // Mount with full rights, then drop all but what serving needs before any thread
+    // exists: every thread started from here on (providers, FUSE, watches) inherits it.
+    let mounted = kal::fuse::mount(kal.clone(), &args.device)
+        .map_err(|e| format!("mounting {}: {e}", args.device.display()))?;
+    kal::creds::keep_only(KEEP).map_err(|e| format!("dropping capabilities: {e}"))?;
     let opts = kal::stack::StackOptions {
         siw_netdev: args.siw_netdev,
         siw_crc_required: args.siw_crc_required
@@ -88,8 +107,9 @@ fn run(args: Args) -> Result<(), String> {
         ..kal::stack::StackOptions::from_env()
     };
     kal::stack::start_default(&kal, &opts).map_err(|e| format!("starting providers: {e}"))?;
-    let handle = kal::fuse::serve(kal.clone(), &args.device)
-        .map_err(|e| format!("mounting {}: {e}", args.device.display()))?;
+    let handle = mounted
+        .serve()
+        .map_err(|e| format!("serving {}: {e}", args.device.display()))?;
     let names: Vec<String> = kal
         .devices()
         .iter()
