@@ -48,3 +48,18 @@ impl Counters {
         v
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_fits_a_stat_row() {
+        for (name, _) in Counters::default().list() {
+            assert!(
+                name.len() < crate::abi::Name::default().len(),
+                "{name} is too long"
+            );
+        }
+    }
+}

@@ -230,7 +230,13 @@ pub fn keep_only(keep: u64) -> io::Result<()> {
     .apply()?;
     // SAFETY: prctl with integer arguments only.
     unsafe {
-        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) != 0
             || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
         {
             return Err(io::Error::last_os_error());
@@ -332,7 +338,9 @@ mod tests {
         };
         assert_eq!(field("CapBnd:"), keep);
         assert_eq!(field("CapAmb:"), 0);
-        assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')));
+        assert!(status
+            .lines()
+            .any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')));
         assert_ne!(CapSets::current().unwrap().effective, keep);
     }
 

@@ -57,9 +57,9 @@ impl Refusal {
     pub fn counter(&self) -> &'static str {
         match self {
             Refusal::Foreign => "request_refused_foreign_process",
-            Refusal::OtherCredentials => "request_refused_other_credentials",
+            Refusal::OtherCredentials => "request_refused_other_creds",
             Refusal::Exited => "context_ended_opener_exited",
-            Refusal::CredentialsChanged => "context_ended_credentials_changed",
+            Refusal::CredentialsChanged => "context_ended_creds_changed",
             Refusal::Exec => "context_ended_opener_exec",
         }
     }
@@ -196,9 +196,16 @@ impl Opener {
 
     /// Whether the opener, as a whole, is still what opened the context: alive, the
     /// same program, the same credentials.
+    /// (A setuid exec is both a new program and new credentials: it counts as the
+    /// latter.)
     pub fn still_same(&self) -> Result<(), Refusal> {
         if self.exited() {
             return Err(Refusal::Exited);
+        }
+        match self.read("status").ok().and_then(|s| Status::parse(&s)) {
+            Some(s) if s.creds.same_identity(&self.creds) => {}
+            Some(_) => return Err(Refusal::CredentialsChanged),
+            None => return Err(Refusal::Exited),
         }
         if !self.mem.alive() {
             return Err(if self.exited() {
@@ -207,11 +214,7 @@ impl Opener {
                 Refusal::Exec
             });
         }
-        match self.read("status").ok().and_then(|s| Status::parse(&s)) {
-            Some(s) if s.creds.same_identity(&self.creds) => Ok(()),
-            Some(_) => Err(Refusal::CredentialsChanged),
-            None => Err(Refusal::Exited),
-        }
+        Ok(())
     }
 }
 

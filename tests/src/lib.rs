@@ -2,6 +2,7 @@
 //! private `krdmad` instance serving a FUSE device), and data checks.
 
 pub mod impair;
+pub mod probe;
 pub mod raw_siw;
 
 use std::io::{BufRead, BufReader};
@@ -44,6 +45,46 @@ pub struct Daemon {
     dir: PathBuf,
 }
 
+/// A fresh directory of our own under the temporary directory, made with `mkdtemp`
+/// (an unpredictable name, created exclusively, so nobody can have planted a symbolic
+/// link in it), then opened to others for reading and search only (mode 0755: an
+/// unprivileged test child can reach a device in it, nobody else can add anything).
+pub fn private_dir(tag: &str) -> PathBuf {
+    let dir =
+        nix::unistd::mkdtemp(&std::env::temp_dir().join(format!("{tag}-XXXXXX"))).expect("mkdtemp");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod the private directory");
+    dir
+}
+
+/// A command that runs the ignored test `name` of this very test binary, alone, with
+/// its output not captured (tests whose processes play parts: openers, probes…).
+pub fn child_test(name: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("current exe"));
+    c.args([name, "--exact", "--ignored", "--nocapture"]);
+    c
+}
+
+/// `cmd` run as user and group `uid` with no supplementary groups and no capabilities
+/// (through `setpriv`, util-linux).
+pub fn as_user(cmd: &Command, uid: u32) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+        "--inh-caps=-all".into(),
+    ]);
+    c.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
 /// The `krdmad` binary built alongside the tests (target/<profile>/krdmad).
 pub fn krdmad_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
@@ -82,8 +123,7 @@ impl Daemon {
     pub fn start_with(extra: &[&str]) -> Daemon {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("krdma-e2e-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = private_dir("krdma-e2e");
         let path = dir.join("krdma");
         let mut child = Command::new(krdmad_bin())
             .arg("--device")
@@ -118,26 +158,50 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
+impl Daemon {
+    /// SIGTERM, and wait up to `patience` for the exit: its status and how long it took
+    /// (`None`: still running).
+    pub fn terminate(
+        &mut self,
+        patience: Duration,
+    ) -> Option<(std::process::ExitStatus, Duration)> {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
+        let t0 = Instant::now();
+        while t0.elapsed() < patience {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some((st, t0.elapsed()));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&self.path)
-            .stderr(Stdio::null())
-            .status();
+        None
+    }
+
+    /// Whether the device is still mounted.
+    pub fn mounted(&self) -> bool {
+        let p = self.path.to_string_lossy();
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(p.as_ref()))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.terminate(Duration::from_secs(10)).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if self.mounted() {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(&self.path)
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -347,4 +411,133 @@ pub fn kal_counter(ctx: &Context, name: &str) -> u64 {
         .find(|(n, _)| n == name)
         .unwrap_or_else(|| panic!("no kAL counter {name}"))
         .1
+}
+
+/// A child process playing a part in a test (an opener, a prober…), talking in lines: it
+/// says `KEY value` on its stdout ([`say`]) and reads what the test tells it on its stdin
+/// ([`hear`]). Killed when dropped.
+pub struct Role {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Role {
+    pub fn spawn(mut cmd: Command) -> Role {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn a role");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        Role {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait (up to 60 s) for the child to say `key`; returns what it said with it.
+    pub fn expect(&mut self, key: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if let Some(rest) = l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')) {
+                        return rest.to_string();
+                    }
+                    if l == key {
+                        return String::new();
+                    }
+                }
+                Err(_) => panic!(
+                    "the child never said {key}; it said:\n{}\n(status {:?})",
+                    self.seen.join("\n"),
+                    self.child.try_wait()
+                ),
+            }
+        }
+    }
+
+    /// Every line the child said so far (and says until it exits, when `to_end`).
+    pub fn said(&mut self, to_end: bool) -> Vec<String> {
+        if to_end {
+            let _ = self.stdin.take();
+            while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(60)) {
+                self.seen.push(l);
+            }
+        }
+        self.seen.clone()
+    }
+
+    pub fn tell(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        writeln!(stdin, "{line}").expect("tell the child");
+    }
+
+    /// Close its stdin and wait for it to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        let _ = self.stdin.take();
+        self.child.wait().expect("wait for the child")
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// In a role: say `key value` to the test.
+pub fn say(key: &str, value: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{key} {value}");
+    let _ = out.flush();
+}
+
+/// In a role: the next line the test tells us (empty once it closed our stdin).
+pub fn hear() -> String {
+    let mut l = String::new();
+    let _ = std::io::stdin().read_line(&mut l);
+    l.trim().to_string()
+}
+
+/// The kAL context with id `ctx` as `observer` lists it, if it is there.
+pub fn context_row(observer: &Context, ctx: u32) -> Option<ual::abi::ContextRow> {
+    let (_, rows) = observer.stat_contexts().expect("STAT_CONTEXTS");
+    rows.into_iter().find(|r| r.id == ctx)
+}
+
+/// Wait until context `ctx` is gone from `observer`'s view; how long that took (panics
+/// after `bound`).
+pub fn await_context_gone(observer: &Context, ctx: u32, bound: Duration) -> Duration {
+    let t0 = Instant::now();
+    while context_row(observer, ctx).is_some() {
+        assert!(
+            t0.elapsed() < bound,
+            "context {ctx} still there after {bound:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t0.elapsed()
 }

@@ -128,6 +128,22 @@ impl Channel {
         matches!(self, Channel::Embedded { .. })
     }
 
+    /// The device file, in daemon mode.
+    pub fn device_file(&self) -> Option<&DeviceFile> {
+        match self {
+            Channel::Device { file, .. } => Some(file),
+            Channel::Embedded { .. } => None,
+        }
+    }
+
+    /// The embedded kAL and this context's id in it, in embedded mode.
+    pub fn embedded(&self) -> Option<(&Arc<Kal>, ContextId)> {
+        match self {
+            Channel::Embedded { kal, ctx, .. } => Some((kal, *ctx)),
+            Channel::Device { .. } => None,
+        }
+    }
+
     pub fn target(&self) -> Target {
         match self {
             Channel::Device { path, .. } => Target::Device(path.clone()),

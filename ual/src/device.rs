@@ -43,6 +43,12 @@ impl DeviceFile {
             nix::sys::stat::Mode::empty(),
         )
         .map_err(map_err)?;
+        Self::from_fd(fd)
+    }
+
+    /// Use an open descriptor of the device (one received from another process, say:
+    /// the daemon serves it only for the process that opened it).
+    pub fn from_fd(fd: OwnedFd) -> Result<DeviceFile> {
         let stop = eventfd()?;
         Ok(DeviceFile {
             fd,
@@ -69,6 +75,11 @@ impl DeviceFile {
             return Err(map_err(nix::errno::Errno::last()));
         }
         Ok(())
+    }
+
+    /// The open file (to pass it on, or to poll it).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
     }
 
     /// Read whole event records without blocking; 0 when none are queued.

@@ -160,7 +160,7 @@ fn expect_ok(c: &Cqe) -> Result<()> {
 
 impl Endpoint {
     /// Connection parameters offering this endpoint's buffer to the peer.
-    fn offer(&self) -> ConnParam {
+    pub fn offer(&self) -> ConnParam {
         ConnParam {
             private_data: advertise(&self.mr),
             ird: 16,
