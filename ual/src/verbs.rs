@@ -370,7 +370,6 @@ impl Context {
     ) -> Result<Arc<Mr>> {
         self.here()?;
         let (addr, len) = (addr as u64, len as u64);
-        pin::pin(addr, len)?;
         let mut a = abi::RegMr {
             pd: pd.handle,
             access: access.bits(),
@@ -378,8 +377,11 @@ impl Context {
             length: len,
             ..Zeroable::zeroed()
         };
-        if let Err(e) = self.call(cmd::REG_MR, &mut a) {
-            pin::unpin(addr, len);
+        // The kAL checks the memory first: pinning faults every page in, and memory it
+        // refuses (a FUSE file, a userfaultfd range) could hold us there for ever.
+        self.call(cmd::REG_MR, &mut a)?;
+        if let Err(e) = pin::pin(addr, len) {
+            self.destroy(cmd::DEREG_MR, a.handle);
             return Err(e);
         }
         Ok(Arc::new(Mr {
