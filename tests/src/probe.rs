@@ -3,11 +3,14 @@
 //! those numbers (and with memory, ring memory and a doorbell of its own where a
 //! command needs them).
 
+use crate::say;
 use bytemuck::Zeroable;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
+use std::time::Duration;
 use ual::abi::{self, cmd};
-use ual::{Access, RegBuf};
+use ual::perf::{connect_endpoint, connect_pair, new_endpoint};
+use ual::{Access, Context, RegBuf, Target};
 
 /// Another context's numbers, as its owner reveals them (one line of text).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -247,4 +250,102 @@ pub fn every_command(k: &Known, own: &Own) -> Vec<Attempt> {
     ];
     assert_eq!(v.len(), cmd::ALL.len(), "every command of the ABI is tried");
     v
+}
+
+/// A context with every kind of object and a connection request left unanswered,
+/// through `door`: the numbers another process could try, the objects to check after.
+pub struct Victim {
+    pub ctx: Arc<Context>,
+    _partner: Arc<Context>,
+    pub known: Known,
+    /// The address of the victim's device.
+    pub addr: std::net::IpAddr,
+    pub ends: (ual::perf::Endpoint, ual::perf::Endpoint),
+    listener: Arc<ual::Listener>,
+    /// The partner's connect to `listener`, waiting for its answer.
+    pending: std::thread::JoinHandle<ual::Result<ual::perf::Endpoint>>,
+    _extra: (Arc<ual::Srq>, Arc<ual::Mw>),
+}
+
+impl Victim {
+    pub fn new(target: &Target, device: &str) -> Victim {
+        let ctx = Context::open_target(target).unwrap();
+        let partner = Context::open_target(target).unwrap();
+        let (s, c) = connect_pair(&ctx, &partner, device, 4096, 8).unwrap();
+        let dev = ctx.device(device).unwrap().index;
+        let ip = ual::perf::loopback_of(&ctx, dev).unwrap();
+        let listener = ctx
+            .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
+            .unwrap();
+        let to = std::net::SocketAddr::new(ip, listener.port);
+        let p2 = partner.clone();
+        let pdev = partner.device(device).unwrap().index;
+        let pending = std::thread::spawn(move || connect_endpoint(&p2, pdev, to, 4096, 8));
+        let req = listener.get_request(Duration::from_secs(20)).unwrap();
+        let srq = ctx.create_srq(&s.pd, 16, 1).unwrap();
+        let mw = ctx.alloc_mw(&s.pd).unwrap();
+        let known = Known {
+            ctx: ctx.id(),
+            dev,
+            pd: s.pd.handle,
+            cq: s.cq.handle,
+            qp: s.qp.handle,
+            qpn: s.qp.qp_num,
+            mr: s.mr.handle,
+            lkey: s.mr.lkey,
+            rkey: s.mr.rkey,
+            addr: s.mr.addr,
+            len: s.mr.len,
+            listener: listener.handle,
+            conn_id: req.conn_id,
+            srq: srq.handle,
+            mw: mw.handle,
+        };
+        Victim {
+            ctx,
+            _partner: partner,
+            known,
+            addr: ip,
+            ends: (s, c),
+            listener,
+            pending,
+            _extra: (srq, mw),
+        }
+    }
+
+    /// Lay bait for a prober: receives posted on the victim's end of the connection and
+    /// a pattern in its registration, which nothing of the prober's may complete or change.
+    pub fn expose(&self) {
+        let (s, _) = &self.ends;
+        for i in 0..4 {
+            s.post_recv(100 + i, 0, 64).unwrap();
+        }
+        s.buf.fill(0x3c);
+    }
+
+    /// Whether nothing completed on the victim's end and its registration still holds
+    /// the pattern of [`expose`](Self::expose).
+    pub fn untouched(&self) -> bool {
+        let (s, _) = &self.ends;
+        let mut c = [ual::Cqe::default(); 4];
+        s.cq.poll(&mut c) == 0 && s.buf.to_vec().iter().all(|b| *b == 0x3c)
+    }
+
+    /// Everything still works: a round trip on the connection, and the pending request
+    /// can still be accepted by us.
+    pub fn check(self) {
+        let (s, c) = &self.ends;
+        s.post_recv(1, 0, 8).unwrap();
+        c.send(2, 0, 8, ual::send_flags::SIGNALED).unwrap();
+        s.complete(1).unwrap();
+        c.complete(1).unwrap();
+        say("INTACT", "round trip");
+        let dev = self.known.dev;
+        let ep = new_endpoint(&self.ctx, dev, 4096, 8).unwrap();
+        self.listener
+            .accept(self.known.conn_id, &ep.qp, &ep.offer())
+            .unwrap();
+        self.pending.join().unwrap().unwrap();
+        say("ACCEPTED", self.known.conn_id);
+    }
 }

@@ -11,7 +11,7 @@
 //!   with its opener.
 //! * An opener that execs a setuid program is refused and its context ends.
 
-use krdma_tests::probe::{every_command, Known, Own};
+use krdma_tests::probe::{every_command, Known, Own, Victim};
 use krdma_tests::{
     as_user, await_context_gone, child_test, daemon_possible, hear, private_dir, say, Daemon, Role,
 };
@@ -19,9 +19,8 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+
 use std::time::Duration;
-use ual::perf::{connect_endpoint, connect_pair, new_endpoint};
 use ual::{abi, Context, DeviceFile, Target};
 
 const NOBODY: u32 = 65534;
@@ -46,83 +45,6 @@ fn target() -> Target {
             Target::Embedded
         }
         Ok(p) => Target::Device(p.into()),
-    }
-}
-
-/// A context with every kind of object and a connection request left unanswered,
-/// through `door`: the numbers another process could try, the objects to check after.
-struct Victim {
-    ctx: Arc<Context>,
-    _partner: Arc<Context>,
-    known: Known,
-    ends: (ual::perf::Endpoint, ual::perf::Endpoint),
-    listener: Arc<ual::Listener>,
-    /// The partner's connect to `listener`, waiting for its answer.
-    pending: std::thread::JoinHandle<ual::Result<ual::perf::Endpoint>>,
-    _extra: (Arc<ual::Srq>, Arc<ual::Mw>),
-}
-
-impl Victim {
-    fn new(target: &Target, device: &str) -> Victim {
-        let ctx = Context::open_target(target).unwrap();
-        let partner = Context::open_target(target).unwrap();
-        let (s, c) = connect_pair(&ctx, &partner, device, 4096, 8).unwrap();
-        let dev = ctx.device(device).unwrap().index;
-        let ip = ual::perf::loopback_of(&ctx, dev).unwrap();
-        let listener = ctx
-            .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
-            .unwrap();
-        let to = std::net::SocketAddr::new(ip, listener.port);
-        let p2 = partner.clone();
-        let pdev = partner.device(device).unwrap().index;
-        let pending = std::thread::spawn(move || connect_endpoint(&p2, pdev, to, 4096, 8));
-        let req = listener.get_request(Duration::from_secs(20)).unwrap();
-        let srq = ctx.create_srq(&s.pd, 16, 1).unwrap();
-        let mw = ctx.alloc_mw(&s.pd).unwrap();
-        let known = Known {
-            ctx: ctx.id(),
-            dev,
-            pd: s.pd.handle,
-            cq: s.cq.handle,
-            qp: s.qp.handle,
-            qpn: s.qp.qp_num,
-            mr: s.mr.handle,
-            lkey: s.mr.lkey,
-            rkey: s.mr.rkey,
-            addr: s.mr.addr,
-            len: s.mr.len,
-            listener: listener.handle,
-            conn_id: req.conn_id,
-            srq: srq.handle,
-            mw: mw.handle,
-        };
-        Victim {
-            ctx,
-            _partner: partner,
-            known,
-            ends: (s, c),
-            listener,
-            pending,
-            _extra: (srq, mw),
-        }
-    }
-
-    /// Everything still works: a round trip on the connection, and the pending request
-    /// can still be accepted by us.
-    fn check(self) {
-        let (s, c) = &self.ends;
-        s.post_recv(1, 0, 8).unwrap();
-        c.send(2, 0, 8, ual::send_flags::SIGNALED).unwrap();
-        s.complete(1).unwrap();
-        c.complete(1).unwrap();
-        say("INTACT", "round trip");
-        let dev = self.known.dev;
-        let ep = new_endpoint(&self.ctx, dev, 4096, 8).unwrap();
-        self.listener
-            .accept(self.known.conn_id, &ep.qp, &ep.offer())
-            .unwrap();
-        self.pending.join().unwrap().unwrap();
-        say("ACCEPTED", self.known.conn_id);
     }
 }
 
