@@ -64,23 +64,34 @@ pub struct Status {
 }
 
 impl Status {
+    /// The fields of a status text, in one pass (it is read on every request).
     pub fn parse(text: &str) -> Option<Status> {
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
+        let four = |v: &str| -> Option<[u32; 4]> {
+            let mut it = v.split_whitespace().map(|x| x.parse().ok());
+            Some([it.next()??, it.next()??, it.next()??, it.next()??])
         };
-        let four = |name: &str| -> Option<[u32; 4]> {
-            let mut it = field(name)?.split_whitespace().map(|v| v.parse().ok());
-            let v = [it.next()??, it.next()??, it.next()??, it.next()??];
-            Some(v)
-        };
+        let (mut tgid, mut uids, mut gids, mut cap_eff) = (None, None, None, None);
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
+            match name {
+                "Tgid" => tgid = value.trim().parse().ok(),
+                "Uid" => uids = four(value),
+                "Gid" => gids = four(value),
+                "CapEff" => {
+                    cap_eff = u64::from_str_radix(value.trim(), 16).ok();
+                    break; // the last of the four
+                }
+                _ => {}
+            }
+        }
         Some(Status {
-            tgid: field("Tgid")?.parse().ok()?,
+            tgid: tgid?,
             creds: Creds {
-                uids: four("Uid")?,
-                gids: four("Gid")?,
-                cap_eff: u64::from_str_radix(field("CapEff")?, 16).ok()?,
+                uids: uids?,
+                gids: gids?,
+                cap_eff: cap_eff?,
             },
         })
     }

@@ -17,7 +17,9 @@ use crate::procmem::{open_at, ProcMem};
 use rnicpi::VerbsError;
 use std::fs::File;
 use std::io::{self, Read};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 /// Why a request was refused (`EACCES`).
@@ -77,7 +79,13 @@ pub struct Opener {
     dir: File,
     /// Its address space.
     pub mem: Arc<ProcMem>,
+    /// `task/<tid>/status` of its threads that made requests, kept open: a read of an
+    /// open one regenerates it, and fails once that thread is gone.
+    threads: parking_lot::Mutex<HashMap<u32, File>>,
 }
+
+/// Most threads whose status files an opener keeps open.
+const KEPT_THREADS: usize = 64;
 
 /// Field 22 of `/proc/<pid>/stat`: the start time in clock ticks since boot. The command
 /// name (field 2) may hold spaces and parentheses, so fields are counted after its last
@@ -144,6 +152,7 @@ impl Opener {
             pidfd,
             dir,
             mem: Arc::new(mem),
+            threads: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -178,20 +187,51 @@ impl Opener {
     pub fn check(&self, tid: u32) -> Result<Creds, Refusal> {
         // `task/<tid>` under our directory exists only for a live thread of this very
         // process: a foreign thread's id, or any id once the opener is gone, is not there.
-        let status = self
-            .read(&format!("task/{tid}/status"))
-            .ok()
-            .and_then(|s| Status::parse(&s));
-        let Some(status) = status else {
+        let Some(status) = self.thread_status(tid) else {
             return Err(self.still_same().err().unwrap_or(Refusal::Foreign));
         };
         if !status.creds.same_identity(&self.creds) {
-            return Err(self.still_same().err().unwrap_or(Refusal::OtherCredentials));
+            return Err(self
+                .still_same()
+                .err()
+                .unwrap_or(Refusal::OtherCredentials));
         }
         if !self.mem.alive() {
             return Err(Refusal::Exec);
         }
         Ok(status.creds)
+    }
+
+    /// The status of thread `tid` of the opener, `None` unless it is one, alive.
+    fn thread_status(&self, tid: u32) -> Option<Status> {
+        let mut buf = [0u8; 8192];
+        let mut threads = self.threads.lock();
+        for attempt in 0..2 {
+            let f = match threads.entry(tid) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let f = open_at(self.dir.as_fd(), &format!("task/{tid}/status"), libc::O_RDONLY)
+                        .ok()?;
+                    e.insert(f)
+                }
+            };
+            // One read of the whole file (a status is far shorter than the buffer).
+            match f.read_at(&mut buf, 0) {
+                Ok(n) if n > 0 && n < buf.len() => {
+                    let status = std::str::from_utf8(&buf[..n]).ok().and_then(Status::parse);
+                    if threads.len() > KEPT_THREADS {
+                        threads.retain(|t, _| *t == tid);
+                    }
+                    return status;
+                }
+                // That thread is gone (and its id may name a new one): look again.
+                _ if attempt == 0 => {
+                    threads.remove(&tid);
+                }
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// Whether the opener, as a whole, is still what opened the context: alive, the

@@ -85,8 +85,12 @@ pub fn as_user(cmd: &Command, uid: u32) -> Command {
     c
 }
 
-/// The `krdmad` binary built alongside the tests (target/<profile>/krdmad).
+/// The `krdmad` binary built alongside the tests (target/<profile>/krdmad), or the one
+/// `KRDMA_TEST_KRDMAD` names (benchmarks comparing two builds).
 pub fn krdmad_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KRDMA_TEST_KRDMAD") {
+        return p.into();
+    }
     let exe = std::env::current_exe().expect("current exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = profile_dir.join("krdmad");
