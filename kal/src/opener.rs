@@ -15,9 +15,9 @@
 use crate::creds::{Creds, Status};
 use crate::procmem::{open_at, ProcMem};
 use rnicpi::VerbsError;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -191,10 +191,7 @@ impl Opener {
             return Err(self.still_same().err().unwrap_or(Refusal::Foreign));
         };
         if !status.creds.same_identity(&self.creds) {
-            return Err(self
-                .still_same()
-                .err()
-                .unwrap_or(Refusal::OtherCredentials));
+            return Err(self.still_same().err().unwrap_or(Refusal::OtherCredentials));
         }
         if !self.mem.alive() {
             return Err(Refusal::Exec);
@@ -210,8 +207,12 @@ impl Opener {
             let f = match threads.entry(tid) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    let f = open_at(self.dir.as_fd(), &format!("task/{tid}/status"), libc::O_RDONLY)
-                        .ok()?;
+                    let f = open_at(
+                        self.dir.as_fd(),
+                        &format!("task/{tid}/status"),
+                        libc::O_RDONLY,
+                    )
+                    .ok()?;
                     e.insert(f)
                 }
             };

@@ -235,6 +235,23 @@ impl FrontDoor {
             FrontDoor::Daemon(_) => "daemon",
         }
     }
+
+    /// The daemon behind this door, if it is one.
+    pub fn daemon(&self) -> Option<&Daemon> {
+        match self {
+            FrontDoor::Embedded => None,
+            FrontDoor::Daemon(d) => Some(d),
+        }
+    }
+
+    /// What a child process is told to open (`KRDMA_TEST_DOOR`): `embedded` or the
+    /// daemon's device path.
+    pub fn env_value(&self) -> String {
+        match self {
+            FrontDoor::Embedded => "embedded".into(),
+            FrontDoor::Daemon(d) => d.path.to_string_lossy().into_owned(),
+        }
+    }
 }
 
 /// Run `f` once per available front door.

@@ -4,7 +4,7 @@
 //! with a canary: no write may land after the deregistration returned. Through both
 //! front doors, over siw0 and rxe0.
 
-use krdma_tests::{connected_pair, each_front_door};
+use krdma_tests::{connected_pair, each_front_door, Bystander};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +63,7 @@ impl Drop for Target {
 fn no_write_lands_after_the_deregistration_returned() {
     each_front_door(|door| {
         for device in ["siw0", "rxe0"] {
+            let bystander = Bystander::start(door, "rxe0");
             let (a, _b, s, c) = connected_pair(door, device, CHUNK as usize);
             c.buf.fill(0xab);
             let target = Arc::new(Target::new());
@@ -122,6 +123,7 @@ fn no_write_lands_after_the_deregistration_returned() {
                 door.name()
             );
             assert_eq!(late, 0, "a write landed after DEREG_MR returned");
+            bystander.finish().assert_served(Duration::from_secs(2));
         }
     });
 }

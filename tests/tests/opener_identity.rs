@@ -13,7 +13,8 @@
 
 use krdma_tests::probe::{every_command, Known, Own, Victim};
 use krdma_tests::{
-    as_user, await_context_gone, child_test, daemon_possible, hear, private_dir, say, Daemon, Role,
+    as_user, await_context_gone, child_test, daemon_possible, hear, private_dir, say, Bystander,
+    Daemon, FrontDoor, Role,
 };
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -147,7 +148,9 @@ fn a_passed_descriptor_acts_for_no_one() {
     if !daemon_possible() {
         return;
     }
-    let d = Daemon::start();
+    let door = FrontDoor::Daemon(Daemon::start());
+    let d = door.daemon().unwrap();
+    let bystander = Bystander::start(&door, "rxe0");
     let observer = Context::open_target(&d.target()).unwrap();
     let dir = private_dir("krdma-scm");
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
@@ -193,6 +196,7 @@ fn a_passed_descriptor_acts_for_no_one() {
         observer.stat_kal().unwrap().into_iter().collect();
     assert!(counters["request_refused_foreign_process"] >= tried.len() as u64);
     assert!(counters["context_ended_opener_exited"] >= 1);
+    bystander.finish().assert_served(Duration::from_secs(2));
 }
 
 // ---- fork ---------------------------------------------------------------------------
@@ -281,9 +285,12 @@ fn role_forker() {
     }
 }
 
-fn fork_child_through(door: &str, device: Option<&Daemon>) {
+fn fork_child_through(door: &FrontDoor) {
+    // The child shares a kAL with the bystander through the daemon only (an embedded
+    // child has a kAL of its own).
+    let bystander = door.daemon().map(|_| Bystander::start(door, "rxe0"));
     let mut c = child_test("role_forker");
-    c.env("KRDMA_TEST_DOOR", door);
+    c.env("KRDMA_TEST_DOOR", door.env_value());
     let mut forker = Role::spawn(as_user(&c, NOBODY));
     let ctx: u32 = forker.expect("CTX").parse().unwrap();
     let child = forker.expect("CHILD1");
@@ -299,7 +306,9 @@ fn fork_child_through(door: &str, device: Option<&Daemon>) {
     forker.tell("check");
     forker.expect("INTACT");
     forker.expect("ACCEPTED");
-    let observer = device.map(|d| Context::open_target(&d.target()).unwrap());
+    let observer = door
+        .daemon()
+        .map(|d| Context::open_target(&d.target()).unwrap());
     forker.tell("exit");
     forker.expect("EXITING");
     if let Some(o) = &observer {
@@ -309,14 +318,16 @@ fn fork_child_through(door: &str, device: Option<&Daemon>) {
         assert_eq!(forker.expect("CHILD2"), EACCES.to_string());
     }
     forker.wait();
+    if let Some(b) = bystander {
+        b.finish().assert_served(Duration::from_secs(2));
+    }
 }
 
 #[test]
 fn a_fork_child_is_refused_through_both_doors() {
-    fork_child_through("embedded", None);
+    fork_child_through(&FrontDoor::Embedded);
     if daemon_possible() {
-        let d = Daemon::start();
-        fork_child_through(&d.path.to_string_lossy(), Some(&d));
+        fork_child_through(&FrontDoor::Daemon(Daemon::start()));
     }
 }
 
@@ -392,7 +403,9 @@ fn a_setuid_exec_ends_the_context() {
     if !daemon_possible() {
         return;
     }
-    let d = Daemon::start();
+    let door = FrontDoor::Daemon(Daemon::start());
+    let d = door.daemon().unwrap();
+    let bystander = Bystander::start(&door, "rxe0");
     let observer = Context::open_target(&d.target()).unwrap();
     let dir = private_dir("krdma-setuid");
     let helper = setuid_copy(&dir, OTHER);
@@ -419,4 +432,5 @@ fn a_setuid_exec_ends_the_context() {
     assert!(counters["context_ended_creds_changed"] >= 1);
     opener.wait();
     let _ = std::fs::remove_dir_all(&dir);
+    bystander.finish().assert_served(Duration::from_secs(2));
 }

@@ -11,7 +11,7 @@
 
 use krdma_tests::{
     as_user, child_test, connected_pair, context_row, daemon_possible, krdmad_bin, private_dir,
-    say, Daemon, FrontDoor, Role,
+    say, Bystander, Daemon, FrontDoor, Role,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -63,10 +63,11 @@ fn role_listener() {
 
 #[test]
 fn a_privileged_port_needs_cap_net_bind_service() {
-    let daemon = daemon_possible().then(Daemon::start);
+    let daemon = daemon_possible().then(|| FrontDoor::Daemon(Daemon::start()));
+    let bystander = daemon.as_ref().map(|d| Bystander::start(d, "rxe0"));
     let mut doors = vec!["embedded".to_string()];
     if let Some(d) = &daemon {
-        doors.push(d.path.to_string_lossy().into_owned());
+        doors.push(d.env_value());
     }
     for door in &doors {
         let mut c = child_test("role_listener");
@@ -86,7 +87,7 @@ fn a_privileged_port_needs_cap_net_bind_service() {
         }
         tenant.wait();
     }
-    if let Some(d) = &daemon {
+    if let Some(d) = daemon.as_ref().and_then(FrontDoor::daemon) {
         // Root may (the daemon lends its right to a caller that has it too).
         let ctx = Context::open_target(&d.target()).unwrap();
         for device in ["siw0", "rxe0"] {
@@ -98,6 +99,9 @@ fn a_privileged_port_needs_cap_net_bind_service() {
         }
         let counters: HashMap<String, u64> = ctx.stat_kal().unwrap().into_iter().collect();
         assert!(counters["listen_refused_privileged_port"] >= 2);
+    }
+    if let Some(b) = bystander {
+        b.finish().assert_served(Duration::from_secs(2));
     }
 }
 

@@ -332,7 +332,9 @@ fn memory_registered_with_a_userfaultfd_is_refused() {
     if !daemon_possible() {
         return;
     }
-    let d = Daemon::start();
+    let door = krdma_tests::FrontDoor::Daemon(Daemon::start());
+    let d = door.daemon().unwrap();
+    let bystander = Bystander::start(&door, "rxe0");
     // With the sysctl at 1 an unprivileged userfaultfd can hold kernel-mode accesses:
     // that is when the daemon must look (at 0, the default, its copy would fail at once).
     let _at_one = Sysctl::set("/proc/sys/vm/unprivileged_userfaultfd", "1");
@@ -342,6 +344,7 @@ fn memory_registered_with_a_userfaultfd_is_refused() {
     assert_eq!(tenant.expect("UFFD"), libc::EFAULT.to_string());
     assert_eq!(tenant.expect("PLAIN"), "0");
     tenant.wait();
+    bystander.finish().assert_served(Duration::from_secs(2));
 }
 
 // ---- what the daemon maps --------------------------------------------------------------

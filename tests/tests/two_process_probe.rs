@@ -10,7 +10,9 @@
 //! rxe0.
 
 use krdma_tests::probe::{every_command, Known, Own, Victim};
-use krdma_tests::{as_user, child_test, daemon_possible, hear, say, Daemon, Role};
+use krdma_tests::{
+    as_user, child_test, daemon_possible, hear, say, Bystander, Daemon, FrontDoor, Role,
+};
 use std::net::SocketAddr;
 use std::time::Duration;
 use ual::oob::{to_init, to_rtr, to_rts, RcPath, RcPeer};
@@ -183,7 +185,10 @@ fn role_prober() {
     say("DONE", "");
 }
 
-fn probe(door: &str, device: &str) {
+fn probe(front: &FrontDoor, device: &str) {
+    // Through the daemon the two share a kAL with a bystander of a third user (root).
+    let bystander = front.daemon().map(|_| Bystander::start(front, "rxe0"));
+    let door = &front.env_value();
     let role = |name: &str, uid: u32, env: &[(&str, &str)]| {
         let mut c = child_test(name);
         c.env("KRDMA_TEST_DOOR", door).env("KRDMA_TEST_DEV", device);
@@ -236,17 +241,20 @@ fn probe(door: &str, device: &str) {
     victim.expect("ACCEPTED");
     assert!(victim.wait().success());
     assert!(prober.wait().success());
+    if let Some(b) = bystander {
+        b.finish().assert_served(Duration::from_secs(2));
+    }
 }
 
 #[test]
 fn two_processes_probe_each_other() {
     for device in ["siw0", "rxe0"] {
-        probe("embedded", device);
+        probe(&FrontDoor::Embedded, device);
     }
     if daemon_possible() {
-        let d = Daemon::start();
+        let d = FrontDoor::Daemon(Daemon::start());
         for device in ["siw0", "rxe0"] {
-            probe(&d.path.to_string_lossy(), device);
+            probe(&d, device);
         }
     }
 }
