@@ -204,15 +204,19 @@ int main(void)
     OK(it_ep_modify(ep, IT_EP_PARAM_MAX_IRD, &attr));
     EXPECT_STATUS(it_ep_modify(ep, IT_EP_PARAM_MAX_REQ_DTO, &attr), IT_ERR_INVALID_MASK);
 
-    static char buf[8192];
+    /* Heap memory: a static array may share a page with the program's file-backed
+       data, which krdma refuses to register (docs/security.md, H2). */
+    enum { BUF_LEN = 8192 };
+    char *buf = aligned_alloc(4096, BUF_LEN);
+    memset(buf, 0, BUF_LEN);
     it_rmr_context_t ctx = 0;
-    OK(it_lmr_create21(pz, buf, NULL, sizeof buf, IT_ADDR_MODE_ABSOLUTE,
+    OK(it_lmr_create21(pz, buf, NULL, BUF_LEN, IT_ADDR_MODE_ABSOLUTE,
                        IT_PRIV_LOCAL | IT_PRIV_REMOTE_READ, IT_LMR_FLAG_NONE, 0, &lmr, &ctx));
     EXPECT(ctx != 0);
     it_lmr_param_t lq;
     OK(it_lmr_query(lmr, IT_LMR_PARAM_ALL, &lq));
-    EXPECT(lq.addr == buf && lq.length == sizeof buf && lq.rmr_context == ctx && lq.pz == pz);
-    EXPECT_STATUS(it_lmr_create20(pz, buf, sizeof buf, IT_ADDR_MODE_RELATIVE, IT_PRIV_LOCAL,
+    EXPECT(lq.addr == buf && lq.length == BUF_LEN && lq.rmr_context == ctx && lq.pz == pz);
+    EXPECT_STATUS(it_lmr_create20(pz, buf, BUF_LEN, IT_ADDR_MODE_RELATIVE, IT_PRIV_LOCAL,
                                   IT_LMR_FLAG_NONE, 0, &lmr, &ctx),
                   IT_ERR_INVALID_ADDR_MODE);
     it_lmr_triplet_t seg = { .lmr = lmr, .addr.abs = buf, .length = 64 };
@@ -291,6 +295,7 @@ int main(void)
     EXPECT_STATUS(it_ep_free(ep), IT_ERR_INVALID_EP);
     EXPECT_STATUS(it_evd_dequeue(sw, &ev), IT_ERR_INVALID_EVD);
     EXPECT_STATUS(it_ia_free(ia), IT_ERR_INVALID_IA);
+    free(buf);
 
     if (failures) {
         fprintf(stderr, "%d checks failed\n", failures);
