@@ -8,9 +8,15 @@
 //! ([`ProcMem`]). Every later request (ioctl, read, poll) is accepted only from a thread
 //! of that same process with the same uids and gids ([`Opener::check`]), so a descriptor
 //! passed to another process (`SCM_RIGHTS`) or inherited by a fork child acts for no one.
-//! A context whose opener exited, changed credentials (setuid exec) or replaced its
-//! program (exec) is refused and, as the refusal says ([`Refusal::ends_context`]), torn
-//! down.
+//! A context whose opener exited or changed credentials (a setuid exec, say) is refused
+//! and, as the refusal says ([`Refusal::ends_context`]), torn down.
+//!
+//! An exec that keeps the credentials keeps the context (the same process, the same
+//! user): its memory file belongs to the old address space, so every access to memory
+//! registered before the exec fails, and nothing reaches the new program's memory but
+//! what it registers itself. Nothing here takes the opener's `mmap` lock (a `/proc`
+//! status is read without it), so a tenant that keeps its own lock busy cannot stall
+//! the threads checking requests.
 
 use crate::creds::{Creds, Status};
 use crate::procmem::{open_at, ProcMem};
@@ -33,26 +39,20 @@ pub enum Refusal {
     Exited,
     #[error("the opener changed credentials")]
     CredentialsChanged,
-    #[error("the opener replaced its program (exec)")]
-    Exec,
 }
 
 impl Refusal {
     /// Whether the context is over: its opener is gone or is no longer who opened it.
     pub fn ends_context(&self) -> bool {
-        matches!(
-            self,
-            Refusal::Exited | Refusal::CredentialsChanged | Refusal::Exec
-        )
+        matches!(self, Refusal::Exited | Refusal::CredentialsChanged)
     }
 
     /// Every refusal, in the order of the counters.
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 4] = [
         Refusal::Foreign,
         Refusal::OtherCredentials,
         Refusal::Exited,
         Refusal::CredentialsChanged,
-        Refusal::Exec,
     ];
 
     /// The name of its counter (`krdma stat`).
@@ -62,7 +62,6 @@ impl Refusal {
             Refusal::OtherCredentials => "request_refused_other_creds",
             Refusal::Exited => "context_ended_opener_exited",
             Refusal::CredentialsChanged => "context_ended_creds_changed",
-            Refusal::Exec => "context_ended_opener_exec",
         }
     }
 }
@@ -180,10 +179,9 @@ impl Opener {
         exited(self.pidfd.as_fd())
     }
 
-    /// Check a request made by thread `tid`: it must be a thread of the opener, with the
-    /// opener's uids and gids, and the opener must still be the program that opened.
-    /// Returns the requesting thread's credentials (its own capabilities count for
-    /// what it asks).
+    /// Check a request made by thread `tid`: it must be a live thread of the opener, with
+    /// the opener's uids and gids. Returns the requesting thread's credentials (its own
+    /// capabilities count for what it asks).
     pub fn check(&self, tid: u32) -> Result<Creds, Refusal> {
         // `task/<tid>` under our directory exists only for a live thread of this very
         // process: a foreign thread's id, or any id once the opener is gone, is not there.
@@ -192,9 +190,6 @@ impl Opener {
         };
         if !status.creds.same_identity(&self.creds) {
             return Err(self.still_same().err().unwrap_or(Refusal::OtherCredentials));
-        }
-        if !self.mem.alive() {
-            return Err(Refusal::Exec);
         }
         Ok(status.creds)
     }
@@ -235,27 +230,17 @@ impl Opener {
         None
     }
 
-    /// Whether the opener, as a whole, is still what opened the context: alive, the
-    /// same program, the same credentials.
-    /// (A setuid exec is both a new program and new credentials: it counts as the
-    /// latter.)
+    /// Whether the opener, as a whole, is still what opened the context: alive, with the
+    /// same credentials.
     pub fn still_same(&self) -> Result<(), Refusal> {
         if self.exited() {
             return Err(Refusal::Exited);
         }
         match self.read("status").ok().and_then(|s| Status::parse(&s)) {
-            Some(s) if s.creds.same_identity(&self.creds) => {}
-            Some(_) => return Err(Refusal::CredentialsChanged),
-            None => return Err(Refusal::Exited),
+            Some(s) if s.creds.same_identity(&self.creds) => Ok(()),
+            Some(_) => Err(Refusal::CredentialsChanged),
+            None => Err(Refusal::Exited),
         }
-        if !self.mem.alive() {
-            return Err(if self.exited() {
-                Refusal::Exited
-            } else {
-                Refusal::Exec
-            });
-        }
-        Ok(())
     }
 }
 
@@ -304,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn exec_and_exit_end_the_opener() {
+    fn an_exec_leaves_the_old_memory_behind_and_an_exit_ends_the_opener() {
         if !nix::unistd::geteuid().is_root() {
             return; // opening a child's memory as ourselves is fine, but keep it simple
         }
@@ -323,9 +308,11 @@ mod tests {
         while std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_ref() == Some(&exe) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        // Same pid, new program: refused, and the old address space is unreachable.
-        assert_eq!(o.check(pid), Err(Refusal::Exec));
-        assert_eq!(o.still_same(), Err(Refusal::Exec));
+        // Same pid, same user, new program: still the opener, but the old address space
+        // (and with it every registration made before) is unreachable.
+        assert!(o.check(pid).is_ok());
+        assert_eq!(o.still_same(), Ok(()));
+        assert!(!o.mem.alive());
         assert!(rnicpi::MemoryAccess::read(o.mem.as_ref(), stack, &mut b).is_err());
         c.kill().unwrap();
         c.wait().unwrap();

@@ -7,8 +7,7 @@
 //! that made itself undumpable, is refused. The file is bound to the address space (the
 //! `mm`) it was opened on, not to the pid: after the process execs or exits every read
 //! and write of it fails (`pread` returns 0 bytes), and it never reaches whatever
-//! program later holds the same pid. That is also how [`ProcMem::alive`] tells that the
-//! opener replaced its program.
+//! program later holds the same pid ([`ProcMem::alive`] tells).
 
 use crate::creds::{as_opener, Creds};
 use rnicpi::{MemoryAccess, Result, VerbsError};
@@ -46,7 +45,7 @@ impl ProcMem {
 
     /// Whether the address space is still the one opened: reading an address nothing
     /// can map (page 0) fails with `EIO` while it is, and returns 0 bytes once the
-    /// process has exec'd or exited.
+    /// process has exec'd or exited. (It takes the process's `mmap` lock.)
     pub fn alive(&self) -> bool {
         let mut b = [0u8; 1];
         !matches!(self.file.read_at(&mut b, 0), Ok(0))
