@@ -202,8 +202,9 @@ fn a_passed_descriptor_acts_for_no_one() {
 // ---- fork ---------------------------------------------------------------------------
 
 /// Raw `write(1)`: a fork child of a multithreaded process must not take std's locks.
+/// On a line of its own: the parent's test harness may have left one unfinished.
 fn raw_say(line: &str) {
-    let l = format!("{line}\n");
+    let l = format!("\n{line}\n");
     // SAFETY: writes our own buffer to descriptor 1.
     unsafe { libc::write(1, l.as_ptr().cast(), l.len()) };
 }

@@ -173,7 +173,10 @@ fn krdmad_keeps_only_what_it_needs() {
     let tasks = std::fs::read_dir(format!("/proc/{}/task", d.pid())).unwrap();
     let mut seen = 0;
     for t in tasks {
-        let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+        // A short-lived thread (one acting as a tenant, say) may be gone already.
+        let Ok(status) = std::fs::read_to_string(t.unwrap().path().join("status")) else {
+            continue;
+        };
         let field = |n: &str| -> u64 {
             let v = status.lines().find_map(|l| l.strip_prefix(n)).unwrap();
             u64::from_str_radix(v.trim(), 16).unwrap()
