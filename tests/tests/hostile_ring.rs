@@ -504,7 +504,7 @@ fn corrupt_ring_indices_move_the_object_to_error() {
         for device in DEVICES {
             eprintln!("--- {device}");
             let bystander = Bystander::start(door, device);
-            let (a, b, server, client) = connected_pair(door, device, 4096);
+            let (a, _b, server, client) = connected_pair(door, device, 4096);
             let wait_for = |events: &crossbeam_channel::Receiver<rnicpi::Event>, kind| {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while let Some(left) = deadline.checked_duration_since(Instant::now()) {
