@@ -103,7 +103,10 @@ impl Device {
                 } else {
                     self.files.kal.refused(why);
                 }
-                Err(Errno::EACCES)
+                Err(match why {
+                    Refusal::Unverified => Errno::EAGAIN,
+                    _ => Errno::EACCES,
+                })
             }
         }
     }

@@ -28,7 +28,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-/// Why a request was refused (`EACCES`).
+/// Why a request was refused (`EACCES`; `EAGAIN` for [`Refusal::Unverified`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("the request comes from another process than the opener")]
@@ -39,6 +39,10 @@ pub enum Refusal {
     Exited,
     #[error("the opener changed credentials")]
     CredentialsChanged,
+    /// The daemon could not read what it checks (out of descriptors, say): refused this
+    /// once, and nothing is concluded about the opener.
+    #[error("the request could not be checked now")]
+    Unverified,
 }
 
 impl Refusal {
@@ -48,11 +52,12 @@ impl Refusal {
     }
 
     /// Every refusal, in the order of the counters.
-    pub const ALL: [Refusal; 4] = [
+    pub const ALL: [Refusal; 5] = [
         Refusal::Foreign,
         Refusal::OtherCredentials,
         Refusal::Exited,
         Refusal::CredentialsChanged,
+        Refusal::Unverified,
     ];
 
     /// The name of its counter (`krdma stat`).
@@ -62,6 +67,7 @@ impl Refusal {
             Refusal::OtherCredentials => "request_refused_other_creds",
             Refusal::Exited => "context_ended_opener_exited",
             Refusal::CredentialsChanged => "context_ended_creds_changed",
+            Refusal::Unverified => "request_refused_unverified",
         }
     }
 }
@@ -81,6 +87,8 @@ pub struct Opener {
     /// `task/<tid>/status` of its threads that made requests, kept open: a read of an
     /// open one regenerates it, and fails once that thread is gone.
     threads: parking_lot::Mutex<HashMap<u32, File>>,
+    /// Its own `status`, kept open, so that checking it needs no new descriptor.
+    status: File,
 }
 
 /// Most threads whose status files an opener keeps open.
@@ -149,6 +157,7 @@ impl Opener {
             tgid,
             creds: status.creds,
             pidfd,
+            status: open_at(dir.as_fd(), "status", libc::O_RDONLY).map_err(gone)?,
             dir,
             mem: Arc::new(mem),
             threads: parking_lot::Mutex::new(HashMap::new()),
@@ -185,8 +194,13 @@ impl Opener {
     pub fn check(&self, tid: u32) -> Result<Creds, Refusal> {
         // `task/<tid>` under our directory exists only for a live thread of this very
         // process: a foreign thread's id, or any id once the opener is gone, is not there.
-        let Some(status) = self.thread_status(tid) else {
-            return Err(self.still_same().err().unwrap_or(Refusal::Foreign));
+        let status = match self.thread_status(tid) {
+            Ok(Some(status)) => status,
+            Ok(None) => return Err(self.still_same().err().unwrap_or(Refusal::Foreign)),
+            Err(e) => {
+                tracing::warn!(pid = self.tgid, tid, error = %e, "cannot check a request");
+                return Err(Refusal::Unverified);
+            }
         };
         if !status.creds.same_identity(&self.creds) {
             return Err(self.still_same().err().unwrap_or(Refusal::OtherCredentials));
@@ -194,21 +208,25 @@ impl Opener {
         Ok(status.creds)
     }
 
-    /// The status of thread `tid` of the opener, `None` unless it is one, alive.
-    fn thread_status(&self, tid: u32) -> Option<Status> {
+    /// The status of thread `tid` of the opener: `None` unless it is one, alive; an error
+    /// when it cannot be read for another reason (no descriptor left, say).
+    fn thread_status(&self, tid: u32) -> io::Result<Option<Status>> {
+        let not_ours = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH));
         let mut buf = [0u8; 8192];
         let mut threads = self.threads.lock();
-        for attempt in 0..2 {
+        for _ in 0..2 {
             let f = match threads.entry(tid) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    let f = open_at(
+                    match open_at(
                         self.dir.as_fd(),
                         &format!("task/{tid}/status"),
                         libc::O_RDONLY,
-                    )
-                    .ok()?;
-                    e.insert(f)
+                    ) {
+                        Ok(f) => e.insert(f),
+                        Err(e) if not_ours(&e) => return Ok(None),
+                        Err(e) => return Err(e),
+                    }
                 }
             };
             // One read of the whole file (a status is far shorter than the buffer).
@@ -218,28 +236,37 @@ impl Opener {
                     if threads.len() > KEPT_THREADS {
                         threads.retain(|t, _| *t == tid);
                     }
-                    return status;
+                    return Ok(status);
                 }
                 // That thread is gone (and its id may name a new one): look again.
-                _ if attempt == 0 => {
+                Ok(_) => {
                     threads.remove(&tid);
                 }
-                _ => return None,
+                Err(e) if not_ours(&e) => {
+                    threads.remove(&tid);
+                }
+                Err(e) => return Err(e),
             }
         }
-        None
+        Ok(None)
     }
 
     /// Whether the opener, as a whole, is still what opened the context: alive, with the
     /// same credentials.
+    /// Only the pidfd says the opener exited: a status that cannot be read now (no
+    /// descriptor left, say) proves nothing.
     pub fn still_same(&self) -> Result<(), Refusal> {
         if self.exited() {
             return Err(Refusal::Exited);
         }
-        match self.read("status").ok().and_then(|s| Status::parse(&s)) {
-            Some(s) if s.creds.same_identity(&self.creds) => Ok(()),
-            Some(_) => Err(Refusal::CredentialsChanged),
-            None => Err(Refusal::Exited),
+        let mut buf = [0u8; 8192];
+        let status = match self.status.read_at(&mut buf, 0) {
+            Ok(n) if n < buf.len() => std::str::from_utf8(&buf[..n]).ok().and_then(Status::parse),
+            _ => None,
+        };
+        match status {
+            Some(s) if !s.creds.same_identity(&self.creds) => Err(Refusal::CredentialsChanged),
+            _ => Ok(()),
         }
     }
 }
