@@ -268,10 +268,11 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
         }
         Op::DeallocMw(p) => destroy(kal, ctx, cmd::DEALLOC_MW, &mut m.mws, p),
         Op::Stat { which, start } => {
+            // A device (or none), or the kAL's own counters.
             let mut a = abi::StatDevice::zeroed();
-            (a.dev, a.start) = (which as u32 % 3, start as u32);
-            let c = [cmd::STAT_DEVICE, cmd::STAT_KAL][which as usize % 2];
-            let _ = call(kal, ctx, c, a);
+            a.dev = [0, 1, 2, abi::KAL_COUNTERS][which as usize % 4];
+            a.start = start as u32;
+            let _ = call(kal, ctx, cmd::STAT_DEVICE, a);
         }
         Op::ReadEvents => {
             let mut buf = vec![0u8; abi::EVENT_SIZE * 16];
