@@ -562,3 +562,70 @@ pub fn await_context_gone(observer: &Context, ctx: u32, bound: Duration) -> Dura
     }
     t0.elapsed()
 }
+
+/// Private anonymous memory of the test's own, reached only through raw, volatile
+/// accesses (the engine may write it at any moment while it is registered).
+pub struct Anonymous {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: only raw, volatile accesses go through the pointer, and the mapping lives as
+// long as the value.
+unsafe impl Send for Anonymous {}
+// SAFETY: as above.
+unsafe impl Sync for Anonymous {}
+
+impl Anonymous {
+    pub fn new(len: usize) -> Anonymous {
+        // SAFETY: a fresh private anonymous mapping, unmapped in Drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        Anonymous { ptr: p.cast(), len }
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn byte(&self, i: usize) -> u8 {
+        assert!(i < self.len);
+        // SAFETY: i < len, inside the mapping.
+        unsafe { self.ptr.add(i).read_volatile() }
+    }
+
+    pub fn fill(&self, b: u8) {
+        for i in 0..self.len {
+            // SAFETY: i < len, inside the mapping.
+            unsafe { self.ptr.add(i).write_volatile(b) }
+        }
+    }
+}
+
+impl Drop for Anonymous {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}

@@ -4,7 +4,7 @@
 //! with a canary: no write may land after the deregistration returned. Through both
 //! front doors, over siw0 and rxe0.
 
-use krdma_tests::{connected_pair, each_front_door, Bystander};
+use krdma_tests::{connected_pair, each_front_door, Anonymous, Bystander};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,51 +14,6 @@ const LEN: usize = 1 << 20;
 const CHUNK: u32 = 64 << 10;
 const CANARY: u8 = 0x5a;
 
-/// Memory the engine writes while we hold no reference into it: raw access only.
-struct Target(*mut u8);
-
-// SAFETY: only raw, volatile accesses go through the pointer; the mapping lives until
-// the end of the test.
-unsafe impl Send for Target {}
-unsafe impl Sync for Target {}
-
-impl Target {
-    fn new() -> Target {
-        // SAFETY: a fresh private anonymous mapping, unmapped in Drop.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        Target(p.cast())
-    }
-
-    fn byte(&self, i: usize) -> u8 {
-        // SAFETY: i < LEN, inside the mapping.
-        unsafe { self.0.add(i).read_volatile() }
-    }
-
-    fn fill(&self, b: u8) {
-        for i in 0..LEN {
-            // SAFETY: i < LEN, inside the mapping.
-            unsafe { self.0.add(i).write_volatile(b) }
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        // SAFETY: unmaps what `new` mapped.
-        unsafe { libc::munmap(self.0.cast(), LEN) };
-    }
-}
-
 #[test]
 fn no_write_lands_after_the_deregistration_returned() {
     each_front_door(|door| {
@@ -66,13 +21,13 @@ fn no_write_lands_after_the_deregistration_returned() {
             let bystander = Bystander::start(door, "rxe0");
             let (a, _b, s, c) = connected_pair(door, device, CHUNK as usize);
             c.buf.fill(0xab);
-            let target = Arc::new(Target::new());
+            let target = Arc::new(Anonymous::new(LEN));
             // SAFETY: `target` outlives the registration (deregistered below, dropped
             // at the end) and is only accessed through raw volatile copies.
             let mr = unsafe {
                 a.reg_mr(
                     &s.pd,
-                    target.0,
+                    target.as_ptr(),
                     LEN,
                     Access::LOCAL_WRITE | Access::REMOTE_WRITE,
                 )

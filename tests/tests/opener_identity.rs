@@ -49,6 +49,15 @@ fn target() -> Target {
     }
 }
 
+/// A daemon with a bystander on rxe0 (created before any attack) and a root context
+/// that watches the others.
+fn watched_daemon() -> (FrontDoor, Bystander, std::sync::Arc<Context>) {
+    let door = FrontDoor::Daemon(Daemon::start());
+    let bystander = Bystander::start(&door, "rxe0");
+    let observer = Context::open_target(&door.target()).unwrap();
+    (door, bystander, observer)
+}
+
 // ---- SCM_RIGHTS -------------------------------------------------------------------
 
 /// Role: opens the device, builds a victim context and passes its descriptor to whoever
@@ -148,10 +157,8 @@ fn a_passed_descriptor_acts_for_no_one() {
     if !daemon_possible() {
         return;
     }
-    let door = FrontDoor::Daemon(Daemon::start());
+    let (door, bystander, observer) = watched_daemon();
     let d = door.daemon().unwrap();
-    let bystander = Bystander::start(&door, "rxe0");
-    let observer = Context::open_target(&d.target()).unwrap();
     let dir = private_dir("krdma-scm");
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let sock = dir.join("sock");
@@ -404,10 +411,8 @@ fn a_setuid_exec_ends_the_context() {
     if !daemon_possible() {
         return;
     }
-    let door = FrontDoor::Daemon(Daemon::start());
+    let (door, bystander, observer) = watched_daemon();
     let d = door.daemon().unwrap();
-    let bystander = Bystander::start(&door, "rxe0");
-    let observer = Context::open_target(&d.target()).unwrap();
     let dir = private_dir("krdma-setuid");
     let helper = setuid_copy(&dir, OTHER);
     let mut c = child_test("role_setuid_opener");

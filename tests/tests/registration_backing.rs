@@ -16,7 +16,7 @@ use fuser::{
 };
 use krdma_tests::{
     as_user, child_test, daemon_possible, each_front_door, kal_counter, private_dir, say,
-    Bystander, Daemon, Role,
+    Anonymous, Bystander, Daemon, Role,
 };
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
@@ -133,7 +133,7 @@ impl Drop for StallingMount {
     }
 }
 
-/// A mapping of `len` bytes (nothing in it is ever touched by the test).
+/// A mapping of a file (nothing in it is ever touched by the test).
 struct Mapping(*mut libc::c_void, usize);
 
 impl Mapping {
@@ -147,8 +147,8 @@ impl Mapping {
             Some(a) => (a as *mut libc::c_void, libc::MAP_FIXED),
             None => (std::ptr::null_mut(), 0),
         };
-        // SAFETY: maps the file (or, with MAP_FIXED, over our own reservation); never
-        // dereferenced by the test.
+        // SAFETY: maps the file (or, with MAP_FIXED, over a reservation of our own);
+        // never dereferenced by the test.
         let p = unsafe {
             libc::mmap(
                 hint,
@@ -161,22 +161,6 @@ impl Mapping {
         };
         assert_ne!(p, libc::MAP_FAILED);
         Mapping(p, FILE_LEN as usize)
-    }
-
-    fn anonymous(len: usize) -> Mapping {
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        Mapping(p, len)
     }
 
     fn addr(&self) -> usize {
@@ -214,7 +198,7 @@ fn memory_on_a_tenants_own_fuse_mount_is_refused() {
         let private = Mapping::of_file(&mount.file, libc::MAP_PRIVATE, None);
         let shared = Mapping::of_file(&mount.file, libc::MAP_SHARED, None);
         // Anonymous memory, the second half of which is then the file.
-        let straddle = Mapping::anonymous(2 * FILE_LEN as usize);
+        let straddle = Anonymous::new(2 * FILE_LEN as usize);
         let _over = Mapping::of_file(
             &mount.file,
             libc::MAP_PRIVATE,
@@ -299,12 +283,12 @@ fn role_uffd_tenant() {
     };
     let ctx = Context::open_target(&Target::Device(dev.into())).unwrap();
     let pd = ctx.alloc_pd(ctx.device("siw0").unwrap().index).unwrap();
-    let m = Mapping::anonymous(1 << 20);
+    let m = Anonymous::new(1 << 20);
     let _uffd = userfaultfd_on(m.addr(), 1 << 20).expect("userfaultfd");
     // SAFETY: refused, or else dropped before `m`.
     let r = unsafe { ctx.reg_mr(&pd, m.addr() as *const u8, 8192, Access::LOCAL_WRITE) };
     say("UFFD", r.err().map_or(0, |e| e.errno()));
-    let plain = Mapping::anonymous(8192);
+    let plain = Anonymous::new(8192);
     // SAFETY: `plain` outlives the MR, dropped right away.
     let r = unsafe { ctx.reg_mr(&pd, plain.addr() as *const u8, 8192, Access::LOCAL_WRITE) };
     say("PLAIN", r.err().map_or(0, |e| e.errno()));
