@@ -331,6 +331,8 @@ impl<T: Pod> Producer<T> {
     /// Completion rings, engine side: whether a completion with the given solicited
     /// (or error) property fires the consumer's armed notification; disarms when it does.
     pub fn take_notify(&self, solicited_or_error: bool) -> bool {
+        // The completion was published just before; see `Consumer::arm` for the fence.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let w = self.ring.word(NOTIFY);
         let cur = w.load(Ordering::Acquire);
         let fire = cur == notify::NEXT || (cur == notify::SOLICITED && solicited_or_error);
@@ -427,8 +429,16 @@ impl<T: Pod> Consumer<T> {
     }
 
     /// Completion rings, consumer side: request a notification ([`notify`] values).
+    ///
+    /// The consumer arms and then looks at the producer index once more; the engine
+    /// publishes a completion and then looks at the arm word (`Producer::take_notify`).
+    /// Each side stores one word and loads the other, so each needs a full fence between
+    /// the two (release/acquire does not order a store before a later load — x86 itself
+    /// reorders them): with the fences at least one side sees the other's store, and no
+    /// completion lands unseen by both the consumer's second look and the notification.
     pub fn arm(&self, how: u32) {
         self.ring.word(NOTIFY).store(how, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// Recovery after a corrupt producer index: mark everything produced as consumed.

@@ -7,7 +7,10 @@
 //!   an RDMA Write and an RDMA Read with verification, and disconnects — server and client
 //!   in separate processes, over siw0 and rxe0 (`ITAPI_IA`), through both front doors;
 //! * `tests/c/itapi_api.c`: the calls that need no peer, and hostile input, on each
-//!   device.
+//!   device;
+//! * `tests/c/itapi_wait_dto.c`, issue 10's lost wake-up: one DTO EVD for both queues,
+//!   each 1 MiB RDMA Write and Read waited for with `it_evd_wait`, with and without
+//!   `IT_EVD_CREATE_FD`.
 
 #[macro_use]
 mod itapi_common;
@@ -245,6 +248,46 @@ itapi_tests! {
             "server output:\n{server_out}"
         );
         eprintln!("C program ok over {} through {}", case.dev, case.door.name());
+    }
+
+    // Issue 10's program: one DTO EVD for both queues, a receive posted before the
+    // connection, then "post one DTO, it_evd_wait for it" with 1 MiB RDMA Writes and
+    // Reads, with and without IT_EVD_CREATE_FD. A lost wake-up hangs a wait until its
+    // timeout, and the program fails.
+    fn itapi_c_wait_for_each_dto(case) {
+        let bin = c_program("itapi_wait_dto");
+        for evd_fd in ["0", "1"] {
+            let mut server = c_command(&bin, case, 3)
+                .env("ITAPI_EVD_FD", evd_fd)
+                .arg("server")
+                .spawn()
+                .unwrap();
+            let mut out = BufReader::new(server.stdout.take().unwrap());
+            let mut first = String::new();
+            out.read_line(&mut first).unwrap();
+            let (port, addr) = first
+                .trim()
+                .strip_prefix("LISTENING ")
+                .and_then(|rest| rest.split_once(' '))
+                .unwrap_or_else(|| panic!("server said {first:?}"));
+            let (port, addr) = (port.to_string(), addr.to_string());
+            let mut client = c_command(&bin, case, 4)
+                .env("ITAPI_EVD_FD", evd_fd)
+                .args(["client", &addr, &port, "20"])
+                .spawn()
+                .unwrap();
+            let client_out = client.stdout.take().unwrap();
+            let limit = Duration::from_secs(120);
+            let client_out = finish(client, client_out, "C client", limit);
+            assert!(client_out.contains("CLIENT OK"), "client output:\n{client_out}");
+            let server_out = finish(server, out, "C server", limit);
+            assert!(server_out.contains("SERVER OK"), "server output:\n{server_out}");
+            eprintln!(
+                "wait-per-DTO program ok over {} through {} (IT_EVD_CREATE_FD: {evd_fd})",
+                case.dev,
+                case.door.name()
+            );
+        }
     }
 
     fn itapi_c_api_calls_and_hostile_input(case) {

@@ -176,6 +176,9 @@ pub(crate) struct Completion {
     pub status: DtoStatus,
     pub length: u32,
     pub notify: bool,
+    /// The completion wakes a thread waiting on the SEVD (all but an unsolicited
+    /// message landing in a receive posted with `SOLICITED_WAIT`).
+    pub wakes: bool,
     pub solicited: bool,
 }
 
@@ -441,18 +444,21 @@ impl EpInner {
             self.lost_sends.fetch_add(1, Ordering::Relaxed);
         }
         let solicited = c.flags & wc_flags::SOLICITED != 0;
+        let solicited_wait = recv && info.flags.contains(DtoFlags::SOLICITED_WAIT);
         let notify = !ok
-            || if recv && info.flags.contains(DtoFlags::SOLICITED_WAIT) {
+            || if solicited_wait {
                 solicited
             } else {
                 info.flags.contains(DtoFlags::NOTIFY)
             };
+        let wakes = !ok || !solicited_wait || solicited;
         let done = Completion {
             kind: info.kind,
             cookie: info.cookie,
             status,
             length: if recv { c.byte_len } else { info.length },
             notify,
+            wakes,
             solicited,
         };
         (Some(done), action)

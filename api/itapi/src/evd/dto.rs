@@ -104,7 +104,8 @@ impl DtoSource {
         self.eps.write().remove(&qp_num);
     }
 
-    /// Take up to `room` events from the ring into `sink` (event, notifies). With `arm`
+    /// Take up to `room` events from the ring into `sink` (event, notifies, wakes a
+    /// waiter). With `arm`
     /// the CQ is left armed, so the next completion reaches the event thread (only worth
     /// it when someone may be waiting for a notification).
     pub fn take(
@@ -112,7 +113,7 @@ impl DtoSource {
         sevd: &SevdInner,
         room: usize,
         arm: bool,
-        mut sink: impl FnMut(Event, bool),
+        mut sink: impl FnMut(Event, bool, bool),
     ) {
         let mut buf = [Cqe::default(); BATCH];
         let mut left = room;
@@ -129,8 +130,8 @@ impl DtoSource {
                 continue;
             }
             for c in &buf[..n] {
-                if let Some((ev, notify)) = self.translate(sevd, c) {
-                    sink(ev, notify);
+                if let Some((ev, notify, wakes)) = self.translate(sevd, c) {
+                    sink(ev, notify, wakes);
                     left -= 1;
                 }
             }
@@ -140,7 +141,7 @@ impl DtoSource {
         }
     }
 
-    fn translate(&self, sevd: &SevdInner, c: &Cqe) -> Option<(Event, bool)> {
+    fn translate(&self, sevd: &SevdInner, c: &Cqe) -> Option<(Event, bool, bool)> {
         let ep = self.eps.read().get(&c.qp_num).and_then(Weak::upgrade);
         let Some(ep) = ep else {
             tracing::debug!(
@@ -164,6 +165,6 @@ impl DtoSource {
             transferred_length: done.length,
             solicited: done.solicited,
         };
-        Some((Event::Dto(ev), done.notify))
+        Some((Event::Dto(ev), done.notify, done.wakes))
     }
 }

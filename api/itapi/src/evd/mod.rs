@@ -10,8 +10,8 @@
 //!
 //! Every event is queued; some also *notify*. An SEVD is **ready** when it holds at
 //! least `threshold` events and one of them notified since it was last empty. Readiness
-//! is what wakes a thread in [`Evd::wait`], makes the file descriptor readable, calls the
-//! callback, and puts the SEVD on its AEVD. Which events notify:
+//! is what makes the file descriptor readable, calls the callback, and puts the SEVD on
+//! its AEVD. Which events notify:
 //!
 //! * completions of sends, RDMA operations and RMR links posted with
 //!   [`DtoFlags::NOTIFY`](crate::DtoFlags::NOTIFY);
@@ -20,8 +20,15 @@
 //!   sender marked solicited;
 //! * every failed completion, and every event of the other streams.
 //!
-//! A threshold of 0 (`IT_THRESHOLD_DISABLE`) turns readiness off (a waiter still wakes
-//! for each notifying event and returns once one event is queued).
+//! A threshold of 0 (`IT_THRESHOLD_DISABLE`) turns readiness off.
+//!
+//! A thread in [`Evd::wait`] waits for **events**, not for notification: it returns as
+//! soon as the SEVD holds `threshold` events (at least one), whether they arrived before
+//! the call or while it slept, notifying or not. The one event that does not wake it is
+//! an unsolicited message landing in a receive posted with `SOLICITED_WAIT` (the
+//! consumer asked to sleep until a solicited one); it is returned with the next event
+//! that does. Before sleeping the waiter leaves the completion queue armed and looks at
+//! the ring once more, so a completion landing in between still reaches it.
 //!
 //! ## Overflow
 //!
@@ -132,6 +139,8 @@ struct State {
     threshold: usize,
     /// A notifying event arrived since the queue was last empty.
     notified: bool,
+    /// An event that wakes waiters arrived since the queue was last empty.
+    wakeable: bool,
     overflowed: bool,
     enabled: bool,
     waiters: usize,
@@ -144,6 +153,14 @@ struct State {
 impl State {
     fn ready(&self) -> bool {
         self.enabled && self.notified && self.threshold > 0 && self.queue.len() >= self.threshold
+    }
+
+    /// A thread in [`Evd::wait`] may take an event: the queue holds `threshold` events
+    /// (at least one) and one of them wakes waiters. The waiter checks this before it
+    /// sleeps and every change that makes it true wakes the waiter: one predicate, so
+    /// an event that arrives while the waiter goes to sleep is never lost.
+    fn wait_satisfied(&self) -> bool {
+        self.wakeable && self.queue.len() >= self.threshold.max(1)
     }
 }
 
@@ -203,6 +220,7 @@ impl Evd {
                 capacity: queue_size,
                 threshold,
                 notified: false,
+                wakeable: false,
                 overflowed: false,
                 enabled: true,
                 waiters: 0,
@@ -251,7 +269,8 @@ impl Evd {
 
     /// Wait up to `timeout` (`None`: for ever) until the SEVD holds `threshold` events
     /// (at least one), and take the oldest; returns it with the number of events left.
-    /// The thread sleeps; only notifying events wake it. One waiter at a time
+    /// The thread sleeps until the events are there (see the module's notes on which
+    /// events wake it). One waiter at a time
     /// (`WaiterLimit`).
     pub fn wait(&self, timeout: Option<Duration>) -> Result<(Event, usize)> {
         self.0.wait(timeout)
@@ -391,6 +410,7 @@ impl SevdInner {
             return false;
         }
         st.queue.push_back(ev);
+        st.wakeable = true;
         true
     }
 
@@ -414,14 +434,15 @@ impl SevdInner {
         });
     }
 
-    /// After a change: wake waiters if an event notified, then bring the descriptor and
-    /// the AEVD entry in line with readiness. Returns the callbacks to run once unlocked.
+    /// After a change: wake a waiter whose wait is satisfied, then bring the descriptor
+    /// and the AEVD entry in line with readiness. Returns the callbacks to run once
+    /// unlocked.
     fn settle(&self, st: &mut State, notified: bool) -> Vec<Callback> {
         if notified {
             st.notified = true;
-            if st.waiters > 0 {
-                self.cv.notify_all();
-            }
+        }
+        if st.waiters > 0 && st.wait_satisfied() {
+            self.cv.notify_all();
         }
         let ready = st.ready();
         if let Some(s) = &self.signal {
@@ -456,6 +477,7 @@ impl SevdInner {
         let ev = st.queue.pop_front()?;
         if st.queue.is_empty() {
             st.notified = false;
+            st.wakeable = false;
         }
         if self.flags.contains(EvdFlags::OVERFLOW_AUTO_RESET) {
             st.overflowed = false;
@@ -501,8 +523,9 @@ impl SevdInner {
         let mut notified = false;
         let room = st.capacity.saturating_sub(st.queue.len());
         let arm = waiting || self.watched(st);
-        dto.take(self, room, arm, |ev, notify| {
+        dto.take(self, room, arm, |ev, notify, wakes| {
             notified |= notify;
+            st.wakeable |= wakes;
             st.queue.push_back(ev);
         });
         notified
@@ -544,7 +567,7 @@ impl SevdInner {
         }
         loop {
             let notified = self.refill(&mut st, true);
-            if st.queue.len() >= st.threshold.max(1) {
+            if st.wait_satisfied() {
                 let ev = self.pop(&mut st).expect("queue holds events");
                 let more = st.queue.len();
                 self.finish(st, notified);
