@@ -1,0 +1,365 @@
+//! Event dispatchers and consumer notification objects.
+//!
+//! An [`Evd`] is one of the common core's simple event dispatchers, so it waits and
+//! wakes exactly as IT-API's do: [`Evd::wait`] sleeps until `threshold` events are
+//! queued (checked before sleeping and on every arrival — no lost wake-ups), and the
+//! completion queue underneath is polled directly, so dequeuing never waits for an
+//! event thread. A [`Cno`] aggregates EVDs: it wakes when one of them gets a
+//! notification event, and can be a pollable file descriptor.
+
+use crate::ep::Ep;
+use crate::error::{Error, Major, Minor, Result};
+use crate::event::*;
+use crate::ia::{next_id, Ia};
+use crate::mem::Rmr;
+use crate::sp::Cr;
+use krdma_itapi as it;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+bitflags::bitflags! {
+    /// The event streams of an EVD (`DAT_EVD_FLAGS`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct EvdFlags: u32 {
+        const SOFTWARE = 0x001;
+        const CR = 0x010;
+        const DTO = 0x020;
+        const CONNECTION = 0x040;
+        const RMR_BIND = 0x080;
+        const ASYNC = 0x100;
+    }
+}
+
+/// The largest queue an EVD may have.
+pub const MAX_QLEN: usize = it::MAX_QUEUE_SIZE;
+
+/// An event dispatcher (`dat_evd_create`) for one stream: work completions (with RMR
+/// binds), connection requests, connection events, asynchronous errors, or software
+/// events.
+///
+/// ```
+/// use krdma_dapl::{Event, Evd, EvdFlags, Ia};
+/// use std::time::Duration;
+///
+/// let ia = Ia::open("siw0")?;
+/// let evd = Evd::create(&ia, 16, None, EvdFlags::SOFTWARE)?;
+/// evd.post_software(0xfeed)?;
+/// let (event, more) = evd.wait(Some(Duration::from_secs(1)), 1)?;
+/// assert!(matches!(event, Event::Software(0xfeed)));
+/// assert_eq!(more, 0);
+/// # Ok::<(), krdma_dapl::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Evd(pub(crate) Arc<EvdInner>);
+
+pub struct EvdInner {
+    pub(crate) id: u64,
+    pub(crate) ia: Ia,
+    flags: EvdFlags,
+    pub(crate) it: it::Evd,
+    cno: Option<Cno>,
+    /// The threshold the core SEVD holds now (changed by waits that ask another).
+    threshold: Mutex<usize>,
+}
+
+/// What [`Evd::query`] reports (`DAT_EVD_PARAM`).
+#[derive(Debug, Clone)]
+pub struct EvdParam {
+    pub qlen: usize,
+    pub flags: EvdFlags,
+    pub cno: Option<u64>,
+    pub enabled: bool,
+}
+
+impl Evd {
+    /// Create an EVD holding at least `qlen` events of the streams in `flags`: one of
+    /// `DTO` (optionally with `RMR_BIND`), `RMR_BIND`, `CR`, `CONNECTION`, `ASYNC` (the
+    /// IA's one) or `SOFTWARE`; streams that would need merging answer
+    /// `ModelNotSupported`. With `cno`, its notification events trigger the CNO.
+    pub fn create(ia: &Ia, qlen: usize, cno: Option<&Cno>, flags: EvdFlags) -> Result<Evd> {
+        if qlen == 0 || qlen > MAX_QLEN {
+            return Err(Error::arg(2));
+        }
+        let dto = EvdFlags::DTO | EvdFlags::RMR_BIND;
+        let stream = if !flags.is_empty() && dto.contains(flags) {
+            it::EventStream::Dto
+        } else if flags == EvdFlags::CR {
+            it::EventStream::CmRequest
+        } else if flags == EvdFlags::CONNECTION {
+            it::EventStream::CmMessage
+        } else if flags == EvdFlags::ASYNC {
+            it::EventStream::AsyncAffiliated
+        } else if flags == EvdFlags::SOFTWARE {
+            it::EventStream::Software
+        } else if flags.bits() & !0x1f1 != 0 || flags.is_empty() {
+            return Err(Error::arg(4));
+        } else {
+            return Err(Error::of(Major::ModelNotSupported));
+        };
+        if let Some(c) = cno {
+            if c.0.ia.id() != ia.id() {
+                return Err(Error::handle(Minor::HandleCno));
+            }
+        }
+        let sevd = it::Evd::create(
+            ia.core(),
+            stream,
+            it::EvdFlags::empty(),
+            qlen,
+            1,
+            cno.map(|c| &c.0.aevd),
+        )
+        .map_err(|e| match e {
+            it::Error::AsyncAffEvdExists => Error::state(Minor::EvdAsync),
+            other => other.into(),
+        })?;
+        let inner = Arc::new(EvdInner {
+            id: next_id(),
+            ia: ia.clone(),
+            flags,
+            it: sevd,
+            cno: cno.cloned(),
+            threshold: Mutex::new(1),
+        });
+        if let Some(c) = cno {
+            c.0.evds.lock().insert(inner.it.id(), Arc::downgrade(&inner));
+        }
+        tracing::debug!(id = inner.id, ?flags, qlen, "EVD created");
+        Ok(Evd(inner))
+    }
+
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    pub fn ia(&self) -> &Ia {
+        &self.0.ia
+    }
+
+    pub fn flags(&self) -> EvdFlags {
+        self.0.flags
+    }
+
+    pub(crate) fn core(&self) -> &it::Evd {
+        &self.0.it
+    }
+
+    /// Take the oldest event without waiting (`QueueEmpty` when there is none).
+    pub fn dequeue(&self) -> Result<Event> {
+        loop {
+            let ev = self.0.it.dequeue()?;
+            if let Some(ev) = self.0.translate(ev) {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// Wait up to `timeout` (`None`: for ever) until `threshold` events are queued, and
+    /// take the oldest; returns it with the number left. One waiter at a time.
+    pub fn wait(&self, timeout: Option<Duration>, threshold: usize) -> Result<(Event, usize)> {
+        let cap = self.0.it.query().queue_size;
+        if threshold == 0 || threshold > cap {
+            return Err(Error::arg(3));
+        }
+        {
+            let mut t = self.0.threshold.lock();
+            if *t != threshold {
+                self.0.it.set_threshold(threshold)?;
+                *t = threshold;
+            }
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let (ev, more) = self.0.it.wait(left)?;
+            if let Some(ev) = self.0.translate(ev) {
+                return Ok((ev, more));
+            }
+        }
+    }
+
+    /// Queue a software event carrying `pointer` (EVDs of the `SOFTWARE` stream).
+    pub fn post_software(&self, pointer: u64) -> Result<()> {
+        self.0.it.post_software(pointer).map_err(|e| match e {
+            it::Error::InvalidEvdType => Error::of(Major::ModelNotSupported),
+            other => other.into(),
+        })
+    }
+
+    pub fn query(&self) -> EvdParam {
+        let q = self.0.it.query();
+        EvdParam {
+            qlen: q.queue_size,
+            flags: self.0.flags,
+            cno: self.0.cno.as_ref().map(Cno::id),
+            enabled: q.enabled,
+        }
+    }
+
+    /// Enable or disable notification (a disabled EVD triggers no CNO).
+    pub fn set_enabled(&self, enabled: bool) {
+        self.0.it.set_enabled(enabled)
+    }
+
+    /// The CNO the EVD triggers.
+    pub fn cno(&self) -> Option<&Cno> {
+        self.0.cno.as_ref()
+    }
+
+    /// Other objects that use this EVD (endpoints, service points).
+    pub fn users(&self) -> usize {
+        self.0.it.users()
+    }
+}
+
+impl EvdInner {
+    /// The DAT event for a core event; `None` for one with nothing to report (a
+    /// suppressed bind, a completion of an endpoint already freed).
+    fn translate(&self, ev: it::Event) -> Option<Event> {
+        match ev {
+            it::Event::Dto(d) => {
+                let ep = self.ia.ep_by_core_id(d.ep.id)?;
+                let ep = Ep(ep);
+                let status = DtoStatus::of(d.status);
+                if d.kind == it::DtoKind::RmrLink {
+                    let (rmr, cookie, report) = ep.0.complete_bind(d.cookie)?;
+                    if !report && status == DtoStatus::Success {
+                        return None;
+                    }
+                    return Some(Event::RmrBind(RmrBindEvent {
+                        rmr: rmr.upgrade().map(Rmr),
+                        cookie,
+                        status,
+                    }));
+                }
+                Some(Event::Dto(DtoEvent {
+                    ep,
+                    cookie: d.cookie,
+                    status,
+                    transferred_length: d.transferred_length,
+                    op: DtoOp::of(d.kind),
+                }))
+            }
+            it::Event::ConnRequest(r) => Cr::arrived(&self.ia, r).map(Event::ConnRequest),
+            it::Event::Connection(c) => {
+                let ep = Ep(self.ia.ep_by_core_id(c.ep.id)?);
+                let kind = ConnEvent::of(&c);
+                ep.0.on_connection_event(kind);
+                Some(Event::Connection(ConnectionEvent {
+                    kind,
+                    ep,
+                    private_data: c.private_data,
+                }))
+            }
+            it::Event::Affiliated(a) => {
+                let (kind, ep) = match a.cause {
+                    it::AffiliatedCause::Ep(e) => {
+                        (AsyncKind::EpBroken, self.ia.ep_by_core_id(e.id).map(Ep))
+                    }
+                    it::AffiliatedCause::Sevd(_) => (AsyncKind::EvdOverflow, None),
+                    it::AffiliatedCause::Srq(_) => (AsyncKind::ProviderInternal, None),
+                };
+                Some(Event::Async(AsyncEvent { kind, ep }))
+            }
+            it::Event::Unaffiliated(_) => Some(Event::Async(AsyncEvent {
+                kind: AsyncKind::IaCatastrophic,
+                ep: None,
+            })),
+            it::Event::Software(s) => Some(Event::Software(s.data)),
+            it::Event::AevdNotification(_) => None,
+        }
+    }
+}
+
+impl Drop for EvdInner {
+    fn drop(&mut self) {
+        if let Some(c) = &self.cno {
+            c.0.evds.lock().remove(&self.it.id());
+        }
+        tracing::debug!(id = self.id, "EVD freed");
+    }
+}
+
+/// A consumer notification object (`dat_cno_create`, `dat_cno_fd_create`): wakes
+/// when an attached EVD gets a notification event, and says which.
+///
+/// ```
+/// use krdma_dapl::{Cno, Evd, EvdFlags, Ia};
+/// use std::time::Duration;
+///
+/// let ia = Ia::open("siw0")?;
+/// let cno = Cno::create(&ia, true)?;               // with a pollable descriptor
+/// let evd = Evd::create(&ia, 8, Some(&cno), EvdFlags::SOFTWARE)?;
+/// evd.post_software(1)?;
+/// let ready = cno.wait(Some(Duration::from_secs(1)))?;
+/// assert_eq!(ready.id(), evd.id());
+/// # Ok::<(), krdma_dapl::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Cno(pub(crate) Arc<CnoInner>);
+
+pub struct CnoInner {
+    id: u64,
+    ia: Ia,
+    aevd: it::Aevd,
+    /// Attached EVDs by their core SEVD id.
+    evds: Mutex<HashMap<u64, Weak<EvdInner>>>,
+}
+
+impl Cno {
+    /// A CNO; `with_fd` gives it a descriptor readable while an attached EVD has a
+    /// notification pending.
+    pub fn create(ia: &Ia, with_fd: bool) -> Result<Cno> {
+        let mut flags = it::EvdFlags::DEQUEUE_NOTIFICATIONS;
+        if with_fd {
+            flags |= it::EvdFlags::CREATE_FD;
+        }
+        let aevd = it::Aevd::create(ia.core(), flags, 1024)?;
+        Ok(Cno(Arc::new(CnoInner {
+            id: next_id(),
+            ia: ia.clone(),
+            aevd,
+            evds: Mutex::new(HashMap::new()),
+        })))
+    }
+
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    pub fn ia(&self) -> &Ia {
+        &self.0.ia
+    }
+
+    /// The descriptor (CNOs made with one).
+    pub fn fd(&self) -> Option<RawFd> {
+        self.0.aevd.raw_fd()
+    }
+
+    /// Wait up to `timeout` for a notification; returns the EVD it came from.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<Evd> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let (ev, _) = self.0.aevd.wait(left)?;
+            if let it::Event::AevdNotification(n) = ev {
+                if let Some(e) = self.0.evds.lock().get(&n.sevd.id).and_then(Weak::upgrade) {
+                    return Ok(Evd(e));
+                }
+            }
+        }
+    }
+
+    /// The EVD that has a notification pending now, without waiting.
+    pub fn trigger(&self) -> Result<Evd> {
+        self.wait(Some(Duration::ZERO))
+    }
+
+    /// EVDs attached.
+    pub fn users(&self) -> usize {
+        self.0.evds.lock().values().filter(|w| w.strong_count() > 0).count()
+    }
+}
