@@ -2,8 +2,8 @@
 //! tear-down on the common core, and every data transfer operation.
 
 use crate::error::{Error, Major, Minor, Result};
-use crate::event::ConnEvent;
 use crate::evd::Evd;
+use crate::event::ConnEvent;
 use crate::ia::next_id;
 use crate::mem::{segments, LmrTriplet, RmrInner, RmrTriplet};
 use crate::pz::Pz;
@@ -335,11 +335,15 @@ impl Ep {
         if self.state() != EpState::Unconnected {
             return Err(Error::state(Minor::EpNotReady));
         }
-        self.core().connect(peer, private_data).map_err(|e| match e {
-            it::Error::InvalidEpState => Error::state(Minor::EpNotReady),
-            it::Error::InvalidAddress => Error::new(Major::InvalidAddress, Minor::AddressUnreachable),
-            other => other.into(),
-        })
+        self.core()
+            .connect(peer, private_data)
+            .map_err(|e| match e {
+                it::Error::InvalidEpState => Error::state(Minor::EpNotReady),
+                it::Error::InvalidAddress => {
+                    Error::new(Major::InvalidAddress, Minor::AddressUnreachable)
+                }
+                other => other.into(),
+            })
     }
 
     /// Graceful (`abrupt == false`: posted sends complete first) or abrupt disconnect.
@@ -386,7 +390,11 @@ impl Ep {
             &i.attr,
             i.srq.as_ref(),
         )?;
-        i.pz.ia().0.eps.write().insert(core.id(), Arc::downgrade(&self.0));
+        i.pz.ia()
+            .0
+            .eps
+            .write()
+            .insert(core.id(), Arc::downgrade(&self.0));
         i.core_ids.lock().push(core.id());
         let old = std::mem::replace(&mut *i.it.lock(), core);
         i.disconnecting.store(false, Ordering::Release);

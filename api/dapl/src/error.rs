@@ -29,6 +29,7 @@ pub enum Major {
     InterruptedCall = 0x0013_0000,
     ConnQualUnavailable = 0x0014_0000,
     PortInUse = 0x0016_0000,
+    CommNotSupported = 0x0017_0000,
     NotImplemented = 0x3FFF_0000,
 }
 
@@ -170,11 +171,11 @@ impl Error {
         CLASS_ERROR | self.major as u32 | self.minor as u32
     }
 
-    pub(crate) fn handle(minor: Minor) -> Error {
+    pub fn handle(minor: Minor) -> Error {
         Error::new(Major::InvalidHandle, minor)
     }
 
-    pub(crate) fn arg(n: u32) -> Error {
+    pub fn arg(n: u32) -> Error {
         let minor = match n {
             1 => Minor::Arg1,
             2 => Minor::Arg2,
@@ -190,11 +191,11 @@ impl Error {
         Error::new(Major::InvalidParameter, minor)
     }
 
-    pub(crate) fn state(minor: Minor) -> Error {
+    pub fn state(minor: Minor) -> Error {
         Error::new(Major::InvalidState, minor)
     }
 
-    pub(crate) fn not_implemented() -> Error {
+    pub fn not_implemented() -> Error {
         Error::of(Major::NotImplemented)
     }
 }

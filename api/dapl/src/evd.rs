@@ -125,7 +125,9 @@ impl Evd {
             threshold: Mutex::new(1),
         });
         if let Some(c) = cno {
-            c.0.evds.lock().insert(inner.it.id(), Arc::downgrade(&inner));
+            c.0.evds
+                .lock()
+                .insert(inner.it.id(), Arc::downgrade(&inner));
         }
         tracing::debug!(id = inner.id, ?flags, qlen, "EVD created");
         Ok(Evd(inner))
@@ -209,9 +211,10 @@ impl Evd {
         self.0.cno.as_ref()
     }
 
-    /// Other objects that use this EVD (endpoints, service points).
+    /// Other handles of this EVD: endpoints and service points using it, the IA's
+    /// async slot, and clones the caller holds.
     pub fn users(&self) -> usize {
-        self.0.it.users()
+        Arc::strong_count(&self.0) - 1
     }
 }
 
@@ -360,6 +363,11 @@ impl Cno {
 
     /// EVDs attached.
     pub fn users(&self) -> usize {
-        self.0.evds.lock().values().filter(|w| w.strong_count() > 0).count()
+        self.0
+            .evds
+            .lock()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
     }
 }

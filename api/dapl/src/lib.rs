@@ -95,8 +95,8 @@
 
 mod ep;
 mod error;
-mod event;
 mod evd;
+mod event;
 mod ia;
 mod mem;
 mod pz;
@@ -105,11 +105,11 @@ mod srq;
 
 pub use ep::{Completion, Ep, EpAttr, EpParam, EpState};
 pub use error::{Error, Major, Minor, Result, CLASS_ERROR};
+pub use evd::{Cno, Evd, EvdFlags, EvdParam, MAX_QLEN};
 pub use event::{
     AsyncEvent, AsyncKind, ConnEvent, ConnectionEvent, DtoEvent, DtoOp, DtoStatus, Event,
     RmrBindEvent,
 };
-pub use evd::{Cno, Evd, EvdFlags, EvdParam, MAX_QLEN};
 pub use ia::{Extension, Ia, IaAttr, ProviderAttr, DAT_VERSION, IB_EXTENSION_VERSION, NAME_PREFIX};
 pub use krdma_itapi::AtomicOp;
 pub use mem::{Lmr, LmrTriplet, MemPriv, Rmr, RmrParam, RmrTriplet};

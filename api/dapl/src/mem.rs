@@ -102,16 +102,22 @@ impl Lmr {
     /// long as the LMR (or an RMR bound onto it) exists: the device reads and writes it
     /// at any time, for local work requests and for the peer.
     #[allow(unsafe_code)] // the one registration of memory the crate cannot vouch for
-    pub unsafe fn create_virtual(pz: &Pz, addr: *const u8, len: usize, privs: MemPriv) -> Result<Lmr> {
+    pub unsafe fn create_virtual(
+        pz: &Pz,
+        addr: *const u8,
+        len: usize,
+        privs: MemPriv,
+    ) -> Result<Lmr> {
         if len == 0 {
             return Err(Error::of(Major::LengthError));
         }
         // SAFETY: the caller's promise is the one `create_raw` asks for.
-        let it = unsafe { it::Lmr::create_raw(&pz.0.it, addr, len, privs.core()) }
-            .map_err(|e| match e {
+        let it = unsafe { it::Lmr::create_raw(&pz.0.it, addr, len, privs.core()) }.map_err(
+            |e| match e {
                 it::Error::Fault | it::Error::Access | it::Error::Address => Error::arg(3),
                 other => other.into(),
-            })?;
+            },
+        )?;
         Ok(Self::wrap(pz, it, privs))
     }
 
@@ -162,7 +168,10 @@ impl Lmr {
 
     /// `len` bytes at `offset`, for a local work request.
     pub fn triplet(&self, offset: u64, len: u32) -> Result<LmrTriplet> {
-        if offset.checked_add(len as u64).is_none_or(|end| end > self.length()) {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.length())
+        {
             return Err(Error::new(Major::LengthError, Minor::None));
         }
         Ok(LmrTriplet {
@@ -183,6 +192,11 @@ impl Lmr {
             address: t.address,
             length: t.length,
         })
+    }
+
+    /// RMRs bound onto this LMR now (it cannot be freed while there are any).
+    pub fn bound_rmrs(&self) -> usize {
+        self.0.it.users()
     }
 
     /// The registered buffer, when the LMR was created over one.

@@ -75,7 +75,12 @@ fn listen(ia: &Ia, conn_qual: u64, evd: &Evd, ep: Option<&Ep>) -> Result<Arc<SpI
             sp: Arc::downgrade(&inner),
         },
     );
-    tracing::info!(id = inner.id, port = inner.listener.port(), rsp = ep.is_some(), "service point");
+    tracing::info!(
+        id = inner.id,
+        port = inner.listener.port(),
+        rsp = ep.is_some(),
+        "service point"
+    );
     Ok(inner)
 }
 
@@ -144,7 +149,10 @@ impl Drop for SpInner {
     fn drop(&mut self) {
         let mut sps = self.ia.0.sps.lock();
         let port = self.listener.port();
-        if sps.get(&port).is_some_and(|r| r.sp.as_ptr() == self as *const SpInner) {
+        if sps
+            .get(&port)
+            .is_some_and(|r| r.sp.as_ptr() == self as *const SpInner)
+        {
             sps.remove(&port);
         }
         tracing::debug!(id = self.id, port, "service point freed");
@@ -177,7 +185,10 @@ impl Cr {
     pub(crate) fn arrived(ia: &Ia, r: it::ConnRequestEvent) -> Option<Cr> {
         let sp = ia.0.sps.lock().get(&r.port).and_then(|s| s.sp.upgrade());
         let Some(sp) = sp else {
-            tracing::info!(port = r.port, "connection request for a freed service point: rejected");
+            tracing::info!(
+                port = r.port,
+                "connection request for a freed service point: rejected"
+            );
             let _ = r.cn_est_id.reject(&[]);
             return None;
         };
@@ -238,7 +249,9 @@ impl Cr {
     /// Accept on `ep` (an RSP's request: `None` takes its endpoint), answering with
     /// `private_data`. `Established` follows on the endpoint's connection EVD.
     pub fn accept(&self, ep: Option<&Ep>, private_data: &[u8]) -> Result<()> {
-        let ep = ep.or(self.0.rsp_ep.as_ref()).ok_or(Error::handle(Minor::HandleEp))?;
+        let ep = ep
+            .or(self.0.rsp_ep.as_ref())
+            .ok_or(Error::handle(Minor::HandleEp))?;
         if ep.pz().ia().id() != self.0.ia.id() {
             return Err(Error::handle(Minor::HandleEp));
         }

@@ -34,10 +34,14 @@ pub struct SrqInner {
 
 impl Srq {
     pub fn create(pz: &Pz, max_recv_dtos: usize, max_recv_iov: usize) -> Result<Srq> {
-        let it = it::Srq::create(&pz.0.it, max_recv_iov.max(1), max_recv_dtos.max(1))
-            .map_err(|e| match e {
-                it::Error::SrqNotSupported | it::Error::OpNotSupported => Error::not_implemented(),
-                other => other.into(),
+        let it =
+            it::Srq::create(&pz.0.it, max_recv_iov.max(1), max_recv_dtos.max(1)).map_err(|e| {
+                match e {
+                    it::Error::SrqNotSupported | it::Error::OpNotSupported => {
+                        Error::not_implemented()
+                    }
+                    other => other.into(),
+                }
             })?;
         Ok(Srq(Arc::new(SrqInner {
             id: next_id(),
