@@ -165,10 +165,15 @@ impl Error {
         Error::new(major, Minor::None)
     }
 
-    /// The `DAT_RETURN` value (`DAT_CLASS_ERROR | major | minor`; queue empty and
-    /// timeouts included, as the DAT reference implementation returns them).
+    /// The `DAT_RETURN` value: `DAT_CLASS_ERROR | major | minor`, except an empty queue
+    /// and an expired timeout, which are plain `DAT_QUEUE_EMPTY` / `DAT_TIMEOUT_EXPIRED`
+    /// (consumers compare with `==`: dtest's polling loop is
+    /// `while (dat_evd_dequeue(..) == DAT_QUEUE_EMPTY)`).
     pub fn code(self) -> u32 {
-        CLASS_ERROR | self.major as u32 | self.minor as u32
+        match self.major {
+            Major::QueueEmpty | Major::TimeoutExpired => self.major as u32,
+            _ => CLASS_ERROR | self.major as u32 | self.minor as u32,
+        }
     }
 
     pub fn handle(minor: Minor) -> Error {
@@ -264,7 +269,8 @@ mod tests {
 
     #[test]
     fn dapl_error_codes_have_the_dat_values() {
-        assert_eq!(Error::of(Major::QueueEmpty).code(), 0x800D_0000);
+        assert_eq!(Error::of(Major::QueueEmpty).code(), 0x000D_0000);
+        assert_eq!(Error::of(Major::InvalidState).code(), 0x8007_0000);
         assert_eq!(Error::handle(Minor::HandleEp).code(), 0x8005_0000 | 12);
         assert_eq!(Error::arg(1).code(), 0x8006_0000 | 37);
         assert_eq!(Minor::EpUnconnected as u32, 47);
