@@ -63,6 +63,18 @@ pub struct EvdInner {
     cno: Option<Cno>,
     /// The threshold the core SEVD holds now (changed by waits that ask another).
     threshold: Mutex<usize>,
+    /// The IA's async EVD: the core's affiliated events, and the ones this layer
+    /// raises itself (see [`Ia::post_async`]), merged.
+    merged: Option<Merged>,
+}
+
+/// An async EVD's second source: a software SEVD carrying tokens of events this layer
+/// raised, merged with the affiliated SEVD by an aggregate EVD.
+struct Merged {
+    aevd: it::Aevd,
+    raised: it::Evd,
+    pending: Mutex<HashMap<u64, AsyncEvent>>,
+    next: std::sync::atomic::AtomicU64,
 }
 
 /// What [`Evd::query`] reports (`DAT_EVD_PARAM`).
@@ -104,25 +116,43 @@ impl Evd {
                 return Err(Error::handle(Minor::HandleCno));
             }
         }
-        let sevd = it::Evd::create(
-            ia.core(),
-            stream,
-            it::EvdFlags::empty(),
-            qlen,
-            1,
-            cno.map(|c| &c.0.aevd),
-        )
-        .map_err(|e| match e {
-            it::Error::AsyncAffEvdExists => Error::state(Minor::EvdAsync),
-            other => other.into(),
-        })?;
+        let merged = if stream == it::EventStream::AsyncAffiliated {
+            let aevd = it::Aevd::create(ia.core(), it::EvdFlags::empty(), qlen)?;
+            let raised = it::Evd::create(
+                ia.core(),
+                it::EventStream::Software,
+                it::EvdFlags::empty(),
+                qlen,
+                1,
+                Some(&aevd),
+            )?;
+            Some(Merged {
+                aevd,
+                raised,
+                pending: Mutex::new(HashMap::new()),
+                next: std::sync::atomic::AtomicU64::new(1),
+            })
+        } else {
+            None
+        };
+        let aggregate = match (&merged, cno) {
+            (Some(m), _) => Some(&m.aevd),
+            (None, Some(c)) => Some(&c.0.aevd),
+            (None, None) => None,
+        };
+        let sevd = it::Evd::create(ia.core(), stream, it::EvdFlags::empty(), qlen, 1, aggregate)
+            .map_err(|e| match e {
+                it::Error::AsyncAffEvdExists => Error::state(Minor::EvdAsync),
+                other => other.into(),
+            })?;
         let inner = Arc::new(EvdInner {
             id: next_id(),
             ia: ia.clone(),
             flags,
             it: sevd,
-            cno: cno.cloned(),
+            cno: if merged.is_some() { None } else { cno.cloned() },
             threshold: Mutex::new(1),
+            merged,
         });
         if let Some(c) = cno {
             c.0.evds
@@ -152,7 +182,10 @@ impl Evd {
     /// Take the oldest event without waiting (`QueueEmpty` when there is none).
     pub fn dequeue(&self) -> Result<Event> {
         loop {
-            let ev = self.0.it.dequeue()?;
+            let ev = match &self.0.merged {
+                Some(m) => m.aevd.dequeue()?,
+                None => self.0.it.dequeue()?,
+            };
             if let Some(ev) = self.0.translate(ev) {
                 return Ok(ev);
             }
@@ -165,6 +198,20 @@ impl Evd {
         let cap = self.0.it.query().queue_size;
         if threshold == 0 || threshold > cap {
             return Err(Error::arg(3));
+        }
+        if let Some(m) = &self.0.merged {
+            // Two sources: a threshold of one (each arrival is an event to take).
+            if threshold > 1 {
+                return Err(Error::arg(3));
+            }
+            let deadline = timeout.map(|t| Instant::now() + t);
+            loop {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                let (ev, more) = m.aevd.wait(left)?;
+                if let Some(ev) = self.0.translate(ev) {
+                    return Ok((ev, more));
+                }
+            }
         }
         {
             let mut t = self.0.threshold.lock();
@@ -251,6 +298,15 @@ impl EvdInner {
                 let ep = Ep(self.ia.ep_by_core_id(c.ep.id)?);
                 let kind = ConnEvent::of(&c);
                 ep.0.on_connection_event(kind);
+                // An endpoint on an SRQ reports its end on the async EVD too (as verbs'
+                // last-WQE-reached reaches DAT consumers: dtestsrq waits for it).
+                if matches!(kind, ConnEvent::Disconnected | ConnEvent::Broken) && ep.srq().is_some()
+                {
+                    self.ia.post_async(AsyncEvent {
+                        kind: AsyncKind::EpBroken,
+                        ep: Some(ep.clone()),
+                    });
+                }
                 Some(Event::Connection(ConnectionEvent {
                     kind,
                     ep,
@@ -271,8 +327,24 @@ impl EvdInner {
                 kind: AsyncKind::IaCatastrophic,
                 ep: None,
             })),
-            it::Event::Software(s) => Some(Event::Software(s.data)),
+            it::Event::Software(s) => match &self.merged {
+                Some(m) => m.pending.lock().remove(&s.data).map(Event::Async),
+                None => Some(Event::Software(s.data)),
+            },
             it::Event::AevdNotification(_) => None,
+        }
+    }
+}
+
+impl EvdInner {
+    /// Raise `ev` on this (async) EVD.
+    pub(crate) fn raise(&self, ev: AsyncEvent) {
+        let Some(m) = &self.merged else { return };
+        let token = m.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        m.pending.lock().insert(token, ev.clone());
+        if m.raised.post_software(token).is_err() {
+            m.pending.lock().remove(&token);
+            tracing::warn!(evd = self.id, kind = ?ev.kind, "async EVD full: event lost");
         }
     }
 }

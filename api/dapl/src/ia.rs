@@ -72,8 +72,9 @@ pub struct ProviderAttr {
     pub max_private_data_size: usize,
     pub srq_supported: bool,
     /// Named attributes consumers look for: `DAT_IB_RDMA_READ` (`"TRUE"`: RDMA Read is
-    /// there; dtest runs its read test then), and what the transport is.
-    pub specific: Vec<(&'static str, &'static str)>,
+    /// there; dtest runs its read test then), `DAT_IB_TRANSPORT_MTU` (the port's MTU; dtestsrq sizes
+    /// its messages by it), and what the transport is.
+    pub specific: Vec<(String, String)>,
 }
 
 /// An interface adapter (`dat_ia_open`): one device, in its own uAL context.
@@ -85,7 +86,7 @@ pub struct ProviderAttr {
 /// let attr = ia.query();
 /// println!("{} at {:?}", attr.adapter_name, attr.address);
 /// let provider = ia.provider_attr();
-/// assert!(provider.specific.contains(&("DAT_IB_RDMA_READ", "TRUE")));
+/// assert!(provider.specific.iter().any(|(n, v)| n == "DAT_IB_RDMA_READ" && v == "TRUE"));
 /// # Ok::<(), krdma_dapl::Error>(())
 /// ```
 #[derive(Clone)]
@@ -156,6 +157,13 @@ impl Ia {
         Ok(evd)
     }
 
+    /// Raise an asynchronous event on the IA's async EVD (if it has one).
+    pub(crate) fn post_async(&self, ev: crate::AsyncEvent) {
+        if let Some(e) = self.current_async_evd() {
+            e.0.raise(ev);
+        }
+    }
+
     /// The asynchronous EVD, if one exists.
     pub fn current_async_evd(&self) -> Option<Evd> {
         self.0.async_evd.lock().clone()
@@ -212,12 +220,20 @@ impl Ia {
             it::Transport::IwarpTcp => "iWARP",
             it::Transport::InfiniBand => "RoCEv2",
         };
+        let mtu = info.spigots.first().map_or(1024, |s| s.mtu);
         ProviderAttr {
             provider_name: format!("{NAME_PREFIX}{}", info.name),
             dapl_version: DAT_VERSION,
             max_private_data_size: info.connect_private_data_len,
             srq_supported: info.srq_support,
-            specific: vec![("DAT_IB_RDMA_READ", "TRUE"), ("KRDMA_TRANSPORT", transport)],
+            specific: [
+                ("DAT_IB_RDMA_READ", "TRUE".to_string()),
+                ("DAT_IB_TRANSPORT_MTU", mtu.to_string()),
+                ("KRDMA_TRANSPORT", transport.to_string()),
+            ]
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect(),
         }
     }
 

@@ -117,6 +117,8 @@ pub struct Keep {
     pub remote_addr: Option<Box<libc::sockaddr_storage>>,
     pub private_data: Vec<Box<[u8]>>,
     pub named: Option<Box<[crate::sys::DAT_NAMED_ATTR]>>,
+    /// The strings `named` points into.
+    pub strings: Vec<(std::ffi::CString, std::ffi::CString)>,
 }
 
 /// Addresses (as `usize`) of live handles, and handles by object id.

@@ -97,29 +97,22 @@ pub unsafe extern "C" fn ia_open(
     })
 }
 
-/// Named attributes (static NUL-terminated strings) kept by a handle.
-fn named(keep: &mut handles::Keep, attrs: &[(&'static str, &'static str)]) -> *mut DAT_NAMED_ATTR {
-    let v: Vec<DAT_NAMED_ATTR> = attrs
+/// Named attributes, as C strings the handle keeps.
+fn named(keep: &mut handles::Keep, attrs: &[(String, String)]) -> *mut DAT_NAMED_ATTR {
+    let cstr = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
+    let strings: Vec<_> = attrs.iter().map(|(n, v)| (cstr(n), cstr(v))).collect();
+    let v: Vec<DAT_NAMED_ATTR> = strings
         .iter()
         .map(|(n, v)| DAT_NAMED_ATTR {
-            name: static_cstr(n),
-            value: static_cstr(v),
+            name: n.as_ptr(),
+            value: v.as_ptr(),
         })
         .collect();
+    keep.strings = strings;
     keep.named = Some(v.into_boxed_slice());
-    keep.named.as_mut().unwrap().as_mut_ptr()
-}
-
-/// A NUL-terminated copy of a static string, made once.
-fn static_cstr(s: &'static str) -> *const c_char {
-    use parking_lot::Mutex;
-    use std::collections::HashMap;
-    static CACHE: std::sync::OnceLock<Mutex<HashMap<&'static str, usize>>> =
-        std::sync::OnceLock::new();
-    let mut c = CACHE.get_or_init(Default::default).lock();
-    *c.entry(s)
-        .or_insert_with(|| std::ffi::CString::new(s).unwrap_or_default().into_raw() as usize)
-        as *const c_char
+    keep.named
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |n| n.as_mut_ptr())
 }
 
 pub unsafe extern "C" fn ia_query(
