@@ -196,16 +196,6 @@ impl Ep {
                 return Err(Error::handle(minor));
             }
         }
-        let dto = crate::EvdFlags::DTO | crate::EvdFlags::RMR_BIND;
-        if !dto.intersects(recv_evd.flags()) {
-            return Err(Error::handle(Minor::HandleEvdRecv));
-        }
-        if !dto.intersects(request_evd.flags()) {
-            return Err(Error::handle(Minor::HandleEvdRequest));
-        }
-        if connect_evd.flags() != crate::EvdFlags::CONNECTION {
-            return Err(Error::handle(Minor::HandleEvdConn));
-        }
         if let Some(s) = srq {
             if s.pz().id() != pz.id() {
                 return Err(Error::handle(Minor::HandleSrq));
@@ -241,9 +231,11 @@ impl Ep {
     ) -> Result<it::Endpoint> {
         it::Endpoint::create_rc(
             &pz.0.it,
-            request_evd.core(),
-            recv_evd.core(),
-            connect_evd.core(),
+            dto_core(request_evd, Minor::HandleEvdRequest)?,
+            dto_core(recv_evd, Minor::HandleEvdRecv)?,
+            connect_evd
+                .core_for(it::EventStream::CmMessage)
+                .ok_or(Error::handle(Minor::HandleEvdConn))?,
             attr.core(),
             srq.map(|s| &s.0.it),
         )
@@ -464,6 +456,12 @@ impl Ep {
             .post_atomic(op, &segs[0], cookie, flags.core(), rdma_addr(remote))
             .map_err(post_error)
     }
+}
+
+/// The DTO SEVD of an EVD given for an endpoint's completions.
+fn dto_core(evd: &Evd, minor: Minor) -> Result<&it::Evd> {
+    evd.core_for(it::EventStream::Dto)
+        .ok_or(Error::handle(minor))
 }
 
 fn rdma_addr(r: &RmrTriplet) -> it::RdmaAddr {

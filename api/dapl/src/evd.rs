@@ -68,13 +68,32 @@ pub struct EvdInner {
     merged: Option<Merged>,
 }
 
-/// An async EVD's second source: a software SEVD carrying tokens of events this layer
-/// raised, merged with the affiliated SEVD by an aggregate EVD.
+/// An EVD of several streams: one core SEVD per stream, merged by an aggregate EVD;
+/// an async EVD also has a software SEVD carrying tokens of the events this layer
+/// raises itself (see [`Ia::post_async`]).
 struct Merged {
     aevd: it::Aevd,
-    raised: it::Evd,
+    /// The other streams' SEVDs (the first stream's is `EvdInner::it`).
+    members: Vec<it::Evd>,
+    raised: Option<it::Evd>,
     pending: Mutex<HashMap<u64, AsyncEvent>>,
     next: std::sync::atomic::AtomicU64,
+}
+
+/// The core streams of a DAT EVD's flags (RMR binds complete on the DTO stream).
+fn streams(flags: EvdFlags) -> Vec<it::EventStream> {
+    use it::EventStream as S;
+    [
+        (EvdFlags::DTO | EvdFlags::RMR_BIND, S::Dto),
+        (EvdFlags::CR, S::CmRequest),
+        (EvdFlags::CONNECTION, S::CmMessage),
+        (EvdFlags::ASYNC, S::AsyncAffiliated),
+        (EvdFlags::SOFTWARE, S::Software),
+    ]
+    .into_iter()
+    .filter(|(f, _)| flags.intersects(*f))
+    .map(|(_, s)| s)
+    .collect()
 }
 
 /// What [`Evd::query`] reports (`DAT_EVD_PARAM`).
@@ -87,69 +106,75 @@ pub struct EvdParam {
 }
 
 impl Evd {
-    /// Create an EVD holding at least `qlen` events of the streams in `flags`: one of
-    /// `DTO` (optionally with `RMR_BIND`), `RMR_BIND`, `CR`, `CONNECTION`, `ASYNC` (the
-    /// IA's one) or `SOFTWARE`; streams that would need merging answer
-    /// `ModelNotSupported`. With `cno`, its notification events trigger the CNO.
+    /// Create an EVD holding at least `qlen` events of the streams in `flags` (any
+    /// combination: `DTO`, `RMR_BIND`, `CR`, `CONNECTION`, `ASYNC`, `SOFTWARE`). With
+    /// `cno` (single-stream EVDs), its notification events trigger the CNO.
+    ///
+    /// An EVD of several streams merges one queue per stream; it wakes a waiter for
+    /// notification events only (completions posted `UNSIGNALLED` are taken by the
+    /// next dequeue or wake-up) and waits with a threshold of one. The IA has one
+    /// async queue: a merged EVD asking for `ASYNC` when the IA's async EVD exists
+    /// leaves that stream to it.
     pub fn create(ia: &Ia, qlen: usize, cno: Option<&Cno>, flags: EvdFlags) -> Result<Evd> {
         if qlen == 0 || qlen > MAX_QLEN {
             return Err(Error::arg(2));
         }
-        let dto = EvdFlags::DTO | EvdFlags::RMR_BIND;
-        let stream = if !flags.is_empty() && dto.contains(flags) {
-            it::EventStream::Dto
-        } else if flags == EvdFlags::CR {
-            it::EventStream::CmRequest
-        } else if flags == EvdFlags::CONNECTION {
-            it::EventStream::CmMessage
-        } else if flags == EvdFlags::ASYNC {
-            it::EventStream::AsyncAffiliated
-        } else if flags == EvdFlags::SOFTWARE {
-            it::EventStream::Software
-        } else if flags.bits() & !0x1f1 != 0 || flags.is_empty() {
+        if flags.is_empty() || flags.bits() & !0x1f1 != 0 {
             return Err(Error::arg(4));
-        } else {
-            return Err(Error::of(Major::ModelNotSupported));
-        };
+        }
         if let Some(c) = cno {
             if c.0.ia.id() != ia.id() {
                 return Err(Error::handle(Minor::HandleCno));
             }
         }
-        let merged = if stream == it::EventStream::AsyncAffiliated {
-            let aevd = it::Aevd::create(ia.core(), it::EvdFlags::empty(), qlen)?;
-            let raised = it::Evd::create(
-                ia.core(),
-                it::EventStream::Software,
-                it::EvdFlags::empty(),
-                qlen,
-                1,
-                Some(&aevd),
-            )?;
-            Some(Merged {
-                aevd,
-                raised,
-                pending: Mutex::new(HashMap::new()),
-                next: std::sync::atomic::AtomicU64::new(1),
-            })
+        let mut wanted = streams(flags);
+        let is_async = flags.contains(EvdFlags::ASYNC);
+        if wanted.len() > 1 && is_async && ia.current_async_evd().is_some() {
+            wanted.retain(|s| *s != it::EventStream::AsyncAffiliated);
+        }
+        let merge = wanted.len() > 1 || wanted == [it::EventStream::AsyncAffiliated];
+        if merge && cno.is_some() {
+            return Err(Error::of(Major::ModelNotSupported));
+        }
+        let aevd = if merge {
+            Some(it::Aevd::create(ia.core(), it::EvdFlags::empty(), qlen)?)
         } else {
             None
         };
-        let aggregate = match (&merged, cno) {
-            (Some(m), _) => Some(&m.aevd),
-            (None, Some(c)) => Some(&c.0.aevd),
-            (None, None) => None,
+        let aggregate = aevd.clone().or(cno.map(|c| c.0.aevd.clone()));
+        let aggregate = aggregate.as_ref();
+        let sevd = |stream| {
+            it::Evd::create(ia.core(), stream, it::EvdFlags::empty(), qlen, 1, aggregate).map_err(
+                |e| match e {
+                    it::Error::AsyncAffEvdExists => Error::state(Minor::EvdAsync),
+                    other => other.into(),
+                },
+            )
         };
-        let sevd = it::Evd::create(ia.core(), stream, it::EvdFlags::empty(), qlen, 1, aggregate)
-            .map_err(|e| match e {
-                it::Error::AsyncAffEvdExists => Error::state(Minor::EvdAsync),
-                other => other.into(),
-            })?;
+        let mut sevds = wanted
+            .iter()
+            .map(|s| sevd(*s))
+            .collect::<Result<Vec<_>>>()?;
+        let first = sevds.remove(0);
+        let merged = match aevd {
+            Some(aevd) => Some(Merged {
+                raised: if wanted.contains(&it::EventStream::AsyncAffiliated) {
+                    Some(sevd(it::EventStream::Software)?)
+                } else {
+                    None
+                },
+                aevd,
+                members: sevds,
+                pending: Mutex::new(HashMap::new()),
+                next: std::sync::atomic::AtomicU64::new(1),
+            }),
+            None => None,
+        };
         let inner = Arc::new(EvdInner {
             id: next_id(),
             ia: ia.clone(),
             flags,
-            it: sevd,
+            it: first,
             cno: if merged.is_some() { None } else { cno.cloned() },
             threshold: Mutex::new(1),
             merged,
@@ -175,8 +200,11 @@ impl Evd {
         self.0.flags
     }
 
-    pub(crate) fn core(&self) -> &it::Evd {
-        &self.0.it
+    /// The core SEVD of `stream` in this EVD (`None` when it does not carry it).
+    pub(crate) fn core_for(&self, stream: it::EventStream) -> Option<&it::Evd> {
+        std::iter::once(&self.0.it)
+            .chain(self.0.merged.iter().flat_map(|m| m.members.iter()))
+            .find(|e| e.stream() == stream)
     }
 
     /// Take the oldest event without waiting (`QueueEmpty` when there is none).
@@ -232,10 +260,10 @@ impl Evd {
 
     /// Queue a software event carrying `pointer` (EVDs of the `SOFTWARE` stream).
     pub fn post_software(&self, pointer: u64) -> Result<()> {
-        self.0.it.post_software(pointer).map_err(|e| match e {
-            it::Error::InvalidEvdType => Error::of(Major::ModelNotSupported),
-            other => other.into(),
-        })
+        let sevd = self
+            .core_for(it::EventStream::Software)
+            .ok_or(Error::of(Major::ModelNotSupported))?;
+        sevd.post_software(pointer).map_err(Error::from)
     }
 
     pub fn query(&self) -> EvdParam {
@@ -250,7 +278,10 @@ impl Evd {
 
     /// Enable or disable notification (a disabled EVD triggers no CNO).
     pub fn set_enabled(&self, enabled: bool) {
-        self.0.it.set_enabled(enabled)
+        self.0.it.set_enabled(enabled);
+        for m in self.0.merged.iter().flat_map(|m| m.members.iter()) {
+            m.set_enabled(enabled);
+        }
     }
 
     /// The CNO the EVD triggers.
@@ -327,9 +358,15 @@ impl EvdInner {
                 kind: AsyncKind::IaCatastrophic,
                 ep: None,
             })),
-            it::Event::Software(s) => match &self.merged {
-                Some(m) => m.pending.lock().remove(&s.data).map(Event::Async),
-                None => Some(Event::Software(s.data)),
+            it::Event::Software(s) => match self
+                .merged
+                .as_ref()
+                .and_then(|m| m.raised.as_ref().map(|r| (m, r)))
+            {
+                Some((m, raised)) if s.evd.id == raised.id() => {
+                    m.pending.lock().remove(&s.data).map(Event::Async)
+                }
+                _ => Some(Event::Software(s.data)),
             },
             it::Event::AevdNotification(_) => None,
         }
@@ -339,10 +376,16 @@ impl EvdInner {
 impl EvdInner {
     /// Raise `ev` on this (async) EVD.
     pub(crate) fn raise(&self, ev: AsyncEvent) {
-        let Some(m) = &self.merged else { return };
+        let Some((m, raised)) = self
+            .merged
+            .as_ref()
+            .and_then(|m| m.raised.as_ref().map(|r| (m, r)))
+        else {
+            return;
+        };
         let token = m.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         m.pending.lock().insert(token, ev.clone());
-        if m.raised.post_software(token).is_err() {
+        if raised.post_software(token).is_err() {
             m.pending.lock().remove(&token);
             tracing::warn!(evd = self.id, kind = ?ev.kind, "async EVD full: event lost");
         }

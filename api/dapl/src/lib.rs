@@ -116,3 +116,9 @@ pub use mem::{Lmr, LmrTriplet, MemPriv, Rmr, RmrParam, RmrTriplet};
 pub use pz::Pz;
 pub use sp::{Cr, Psp, Rsp};
 pub use srq::Srq;
+
+/// The port a connection qualifier names: its low 16 bits (the RDMA CM's rule for
+/// service IDs, which DAT providers over it follow; the transports have 16-bit ports).
+pub fn port_of(conn_qual: u64) -> u16 {
+    conn_qual as u16
+}

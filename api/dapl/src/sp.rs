@@ -4,7 +4,7 @@
 
 use crate::ep::Ep;
 use crate::error::{Error, Major, Minor, Result};
-use crate::evd::{Evd, EvdFlags};
+use crate::evd::Evd;
 use crate::ia::{next_id, Ia};
 use krdma_itapi as it;
 use std::net::SocketAddr;
@@ -54,11 +54,11 @@ fn listen(ia: &Ia, conn_qual: u64, evd: &Evd, ep: Option<&Ep>) -> Result<Arc<SpI
     if evd.ia().id() != ia.id() {
         return Err(Error::handle(Minor::HandleEvdCr));
     }
-    if evd.flags() != EvdFlags::CR {
-        return Err(Error::handle(Minor::HandleEvdCr));
-    }
-    let port = u16::try_from(conn_qual).map_err(|_| Error::arg(2))?;
-    let listener = it::Listener::create(ia.core(), 0, evd.core(), port).map_err(|e| match e {
+    let port = crate::port_of(conn_qual);
+    let cr_sevd = evd
+        .core_for(it::EventStream::CmRequest)
+        .ok_or(Error::handle(Minor::HandleEvdCr))?;
+    let listener = it::Listener::create(ia.core(), 0, cr_sevd, port).map_err(|e| match e {
         it::Error::InvalidConnQual | it::Error::ConnQualBusy => Error::of(Major::ConnQualInUse),
         other => other.into(),
     })?;
@@ -85,9 +85,10 @@ fn listen(ia: &Ia, conn_qual: u64, evd: &Evd, ep: Option<&Ep>) -> Result<Arc<SpI
 }
 
 impl Psp {
-    /// Listen on `conn_qual` (a port); requests go to `evd` (a CR EVD).
+    /// Listen on `conn_qual` (its low 16 bits are the port, as with the RDMA CM);
+    /// requests go to `evd` (a CR EVD).
     pub fn create(ia: &Ia, conn_qual: u64, evd: &Evd) -> Result<Psp> {
-        if conn_qual == 0 {
+        if crate::port_of(conn_qual) == 0 {
             return Err(Error::arg(2));
         }
         listen(ia, conn_qual, evd, None).map(Psp)
@@ -118,6 +119,9 @@ impl Psp {
 impl Rsp {
     /// Listen on `conn_qual` for one request, for `ep` (which must be unconnected).
     pub fn create(ia: &Ia, conn_qual: u64, ep: &Ep, evd: &Evd) -> Result<Rsp> {
+        if crate::port_of(conn_qual) == 0 {
+            return Err(Error::arg(2));
+        }
         if ep.state() != crate::EpState::Unconnected {
             return Err(Error::state(Minor::EpNotReady));
         }

@@ -234,7 +234,10 @@ fn connect(
 ) -> dapl::Result<()> {
     let (_, ep) = handles::ep(h)?;
     let peer = read_sockaddr(addr, 2)?;
-    let port = u16::try_from(port).map_err(|_| crate::boundary::arg_error(3))?;
+    let port = dapl::port_of(port);
+    if port == 0 {
+        return Err(crate::boundary::arg_error(3));
+    }
     let data = bytes(pdata, n, 6)?;
     if data.len() > ep.pz().ia().query().max_private_data.0 {
         return Err(crate::boundary::arg_error(5));
