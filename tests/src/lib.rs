@@ -43,6 +43,8 @@ pub struct Daemon {
     child: Child,
     pub path: PathBuf,
     dir: PathBuf,
+    /// The address its rxe0 serves.
+    pub rxe_addr: std::net::Ipv4Addr,
 }
 
 /// A fresh directory of our own under the temporary directory, made with `mkdtemp`
@@ -129,11 +131,12 @@ impl Daemon {
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = private_dir("krdma-e2e");
         let path = dir.join("krdma");
+        let rxe_addr = private_loopback(1 + (n % 100) as u8);
         let mut child = Command::new(krdmad_bin())
             .arg("--device")
             .arg(&path)
             .arg("--rxe-addr")
-            .arg(private_loopback(1 + (n % 100) as u8).to_string())
+            .arg(rxe_addr.to_string())
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -150,7 +153,12 @@ impl Daemon {
         });
         rx.recv_timeout(Duration::from_secs(20))
             .expect("krdmad did not become ready");
-        Daemon { child, path, dir }
+        Daemon {
+            child,
+            path,
+            dir,
+            rxe_addr,
+        }
     }
 
     pub fn target(&self) -> Target {

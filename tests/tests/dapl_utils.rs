@@ -1,0 +1,457 @@
+//! Debian's unmodified uDAPL test programs (`dapl2-utils`, linked against the system's
+//! `libdat2`) over krdma's DAT provider, found through a `dat.conf` given by
+//! `DAT_OVERRIDE`: `dtest` (default, `-p` polling, `-W` spinning on memory; its RDMA
+//! Read test runs because the provider reports `DAT_IB_RDMA_READ`), `dtestcm -c 1000`
+//! (its connection rate reported), `dtestsrq` (with and without SRQ), and `dapltest`
+//! (a server, transaction clients with several threads and endpoints, performance RW
+//! and RR, limit and quit) — over siw0 and rxe0, each through the embedded kAL and a
+//! private `krdmad`.
+//!
+//! The programs are not optional: `scripts/test.sh` installs `dapl2-utils`, and a
+//! missing one fails the test. They use fixed ports (dtest's TCP 15828 rendezvous and
+//! connection qualifier 45248, dapltest's own), so each test runs its cases one after
+//! the other (and the crate's tests run one at a time, `.config/nextest.toml`).
+
+use krdma_tests::{daemon_possible, private_loopback, Daemon};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding `libdaplkrdma.so` (built as a dependency of these tests).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    for dir in [deps, deps.parent().unwrap()] {
+        if dir.join("libdaplkrdma.so").exists() {
+            return dir.to_path_buf();
+        }
+    }
+    panic!("libdaplkrdma.so not found next to {}", exe.display());
+}
+
+/// A program of `dapl2-utils`: present, or the test fails (the test command installs it).
+fn program(name: &str) -> PathBuf {
+    let p = Path::new("/usr/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: install dapl2-utils (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// A `dat.conf` naming krdma-siw0 and krdma-rxe0 (what `krdma dat-conf` prints).
+fn dat_conf(dir: &Path) -> PathBuf {
+    let lib = lib_dir().join("libdaplkrdma.so");
+    let conf = dir.join("dat.conf");
+    let lines: String = ["siw0", "rxe0"]
+        .iter()
+        .map(|d| {
+            format!(
+                "krdma-{d} u2.0 nonthreadsafe default {} dapl.2.0 \"{d}\" \"\"\n",
+                lib.display()
+            )
+        })
+        .collect();
+    std::fs::write(&conf, lines).unwrap();
+    conf
+}
+
+/// Where a case runs: a front door and a device, and what each process needs for it.
+struct Case {
+    dev: &'static str,
+    daemon: Option<Daemon>,
+    conf: PathBuf,
+    dir: PathBuf,
+}
+
+impl Case {
+    fn door(&self) -> &'static str {
+        if self.daemon.is_some() {
+            "daemon"
+        } else {
+            "embedded"
+        }
+    }
+
+    /// A command for `prog` as process `n` (embedded: each process's kAL gets an rxe0
+    /// address of its own).
+    fn command(&self, prog: &str, n: u8) -> Command {
+        let mut c = Command::new("stdbuf");
+        c.args(["-oL", "-eL"]).arg(program(prog));
+        c.env("DAT_OVERRIDE", &self.conf)
+            .env(
+                "KRDMA_DEVICE",
+                match &self.daemon {
+                    Some(d) => d.path.display().to_string(),
+                    None => "embedded".into(),
+                },
+            )
+            .env("KRDMA_RXE_ADDR", private_loopback(200 + n).to_string())
+            .current_dir(&self.dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// The address a client reaches the server (process 0) at.
+    fn server_addr(&self) -> String {
+        match (self.dev, &self.daemon) {
+            ("siw0", _) => "127.0.0.1".into(),
+            (_, Some(d)) => d.rxe_addr.to_string(),
+            (_, None) => private_loopback(200).to_string(),
+        }
+    }
+
+    fn provider(&self) -> String {
+        format!("krdma-{}", self.dev)
+    }
+}
+
+/// The fixed ports of the programs: dtest's rendezvous and the connection qualifier
+/// dtest, dtestcm and dtestsrq listen on.
+const FIXED_PORTS: [u16; 2] = [15828, 45248];
+
+/// Keep the programs' fixed ports out of the ephemeral range: a connection elsewhere on
+/// this host (any other test's) that picked one as its source port would make the
+/// programs' listen fail while it lingers in TIME_WAIT. Root only (as the daemon door).
+fn reserve_fixed_ports() {
+    let path = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+    let Ok(current) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let mut list: Vec<String> = current
+        .trim()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let missing: Vec<String> = FIXED_PORTS
+        .iter()
+        .map(u16::to_string)
+        .filter(|p| !list.contains(p))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    list.extend(missing);
+    if let Err(e) = std::fs::write(path, list.join(",")) {
+        eprintln!("could not reserve ports {FIXED_PORTS:?}: {e}");
+    }
+}
+
+/// Run `f` on `dev` through each front door.
+fn each_case(dev: &'static str, f: impl Fn(&Case)) {
+    reserve_fixed_ports();
+    let mut doors = vec![None];
+    if daemon_possible() {
+        doors.push(Some(Daemon::start()));
+    }
+    for daemon in doors {
+        let dir = std::env::temp_dir().join(format!("krdma-dapl-{}-{dev}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let case = Case {
+            dev,
+            daemon,
+            conf: dat_conf(&dir),
+            dir: dir.clone(),
+        };
+        eprintln!("--- {dev} through {}", case.door());
+        f(&case);
+        drop(case);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A running program whose output is collected.
+struct Running {
+    child: Child,
+    what: String,
+    out: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Running {
+    fn start(mut cmd: Command, what: String) -> Running {
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {what}: {e}"));
+        let (mut o, mut e) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = e.read_to_string(&mut s);
+            s
+        });
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = o.read_to_string(&mut s);
+            s + &err.join().unwrap_or_default()
+        });
+        Running {
+            child,
+            what,
+            out: Some(out),
+        }
+    }
+
+    /// Wait up to `limit`; the program's output, and whether it exited with 0.
+    fn finish(mut self, limit: Duration) -> (String, bool) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = self
+            .out
+            .take()
+            .map(|o| o.join().unwrap_or_default())
+            .unwrap_or_default();
+        match status {
+            Some(s) => (out, s.success()),
+            None => (
+                format!("{out}\n[{} killed after {limit:?}]", self.what),
+                false,
+            ),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether TCP `port` is listening on this host (IPv4 or IPv6).
+fn tcp_listening(port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().any(|l| {
+                // local_address is the second column, the state the fourth (0A: LISTEN).
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&suffix) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+fn wait_listening(port: u16, server: &mut Running) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !tcp_listening(port) {
+        if let Ok(Some(s)) = server.child.try_wait() {
+            panic!("{} exited ({s}) before listening on {port}", server.what);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never listened on {port}",
+            server.what
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// dtest, dtestcm, dtestsrq: a server, then a client that finds it through the TCP
+/// rendezvous on `rendezvous`; both must succeed and print `done`.
+fn server_client(
+    case: &Case,
+    prog: &str,
+    args: &[&str],
+    rendezvous: u16,
+    done: &str,
+) -> (String, String) {
+    let p = case.provider();
+    let mut server = Running::start(
+        {
+            let mut c = case.command(prog, 0);
+            c.args(["-P", &p, "-s"]).args(args);
+            c
+        },
+        format!("{prog} server {args:?}"),
+    );
+    wait_listening(rendezvous, &mut server);
+    let client = Running::start(
+        {
+            let mut c = case.command(prog, 1);
+            c.args(["-P", &p, "-h", &case.server_addr()]).args(args);
+            c
+        },
+        format!("{prog} client {args:?}"),
+    );
+    let (cout, cok) = client.finish(LIMIT);
+    let (sout, sok) = server.finish(LIMIT);
+    assert!(
+        cok && sok && cout.contains(done) && sout.contains(done),
+        "{prog} {args:?} over {} through {} failed\n--- client:\n{cout}\n--- server:\n{sout}",
+        case.dev,
+        case.door()
+    );
+    (cout, sout)
+}
+
+/// The line of `out` that contains `what` (for the log).
+fn line<'a>(out: &'a str, what: &str) -> &'a str {
+    out.lines().find(|l| l.contains(what)).unwrap_or("").trim()
+}
+
+fn dtest(case: &Case) {
+    for mode in [&[][..], &["-p"], &["-W"]] {
+        let (cout, _) = server_client(case, "dtest", mode, 15828, "DAPL Test Complete. PASSED");
+        assert!(
+            mode == ["-W"] || cout.contains("RDMA READ DATA"),
+            "dtest ran no RDMA Read test:\n{cout}"
+        );
+        eprintln!(
+            "dtest {mode:?} over {} through {}: {} | {}",
+            case.dev,
+            case.door(),
+            line(&cout, "PingPong"),
+            line(&cout, "RDMA write")
+        );
+    }
+}
+
+fn dtestcm(case: &Case) {
+    let (cout, _) = server_client(case, "dtestcm", &["-c", "1000"], 15828, "Connections:");
+    let rate = line(&cout, "Connections:");
+    assert!(
+        rate.contains("Num=1000"),
+        "dtestcm did not make 1000 connections:\n{cout}"
+    );
+    eprintln!(
+        "dtestcm -c 1000 over {} through {}: {rate}",
+        case.dev,
+        case.door()
+    );
+}
+
+fn dtestsrq(case: &Case) {
+    for srq in ["1", "0"] {
+        let (cout, _) = server_client(case, "dtestsrq", &["-S", srq], 15828, "Test Complete.");
+        eprintln!(
+            "dtestsrq -S {srq} over {} through {}: {}",
+            case.dev,
+            case.door(),
+            line(&cout, "Complete")
+        );
+    }
+}
+
+/// Wait for a line of a running program's stdout that contains `what`.
+fn wait_line(child: &mut Child, what: &str) -> BufReader<std::process::ChildStdout> {
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut l = String::new();
+    loop {
+        l.clear();
+        let n = out.read_line(&mut l).unwrap();
+        assert!(n > 0, "program ended before saying {what:?}");
+        if l.contains(what) {
+            return out;
+        }
+    }
+}
+
+fn dapltest(case: &Case) {
+    let p = case.provider();
+    let mut server = case.command("dapltest", 0);
+    server.args(["-T", "S", "-D", &p]).stderr(Stdio::inherit());
+    let mut server = server.spawn().unwrap();
+    let rest = wait_line(&mut server, "Service Point Ready");
+    let drain = std::thread::spawn(move || {
+        let mut s = String::new();
+        let mut rest = rest;
+        let _ = rest.read_to_string(&mut s);
+        s
+    });
+    let addr = case.server_addr();
+    let client = |args: &[&str], what: &str| {
+        let mut c = case.command("dapltest", 1);
+        c.arg("-T").arg(args[0]).args(["-D", &p]).args(&args[1..]);
+        let (out, ok) = Running::start(c, format!("dapltest {args:?}")).finish(LIMIT);
+        assert!(
+            ok && out.contains(what),
+            "dapltest {args:?} over {} through {} failed:\n{out}",
+            case.dev,
+            case.door()
+        );
+        assert!(
+            !out.contains("rror"),
+            "dapltest {args:?} reported an error:\n{out}"
+        );
+        out
+    };
+    let t = client(
+        &[
+            "T", "-s", &addr, "-i", "200", "-t", "4", "-w", "4", "-V", "client", "SR", "4096", "2",
+            "server", "SR", "4096", "2", "client", "RW", "8192", "2", "server", "RR", "4096", "1",
+        ],
+        "End of Work",
+    );
+    eprintln!(
+        "dapltest -T T (4 threads x 4 EPs, SR RW RR, validated) over {} through {}: {}",
+        case.dev,
+        case.door(),
+        line(&t, "Total WQE")
+    );
+    for op in ["RW", "RR"] {
+        let perf = client(
+            &["P", "-s", &addr, "-i", "2000", op, "65536", "1"],
+            "Bandwidth",
+        );
+        eprintln!(
+            "dapltest -T P {op} 64 KiB over {} through {}: {}",
+            case.dev,
+            case.door(),
+            line(&perf, "Bandwidth")
+        );
+    }
+    let limit = client(&["L", "-m", "3", "-w", "1"], "limit_size_lmr");
+    assert!(!limit.contains("fails"), "limit test:\n{limit}");
+    client(&["Q", "-s", &addr], "End of Work");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dapltest server did not quit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = drain.join().unwrap();
+    assert!(
+        status.success() && out.contains("Exiting"),
+        "dapltest server:\n{out}"
+    );
+}
+
+macro_rules! per_device {
+    ($($name:ident => $body:ident;)*) => {
+        $(
+            mod $name {
+                #[test]
+                fn siw0() {
+                    super::each_case("siw0", super::$body);
+                }
+
+                #[test]
+                fn rxe0() {
+                    super::each_case("rxe0", super::$body);
+                }
+            }
+        )*
+    };
+}
+
+per_device! {
+    dapl_dtest => dtest;
+    dapl_dtestcm => dtestcm;
+    dapl_dtestsrq => dtestsrq;
+    dapl_dapltest => dapltest;
+}
