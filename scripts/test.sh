@@ -11,6 +11,9 @@ command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v cc >/dev/null || need_apt+=(gcc)
 command -v ethtool >/dev/null || need_apt+=(ethtool)
 command -v ip >/dev/null || need_apt+=(iproute2)
+# Debian's uDAPL: libdat2 and the unmodified test programs the dapl tests run.
+command -v dtest >/dev/null || need_apt+=(dapl2-utils libdapl2 libdapl-dev)
+command -v stdbuf >/dev/null || need_apt+=(coreutils)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

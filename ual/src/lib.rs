@@ -17,6 +17,7 @@
 
 mod buffer;
 pub mod channel;
+pub mod datconf;
 mod device;
 mod events;
 pub mod oob;

@@ -48,6 +48,19 @@ enum Cmd {
     /// rdma_cm (siw0, rxe0), without it over a TCP socket and Modify QP (rxe0).
     #[command(subcommand)]
     Perf(PerfCmd),
+    /// Print the dat.conf lines of krdma's uDAPL provider (one per device); with
+    /// --install, put them into a dat.conf (idempotent; other providers' lines kept).
+    DatConf {
+        /// The provider library (default: libdaplkrdma.so beside this program).
+        #[arg(long)]
+        lib: Option<std::path::PathBuf>,
+        /// Write the lines into the dat.conf.
+        #[arg(long)]
+        install: bool,
+        /// The dat.conf to install into.
+        #[arg(long, default_value = "/etc/dat.conf")]
+        conf: std::path::PathBuf,
+    },
 }
 
 /// The options of rdma-core's `ibv_rc_pingpong`, same letters.
@@ -237,6 +250,7 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Cmd::Perf(t) => perftest(target, t),
+        Cmd::DatConf { lib, install, conf } => dat_conf(target, lib, install, &conf),
     }
 }
 
@@ -300,6 +314,44 @@ fn gid_str(g: &[u8; 16]) -> String {
         .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+fn dat_conf(
+    target: &Target,
+    lib: Option<std::path::PathBuf>,
+    install: bool,
+    conf: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let lib = match lib {
+        Some(l) => l,
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or("no directory for this program")?
+            .join("libdaplkrdma.so"),
+    };
+    let lib = std::fs::canonicalize(&lib).map_err(|e| {
+        format!(
+            "{}: {e} (build it: cargo build --release -p krdma-dapl-provider)",
+            lib.display()
+        )
+    })?;
+    let names: Vec<String> = Context::open_target(target)?
+        .devices()?
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    let lines = ual::datconf::lines(&names, &lib);
+    if install {
+        let changed = ual::datconf::install(conf, &lines)?;
+        let what = if changed {
+            "installed into"
+        } else {
+            "already in"
+        };
+        eprintln!("{} entries {what} {}", names.len(), conf.display());
+    }
+    print!("{lines}");
+    Ok(())
 }
 
 fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
