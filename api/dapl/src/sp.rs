@@ -155,7 +155,7 @@ impl Drop for SpInner {
         let port = self.listener.port();
         if sps
             .get(&port)
-            .is_some_and(|r| r.sp.as_ptr() == self as *const SpInner)
+            .is_some_and(|r| std::ptr::eq(r.sp.as_ptr(), self))
         {
             sps.remove(&port);
         }
