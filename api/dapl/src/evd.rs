@@ -63,14 +63,14 @@ pub struct EvdInner {
     cno: Option<Cno>,
     /// The threshold the core SEVD holds now (changed by waits that ask another).
     threshold: Mutex<usize>,
-    /// The IA's async EVD: the core's affiliated events, and the ones this layer
-    /// raises itself (see [`Ia::post_async`]), merged.
+    /// An EVD of several streams, or the async EVD: the other queues and what merges
+    /// them (`None`: `it` is the whole EVD).
     merged: Option<Merged>,
 }
 
 /// An EVD of several streams: one core SEVD per stream, merged by an aggregate EVD;
 /// an async EVD also has a software SEVD carrying tokens of the events this layer
-/// raises itself (see [`Ia::post_async`]).
+/// raises itself (`Ia::post_async`).
 struct Merged {
     aevd: it::Aevd,
     /// The other streams' SEVDs (the first stream's is `EvdInner::it`).
