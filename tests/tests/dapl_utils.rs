@@ -8,9 +8,10 @@
 //! private `krdmad`.
 //!
 //! The programs are not optional: `scripts/test.sh` installs `dapl2-utils`, and a
-//! missing one fails the test. They use fixed ports (dtest's TCP 15828 rendezvous and
-//! connection qualifier 45248, dapltest's own), so each test runs its cases one after
-//! the other (and the crate's tests run one at a time, `.config/nextest.toml`).
+//! missing one fails the test. They use fixed ports (dtest's and dtestcm's TCP 15828
+//! rendezvous, connection qualifier 45248, dapltest's own), so each test runs its cases
+//! one after the other (and the crate's tests run one at a time, `.config/nextest.toml`);
+//! every program dies with the test process.
 
 use krdma_tests::{daemon_possible, private_loopback, Daemon};
 use std::io::{BufRead, BufReader, Read};
@@ -106,6 +107,7 @@ impl Case {
             .current_dir(&self.dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        die_with_parent(&mut c);
         c
     }
 
@@ -155,6 +157,22 @@ fn reserve_fixed_ports() {
     }
 }
 
+/// Have the child killed when this test process dies (a test the runner times out must
+/// leave no program behind holding the fixed ports for the next one).
+fn die_with_parent(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only makes one
+    // async-signal-safe system call.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Run `f` on `dev` through each front door.
 fn each_case(dev: &'static str, f: impl Fn(&Case)) {
     reserve_fixed_ports();
@@ -183,6 +201,8 @@ struct Running {
     child: Child,
     what: String,
     out: Option<std::thread::JoinHandle<String>>,
+    /// Its stdout, line by line, as it comes.
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl Running {
@@ -194,15 +214,34 @@ impl Running {
             let _ = e.read_to_string(&mut s);
             s
         });
+        let (tx, lines) = std::sync::mpsc::channel();
         let out = std::thread::spawn(move || {
             let mut s = String::new();
-            let _ = o.read_to_string(&mut s);
+            for l in BufReader::new(&mut o).lines().map_while(Result::ok) {
+                let _ = tx.send(l.clone());
+                s += &l;
+                s.push('\n');
+            }
             s + &err.join().unwrap_or_default()
         });
         Running {
             child,
             what,
             out: Some(out),
+            lines,
+        }
+    }
+
+    /// Wait (up to a minute) until the program prints a line containing `what`.
+    fn wait_line(&mut self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(what) => return,
+                Ok(_) => {}
+                Err(_) => panic!("{} never said {what:?}", self.what),
+            }
         }
     }
 
@@ -271,16 +310,24 @@ fn wait_listening(port: u16, server: &mut Running) {
     }
 }
 
-const LIMIT: Duration = Duration::from_secs(300);
+/// Below the runner's limit (300 s), so a stuck program's output is shown.
+const LIMIT: Duration = Duration::from_secs(240);
 
-/// dtest, dtestcm, dtestsrq: a server, then a client that finds it through the TCP
-/// rendezvous on `rendezvous`; both must succeed, the client printing `done` and the
-/// server `server_done`.
+/// How a client knows the server is ready.
+enum Ready {
+    /// The server listens on this TCP port (dtest's and dtestcm's rendezvous).
+    Listening(u16),
+    /// The server prints a line containing this.
+    Says(&'static str),
+}
+
+/// dtest, dtestcm, dtestsrq: a server, then — once it is `ready` — a client; both must
+/// succeed, the client printing `done` and the server `server_done`.
 fn server_client(
     case: &Case,
     prog: &str,
     args: &[&str],
-    rendezvous: u16,
+    ready: Ready,
     done: &str,
     server_done: &str,
 ) -> (String, String) {
@@ -293,7 +340,10 @@ fn server_client(
         },
         format!("{prog} server {args:?}"),
     );
-    wait_listening(rendezvous, &mut server);
+    match ready {
+        Ready::Listening(port) => wait_listening(port, &mut server),
+        Ready::Says(what) => server.wait_line(what),
+    }
     let client = Running::start(
         {
             let mut c = case.command(prog, 1);
@@ -318,28 +368,40 @@ fn line<'a>(out: &'a str, what: &str) -> &'a str {
     out.lines().find(|l| l.contains(what)).unwrap_or("").trim()
 }
 
-fn dtest(case: &Case) {
-    for mode in [&[][..], &["-p"], &["-W"]] {
-        let (cout, _) = server_client(
-            case,
-            "dtest",
-            mode,
-            15828,
-            "Complete. PASSED",
-            "Complete. PASSED",
-        );
-        assert!(
-            mode == ["-W"] || cout.contains("RDMA READ DATA"),
-            "dtest ran no RDMA Read test:\n{cout}"
-        );
-        eprintln!(
-            "dtest {mode:?} over {} through {}: {} | {}",
-            case.dev,
-            case.door(),
-            line(&cout, "PingPong"),
-            line(&cout, "RDMA write")
-        );
-    }
+/// dtest in one mode: its default (wait in `dat_evd_wait`), `-p` (poll with
+/// `dat_evd_dequeue`) or `-W` (spin on memory for the peer's RDMA Writes).
+fn dtest(case: &Case, mode: &[&str]) {
+    let (cout, _) = server_client(
+        case,
+        "dtest",
+        mode,
+        Ready::Listening(15828),
+        "Complete. PASSED",
+        "Complete. PASSED",
+    );
+    assert!(
+        mode == ["-W"] || cout.contains("RDMA READ DATA"),
+        "dtest ran no RDMA Read test:\n{cout}"
+    );
+    eprintln!(
+        "dtest {mode:?} over {} through {}: {} | {}",
+        case.dev,
+        case.door(),
+        line(&cout, "PingPong"),
+        line(&cout, "RDMA write")
+    );
+}
+
+fn dtest_wait(case: &Case) {
+    dtest(case, &[])
+}
+
+fn dtest_poll(case: &Case) {
+    dtest(case, &["-p"])
+}
+
+fn dtest_spin(case: &Case) {
+    dtest(case, &["-W"])
 }
 
 fn dtestcm(case: &Case) {
@@ -347,7 +409,7 @@ fn dtestcm(case: &Case) {
         case,
         "dtestcm",
         &["-c", "1000"],
-        15828,
+        Ready::Listening(15828),
         "Connections:",
         "Test Complete",
     );
@@ -369,7 +431,8 @@ fn dtestsrq(case: &Case) {
             case,
             "dtestsrq",
             &["-S", srq],
-            15828,
+            // Its client connects straight to the PSP the server announces.
+            Ready::Says("ready on port"),
             "Test Complete.",
             "Test Complete.",
         );
@@ -487,7 +550,9 @@ macro_rules! per_device {
 }
 
 per_device! {
-    dapl_dtest => dtest;
+    dapl_dtest_wait => dtest_wait;
+    dapl_dtest_poll => dtest_poll;
+    dapl_dtest_spin => dtest_spin;
     dapl_dtestcm => dtestcm;
     dapl_dtestsrq => dtestsrq;
     dapl_dapltest => dapltest;
