@@ -125,9 +125,10 @@ impl Case {
     }
 }
 
-/// The fixed ports of the programs: dtest's rendezvous and the connection qualifier
-/// dtest, dtestcm and dtestsrq listen on.
-const FIXED_PORTS: [u16; 2] = [15828, 45248];
+/// The fixed ports of the programs: dtest's and dtestcm's rendezvous, the connection
+/// qualifier dtest, dtestcm and dtestsrq listen on, and the ports of dapltest's limit
+/// test (qualifiers from 0xAffab1e: 43806 on).
+const FIXED_PORTS: [&str; 3] = ["15828", "45248", "43806-43815"];
 
 /// Keep the programs' fixed ports out of the ephemeral range: a connection elsewhere on
 /// this host (any other test's) that picked one as its source port would make the
@@ -145,7 +146,7 @@ fn reserve_fixed_ports() {
         .collect();
     let missing: Vec<String> = FIXED_PORTS
         .iter()
-        .map(u16::to_string)
+        .map(|p| p.to_string())
         .filter(|p| !list.contains(p))
         .collect();
     if missing.is_empty() {
@@ -461,6 +462,17 @@ fn wait_line(child: &mut Child, what: &str) -> BufReader<std::process::ChildStdo
 
 fn dapltest(case: &Case) {
     let p = case.provider();
+    // The limit test needs no server, and runs before one listens on the qualifiers it
+    // tries.
+    let mut l = case.command("dapltest", 1);
+    l.args(["-T", "L", "-D", &p, "-m", "3", "-w", "1"]);
+    let (limit, ok) = Running::start(l, "dapltest -T L".into()).finish(LIMIT);
+    assert!(
+        ok && limit.contains("limit_size_lmr") && !limit.contains("fails"),
+        "limit test over {} through {}:\n{limit}",
+        case.dev,
+        case.door()
+    );
     let mut server = case.command("dapltest", 0);
     server.args(["-T", "S", "-D", &p]).stderr(Stdio::inherit());
     let mut server = server.spawn().unwrap();
@@ -513,8 +525,6 @@ fn dapltest(case: &Case) {
             line(&perf, "Bandwidth")
         );
     }
-    let limit = client(&["L", "-m", "3", "-w", "1"], "limit_size_lmr");
-    assert!(!limit.contains("fails"), "limit test:\n{limit}");
     client(&["Q", "-s", &addr], "End of Work");
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {

@@ -340,14 +340,20 @@ impl Ep {
 
     /// Graceful (`abrupt == false`: posted sends complete first) or abrupt disconnect.
     /// `Disconnected` follows on the connection EVD of both sides; receives still
-    /// posted complete flushed. Abruptly disconnecting an endpoint that is not
-    /// connected is allowed and does nothing but abandon a pending connection.
+    /// posted complete flushed. An abrupt disconnect with sends still outstanding
+    /// resets the connection (they flush; an iWARP peer sees it `Broken`); with none, it
+    /// is an orderly close on the wire, as DAT providers over the RDMA CM make every
+    /// disconnect, and the peer sees `Disconnected`. Abruptly disconnecting an endpoint
+    /// that is not connected is allowed and does nothing but abandon a pending
+    /// connection.
     pub fn disconnect(&self, abrupt: bool) -> Result<()> {
         match self.state() {
             EpState::Connected | EpState::DisconnectPending => {
                 let core = self.core();
-                if abrupt {
+                if abrupt && core.outstanding().0 > 0 {
                     core.abort()?;
+                } else if abrupt {
+                    core.disconnect()?;
                 } else {
                     self.0.disconnecting.store(true, Ordering::Release);
                     core.disconnect()?;
