@@ -311,7 +311,8 @@ fn wait_listening(port: u16, server: &mut Running) {
     }
 }
 
-/// Below the runner's limit (300 s), so a stuck program's output is shown.
+/// A server/client pair's limit, below the runner's (300 s), so a stuck program's
+/// output is shown.
 const LIMIT: Duration = Duration::from_secs(240);
 
 /// How a client knows the server is ready.
@@ -353,8 +354,14 @@ fn server_client(
         },
         format!("{prog} client {args:?}"),
     );
+    // One limit for the pair: the server ends with its client.
+    let start = Instant::now();
     let (cout, cok) = client.finish(LIMIT);
-    let (sout, sok) = server.finish(LIMIT);
+    let (sout, sok) = server.finish(
+        LIMIT
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_secs(10)),
+    );
     assert!(
         cok && sok && cout.contains(done) && sout.contains(server_done),
         "{prog} {args:?} over {} through {} failed\n--- client:\n{cout}\n--- server:\n{sout}",
