@@ -75,7 +75,10 @@ static int api(void)
     DAT_EVENT ev;
     DAT_COUNT nmore;
     DAT_HANDLE_TYPE type;
-    static char buf[65536], buf2[4096];
+    /* Registered memory on the heap (a static array may share a page with the
+     * program's file-backed data, which the kAL refuses to register). */
+    char *buf = aligned_alloc(4096, 65536), *buf2 = aligned_alloc(4096, 4096);
+    const size_t buf_len = 65536;
 
     MUST(dat_ia_open(ia_name(), 8, &async, &ia));
     MUST(dat_ia_open(ia_name(), 8, &async2, &ia2));
@@ -86,8 +89,10 @@ static int api(void)
     MUST(dat_evd_create(ia, 4, DAT_HANDLE_NULL, DAT_EVD_CR_FLAG, &cr));
     MUST(dat_evd_create(ia, 4, DAT_HANDLE_NULL, DAT_EVD_SOFTWARE_FLAG, &sw));
     MUST(dat_ep_create(ia, pz, dto, dto, conn, NULL, &ep));
-    lmr = reg(ia, pz, buf, sizeof buf, &lctx, &rctx);
-    lmr2 = reg(ia2, pz2, buf2, sizeof buf2, &lctx2, &rctx2);
+    if (!buf || !buf2)
+        return 1;
+    lmr = reg(ia, pz, buf, buf_len, &lctx, &rctx);
+    lmr2 = reg(ia2, pz2, buf2, 4096, &lctx2, &rctx2);
 
     /* Handle types, and a handle of the wrong kind. */
     OK(dat_get_handle_type(ep, &type));
@@ -149,7 +154,7 @@ static int api(void)
                    DAT_PROTECTION_VIOLATION);
         /* ...and a triplet outside its own LMR. */
         t.lmr_context = lctx;
-        t.virtual_address = (DAT_VADDR)(uintptr_t)buf + sizeof buf - 8;
+        t.virtual_address = (DAT_VADDR)(uintptr_t)buf + buf_len - 8;
         EXPECT_RET(dat_ep_post_recv(ep, 1, &t, (DAT_DTO_COOKIE)(DAT_UINT64)1,
                                     DAT_COMPLETION_DEFAULT_FLAG),
                    DAT_PROTECTION_VIOLATION);
@@ -214,7 +219,8 @@ static int stream(const char *host, unsigned short port)
     DAT_COUNT nmore;
     struct sockaddr_in to;
     DAT_RMR_TRIPLET target;
-    static char buf[1 << 20];
+    const size_t buf_len = 1 << 20;
+    char *buf = aligned_alloc(4096, buf_len);
     DAT_UINT64 n = 0;
 
     MUST(dat_ia_open(ia_name(), 8, &async, &ia));
@@ -222,7 +228,9 @@ static int stream(const char *host, unsigned short port)
     MUST(dat_evd_create(ia, 64, DAT_HANDLE_NULL, DAT_EVD_DTO_FLAG, &dto));
     MUST(dat_evd_create(ia, 4, DAT_HANDLE_NULL, DAT_EVD_CONNECTION_FLAG, &conn));
     MUST(dat_ep_create(ia, pz, dto, dto, conn, NULL, &ep));
-    reg(ia, pz, buf, sizeof buf, &lctx, &rctx);
+    if (!buf)
+        return 1;
+    reg(ia, pz, buf, buf_len, &lctx, &rctx);
     memset(&to, 0, sizeof to);
     to.sin_family = AF_INET;
     if (inet_pton(AF_INET, host, &to.sin_addr) != 1)
@@ -242,8 +250,8 @@ static int stream(const char *host, unsigned short port)
         DAT_LMR_TRIPLET l;
         l.lmr_context = lctx;
         l.virtual_address = (DAT_VADDR)(uintptr_t)buf;
-        l.segment_length = target.segment_length < sizeof buf ? target.segment_length
-                                                                : sizeof buf;
+        l.segment_length = target.segment_length < buf_len ? target.segment_length
+                                                              : (DAT_COUNT)buf_len;
         MUST(dat_ep_post_rdma_write(ep, 1, &l, (DAT_DTO_COOKIE)n++, &target,
                                     DAT_COMPLETION_DEFAULT_FLAG));
         MUST(dat_evd_wait(dto, 10000000, 1, &ev, &nmore));
