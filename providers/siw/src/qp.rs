@@ -261,38 +261,57 @@ impl SiwQp {
         }
     }
 
-    /// Hand the connected stream to the engine: QP to RTS, start the I/O threads.
+    /// Hand the connected stream to the engine: QP to RTS, report `established`, send
+    /// `reply` (the passive side's MPA Reply) and start the I/O threads — in that order,
+    /// so the QP's `Established` is queued before the peer can learn of the connection
+    /// and before the receive thread can report its end (a peer that closes at once is
+    /// still seen to have connected first, as over the IB CM, where the RTU precedes
+    /// any DREQ). A reply that cannot be sent ends the connection as broken.
     pub(crate) fn attach(
         self: &Arc<Self>,
         stream: TcpStream,
-        crc: bool,
-        ird: u32,
-        ord: u32,
+        conn: Attach,
+        established: Event,
+        reply: Option<&[u8]>,
     ) -> Result<()> {
         let _ = stream.set_nodelay(true);
         llp::set_linger_zero(&stream);
         let mss = llp::tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
-        self.enter_rts(Arc::new(stream), crc, ird, ord, mss)?;
-        let (a, b) = (self.clone(), self.clone());
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name)
-                .stack_size(256 * 1024)
-                .spawn(f)
-        };
-        let started = spawn(
-            format!("siw-rx{}", self.qpn),
-            Box::new(move || a.rx_loop(rx)),
-        )
-        .and_then(|_| spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop())));
+        self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
+        self.sink.deliver(established);
+        // The reply goes out on the still non-blocking stream: a few hundred bytes into
+        // a fresh connection's empty send buffer, never a wait on the peer.
+        let sent = reply.map_or(Ok(()), |r| (&rx).write_all(r));
+        let started = sent.and_then(|_| rx.set_nonblocking(false)).and_then(|_| {
+            let (a, b) = (self.clone(), self.clone());
+            let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+                std::thread::Builder::new()
+                    .name(name)
+                    .stack_size(256 * 1024)
+                    .spawn(f)
+            };
+            spawn(
+                format!("siw-rx{}", self.qpn),
+                Box::new(move || a.rx_loop(rx)),
+            )
+            .and_then(|_| spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop())))
+        });
         if let Err(e) = started {
-            // No threads to run the connection: give it up as a local failure.
+            // No reply sent or no threads to run the connection: it broke.
+            tracing::info!(qpn = self.qpn, error = %e, "siw connection could not start");
             self.begin_close(true);
             self.connection_lost(false);
-            return Err(e.into());
+            return Ok(());
         }
-        tracing::info!(qpn = self.qpn, crc, ird, ord, mss, "siw QP connected");
+        tracing::info!(
+            qpn = self.qpn,
+            crc = conn.crc,
+            ird = conn.ird,
+            ord = conn.ord,
+            mss,
+            "siw QP connected"
+        );
         Ok(())
     }
 
@@ -1536,6 +1555,14 @@ enum Work {
         mtu: usize,
         msn: u32,
     },
+}
+
+/// The negotiated parameters a connection starts with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attach {
+    pub crc: bool,
+    pub ird: u32,
+    pub ord: u32,
 }
 
 /// The QP's own access flags must allow an incoming RDMA Write or Read at all, whatever

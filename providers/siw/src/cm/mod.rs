@@ -13,7 +13,7 @@ mod mpa;
 pub(crate) mod reactor;
 
 use crate::device::Shared;
-use crate::qp::{mpa_frame, SiwQp};
+use crate::qp::{mpa_frame, Attach, SiwQp};
 use crate::wire::{self, MpaFrame};
 use mpa::{send_mpa, HandshakeError};
 use parking_lot::Mutex;
@@ -116,18 +116,21 @@ fn active_done(
             let (pird, pord) = peer_ird_ord(&rep).unwrap_or((a.ord, a.ird));
             let (my_ird, my_ord) = (a.ird.min(pord.max(1)), a.ord.min(pird.max(1)));
             let local = s.local_addr().ok();
-            let attached = s
-                .set_nonblocking(false)
-                .map_err(VerbsError::from)
-                .and_then(|_| qp.attach(s, crc, my_ird, my_ord));
-            match attached {
-                Ok(()) => Event::new(EventKind::Established)
-                    .with_addrs(local, Some(peer))
-                    .with_param(&ConnParam {
-                        private_data: rep.private_data,
-                        ird: my_ird,
-                        ord: my_ord,
-                    }),
+            let established = Event::new(EventKind::Established)
+                .with_addrs(local, Some(peer))
+                .with_param(&ConnParam {
+                    private_data: rep.private_data,
+                    ird: my_ird,
+                    ord: my_ord,
+                });
+            let conn = Attach {
+                crc,
+                ird: my_ird,
+                ord: my_ord,
+            };
+            // `attach` reports the connection (and its end) itself.
+            match qp.attach(s, conn, established, None) {
+                Ok(()) => return,
                 Err(e) => Event::new(EventKind::ConnectionBroken).with_status(e.errno()),
             }
         }
@@ -298,39 +301,40 @@ impl ProviderListener for SiwListener {
             .downcast_ref::<SiwQp>()
             .ok_or(VerbsError::Invalid)?
             .arc()?;
-        let mut p = self.take(conn_id)?;
+        let p = self.take(conn_id)?;
         let (ird, ord) = qp.limits();
         let (pird, pord) = peer_ird_ord(&p.req).unwrap_or((1, 1));
         let my_ird = param.ird.clamp(1, ird).min(pord.max(1));
         let my_ord = param.ord.clamp(1, ord).min(pird.max(1));
         let crc = p.req.crc || self.dev.crc_required;
         // Answer in the initiator's revision (a revision 1 peer gets no IRD/ORD words).
-        send_mpa(
-            &mut p.stream,
-            &mpa_frame(
-                true,
-                crc,
-                false,
-                p.req.revision,
-                my_ird,
-                my_ord,
-                &param.private_data,
-            ),
-        )
-        .map_err(mpa_failed)?;
-        let local = p.stream.local_addr().ok();
-        p.stream.set_nonblocking(false)?;
-        qp.attach(p.stream, crc, my_ird, my_ord)?;
-        qp.sink.deliver(
-            Event::new(EventKind::Established)
-                .with_addrs(local, Some(p.peer))
-                .with_param(&ConnParam {
-                    private_data: p.req.private_data,
-                    ird: my_ird,
-                    ord: my_ord,
-                }),
+        let reply = mpa_frame(
+            true,
+            crc,
+            false,
+            p.req.revision,
+            my_ird,
+            my_ord,
+            &param.private_data,
         );
-        Ok(())
+        let mut bytes = Vec::new();
+        reply
+            .emit(&mut bytes)
+            .map_err(|e| mpa_failed(HandshakeError::BadFrame(e)))?;
+        let local = p.stream.local_addr().ok();
+        let established = Event::new(EventKind::Established)
+            .with_addrs(local, Some(p.peer))
+            .with_param(&ConnParam {
+                private_data: p.req.private_data,
+                ird: my_ird,
+                ord: my_ord,
+            });
+        let conn = Attach {
+            crc,
+            ird: my_ird,
+            ord: my_ord,
+        };
+        qp.attach(p.stream, conn, established, Some(&bytes))
     }
 
     fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()> {
