@@ -50,6 +50,7 @@ check_pcap() {
 }
 
 # run NAME GUESTFLAGS 'GUEST CMD' 'HOST ARGS' guest-first|host-first [daemon]
+# The host side runs `krdma HOST ARGS`, or `$HOST_PROG HOST ARGS` when HOST_PROG is set.
 run_case() {
     local name=$1 gflags=$2 gcmd=$3 hargs=$4 order=$5 front=${6:-embedded}
     local pcap=$OUT/$name.pcap hlog=$OUT/$name.host.log glog=$OUT/$name.guest.log
@@ -69,10 +70,10 @@ run_case() {
         local gp=$!
         for _ in $(seq 240); do [ -f /tmp/vm/guest-peer.ready ] && break; sleep 0.5; done
         sleep 2
-        KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 240 $IN_NS $KRDMA $hargs >"$hlog" 2>&1; hrc=$?
+        KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 240 $IN_NS ${HOST_PROG:-$KRDMA} $hargs >"$hlog" 2>&1; hrc=$?
         wait $gp; grc=$?
     else
-        KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 300 $IN_NS $KRDMA $hargs >"$hlog" 2>&1 &
+        KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 300 $IN_NS ${HOST_PROG:-$KRDMA} $hargs >"$hlog" 2>&1 &
         local hp=$!
         bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" $gflags --timeout 300 --pcap "$pcap" -- "retry 30 $gcmd" >"$glog" 2>&1; grc=$?
         wait $hp; hrc=$?

@@ -113,6 +113,8 @@ unsafe impl Sync for Entry {}
 /// Consumer-visible memory owned by a handle.
 #[derive(Default)]
 pub struct Keep {
+    /// An IA's address as `dat.conf` gives it (reported instead of the device's own).
+    pub ia_address: Option<std::net::IpAddr>,
     pub local_addr: Option<Box<libc::sockaddr_storage>>,
     pub remote_addr: Option<Box<libc::sockaddr_storage>>,
     pub private_data: Vec<Box<[u8]>>,

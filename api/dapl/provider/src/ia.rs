@@ -84,6 +84,9 @@ pub unsafe extern "C" fn ia_open(
         }
         let ia = dapl::Ia::open(&device)?;
         let ia_handle = handles::insert(Obj::Ia(ia.clone()), ia.id(), provider);
+        if let Some(ip) = crate::registry::address(&name) {
+            handles::ia(ia_handle)?.0.keep.lock().ia_address = Some(ip);
+        }
         let evd_handle = if given.is_null() {
             let evd = ia.async_evd(qlen.max(8) as usize)?;
             handles::insert(Obj::Evd(evd), ia.id(), provider)
@@ -132,7 +135,7 @@ pub unsafe extern "C" fn ia_query(
         let p = ia.provider_attr();
         let mut keep = entry.keep.lock();
         if !ia_attr.is_null() {
-            let addr_ptr = match a.address {
+            let addr_ptr = match keep.ia_address.or(a.address) {
                 Some(ip) => {
                     let s = keep.local_addr.insert(sockaddr(ip, 0));
                     &mut **s as *mut libc::sockaddr_storage as SockAddr

@@ -12,6 +12,7 @@ use crate::sys::{DAT_PROVIDER, DAT_PROVIDER_INFO, DAT_RETURN};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
+use std::net::IpAddr;
 use std::sync::OnceLock;
 
 /// A registered name: its table and the device it opens.
@@ -19,6 +20,8 @@ struct Registered {
     provider: &'static DAT_PROVIDER,
     device: String,
     thread_safe: bool,
+    /// The IA address `dat.conf` gives (see [`address_for`]).
+    address: Option<IpAddr>,
 }
 
 fn names() -> &'static Mutex<HashMap<String, Registered>> {
@@ -32,6 +35,43 @@ pub fn lookup(name: &str) -> Option<(&'static DAT_PROVIDER, String, bool)> {
         .lock()
         .get(name)
         .map(|r| (r.provider, r.device.clone(), r.thread_safe))
+}
+
+/// The IA address `dat.conf` gives the entry `name` (its IA parameters' second word),
+/// if any.
+pub fn address(name: &str) -> Option<IpAddr> {
+    names().lock().get(name).and_then(|r| r.address)
+}
+
+/// The address named by `dat.conf`'s IA parameters' second word: an IP address, or an
+/// interface whose first address (IPv4 first) is taken — as OFA's `"eth0 0"` names the
+/// netdev whose address is the IA's. Without it the IA reports the address other
+/// processes on this host reach it at (see `krdma_itapi::Ia::local_address`); a
+/// consumer that passes its IA address to a peer on another host (dtest does) needs it.
+fn address_for(ia_params: Option<&str>) -> Option<IpAddr> {
+    let word = ia_params?.split_whitespace().nth(1)?;
+    if let Ok(ip) = word.parse() {
+        return Some(ip);
+    }
+    let mut found: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+        .ok()?
+        .filter(|a| a.interface_name == word)
+        .filter_map(|a| {
+            let a = a.address?;
+            a.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect();
+    found.sort_by_key(|ip| ip.is_ipv6());
+    let ip = found.first().copied();
+    if ip.is_none() {
+        tracing::warn!(
+            interface = word,
+            "dat.conf names an interface with no address"
+        );
+    }
+    ip
 }
 
 /// The device named by `dat.conf`'s IA parameters (`"siw0"`, `"rxe0 1"`: the first
@@ -95,6 +135,7 @@ pub unsafe extern "C" fn dat_provider_init(
                     .into_owned()
             });
         let device = device_for(&name, params.as_deref());
+        let address = address_for(params.as_deref());
         let provider = {
             let mut n = names().lock();
             let r = n.entry(name.clone()).or_insert_with(|| Registered {
@@ -103,9 +144,11 @@ pub unsafe extern "C" fn dat_provider_init(
                 ))),
                 device: device.clone(),
                 thread_safe,
+                address,
             });
             r.device = device.clone();
             r.thread_safe = thread_safe;
+            r.address = address;
             r.provider
         };
         if let Some(add) = registry_fn(c"dat_registry_add_provider") {
@@ -140,4 +183,25 @@ pub unsafe extern "C" fn dat_provider_fini(info: *const DAT_PROVIDER_INFO) {
         }
         Ok(())
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ia_parameters_name_the_device_and_optionally_the_address() {
+        assert_eq!(device_for("krdma-siw0", None), "siw0");
+        assert_eq!(device_for("ofa-v2-eth0", Some("rxe0 10.77.0.1")), "rxe0");
+        assert_eq!(address_for(Some("rxe0")), None);
+        assert_eq!(
+            address_for(Some("rxe0 10.77.0.1")),
+            Some("10.77.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            address_for(Some("siw0 lo")),
+            Some("127.0.0.1".parse().unwrap())
+        );
+        assert_eq!(address_for(Some("siw0 no-such-interface0")), None);
+    }
 }
