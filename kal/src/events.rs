@@ -3,7 +3,11 @@
 //! Providers deliver events through a per-object [`ObjectSink`] that stamps the
 //! consumer's handle and queues the record on the owning context. The queue never grows
 //! past its bound: when one slot is left, an `EventOverflow` record is queued in it and
-//! later events are dropped and counted until the consumer drains the queue.
+//! later events are dropped and counted until the consumer drains the queue. Connection
+//! requests — which remote peers cause, as many as they like — may take at most half of
+//! it ([`EventQueue::offer_request`]): beyond that a request is refused (the provider
+//! rejects it) rather than queued, so a flood of them never costs the consumer its other
+//! events.
 
 use parking_lot::Mutex;
 use rnicpi::{Event, EventKind, EventSink};
@@ -22,6 +26,8 @@ pub struct EventQueue {
 struct Inner {
     queue: VecDeque<Event>,
     cap: usize,
+    /// `ConnectRequest` records in `queue`.
+    requests: usize,
     overflowed: bool,
     waker: Option<Waker>,
 }
@@ -32,6 +38,7 @@ impl EventQueue {
             inner: Mutex::new(Inner {
                 queue: VecDeque::new(),
                 cap: cap.max(2),
+                requests: 0,
                 overflowed: false,
                 waker: None,
             }),
@@ -44,6 +51,7 @@ impl EventQueue {
         let waker = {
             let mut q = self.inner.lock();
             if q.queue.len() + 1 < q.cap {
+                q.requests += (ev.kind == EventKind::ConnectRequest) as usize;
                 q.queue.push_back(ev);
             } else if !q.overflowed {
                 q.overflowed = true;
@@ -61,11 +69,29 @@ impl EventQueue {
         }
     }
 
+    /// Queue a connection request if requests take less than half of the queue; false
+    /// (nothing queued, nothing counted as dropped) when they already do.
+    pub fn offer_request(&self, ev: Event) -> bool {
+        {
+            let q = self.inner.lock();
+            if q.requests >= q.cap / 2 {
+                return false;
+            }
+        }
+        self.push(ev);
+        true
+    }
+
     /// Pop up to `max` events.
     pub fn pop(&self, max: usize) -> Vec<Event> {
         let mut q = self.inner.lock();
         let n = max.min(q.queue.len());
         let out: Vec<Event> = q.queue.drain(..n).collect();
+        let requests = out
+            .iter()
+            .filter(|e| e.kind == EventKind::ConnectRequest)
+            .count();
+        q.requests -= requests;
         if q.queue.is_empty() {
             q.overflowed = false;
         }
@@ -121,6 +147,16 @@ impl EventSink for ObjectSink {
             q.push(ev);
         }
     }
+
+    fn offer_request(&self, mut ev: Event) -> bool {
+        let Some(q) = self.queue.upgrade() else {
+            return false;
+        };
+        ev.handle = self.handle;
+        let queued = q.offer_request(ev);
+        tracing::debug!(handle = self.handle, queued, "connection request offered");
+        queued
+    }
 }
 
 #[cfg(test)]
@@ -143,6 +179,34 @@ mod tests {
         assert_eq!(q.dropped(), 7);
         sink.deliver(Event::new(EventKind::CqNotify));
         assert_eq!(q.pop(100).len(), 1, "queue usable again after draining");
+    }
+
+    #[test]
+    fn requests_take_at_most_half_and_never_push_other_events_out() {
+        let q = Arc::new(EventQueue::new(8));
+        let listener = ObjectSink::bound(&q, 1);
+        let qp = ObjectSink::bound(&q, 2);
+        let offered: Vec<bool> = (0..10)
+            .map(|_| listener.offer_request(Event::new(EventKind::ConnectRequest)))
+            .collect();
+        assert_eq!(offered.iter().filter(|&&b| b).count(), 4, "{offered:?}");
+        assert_eq!(q.dropped(), 0, "a refused request is not a dropped event");
+        for _ in 0..3 {
+            qp.deliver(Event::new(EventKind::Established));
+        }
+        let evs = q.pop(100);
+        assert_eq!(evs.len(), 7);
+        assert!(evs.iter().all(|e| e.kind != EventKind::EventOverflow));
+        assert_eq!(
+            evs.iter()
+                .filter(|e| e.kind == EventKind::Established && e.handle == 2)
+                .count(),
+            3
+        );
+        assert!(
+            listener.offer_request(Event::new(EventKind::ConnectRequest)),
+            "room again once the consumer read them"
+        );
     }
 
     #[test]

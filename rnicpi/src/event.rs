@@ -131,6 +131,15 @@ impl Event {
 /// for every object it creates, already bound to the owning context and handle.
 pub trait EventSink: Send + Sync {
     fn deliver(&self, ev: Event);
+
+    /// Offer a `ConnectRequest`: queued unless the consumer's queue already holds as
+    /// many requests as it lets them take (a share of it), so requests from the network
+    /// never push the consumer's other events out. False when refused; the provider then
+    /// refuses the request itself (it keeps no state for it).
+    fn offer_request(&self, ev: Event) -> bool {
+        self.deliver(ev);
+        true
+    }
 }
 
 /// A sink that drops everything (objects nobody listens to, and tests).
