@@ -11,7 +11,7 @@ use parking_lot::RwLock;
 use rnicpi::*;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 /// How an rxe device is set up.
@@ -73,10 +73,17 @@ counters!(
     nak_other_rcvd,
     duplicate_requests,
     acks_sent,
+    qp_access_refused,
+    rd_atomic_refused,
+    remote_inv_refused,
     cq_overflows,
     cm_sent,
     cm_rcvd,
     cm_retries,
+    cm_unmatched,
+    cm_req_evicted,
+    cm_req_expired,
+    cm_req_refused,
     qps_created,
 );
 
@@ -232,7 +239,6 @@ fn link_mtu(ifname: &str) -> Option<u32> {
 /// A software RoCEv2 device.
 pub struct RxeDevice {
     shared: Arc<Shared>,
-    next_qpn: AtomicU32,
     pds: IdAllocator,
 }
 
@@ -305,7 +311,6 @@ impl RxeDevice {
         tracing::info!(name = %shared.attr.name, port = shared.net.port(), raw = shared.net.is_raw(), "rxe device created");
         Ok(Arc::new(RxeDevice {
             shared,
-            next_qpn: AtomicU32::new(0x11),
             pds: IdAllocator::default(),
         }))
     }
@@ -431,6 +436,9 @@ impl Provider for RxeDevice {
         v.push(("mrs_live", self.shared.mrs.live() as u64));
         v.push(("mws_live", self.shared.mrs.windows() as u64));
         v.push(("qps_live", self.shared.qps.read().len() as u64));
+        let (conns, pending) = self.shared.cm.sizes();
+        v.push(("cm_conns", conns as u64));
+        v.push(("cm_requests_waiting", pending as u64));
         v.push(("icrc_over_real_headers", self.shared.net.is_raw() as u64));
         v
     }
@@ -464,17 +472,18 @@ impl Provider for RxeDevice {
                 return Err(VerbsError::Invalid);
             }
         }
-        let qpn = {
-            let qps = self.shared.qps.read();
-            loop {
-                let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-                if n > 1 && !qps.contains_key(&n) {
-                    break n;
-                }
+        // A random QP number (unpredictable to an off-path attacker), never 0 or 1 (the
+        // special QPs) nor one in use; picked and taken under one lock.
+        let mut qps = self.shared.qps.write();
+        let qpn = loop {
+            let n = crate::random::u32()? & 0xff_ffff;
+            if n > 1 && !qps.contains_key(&n) {
+                break n;
             }
         };
         let qp = RxeQp::new(self.shared.clone(), qpn, init);
-        self.shared.qps.write().insert(qpn, Arc::downgrade(&qp));
+        qps.insert(qpn, Arc::downgrade(&qp));
+        drop(qps);
         self.shared.count(&self.shared.counters.qps_created);
         Ok(qp)
     }
@@ -511,9 +520,9 @@ impl Provider for RxeDevice {
     fn listen(
         &self,
         addr: SocketAddr,
-        _backlog: u32,
+        backlog: u32,
         sink: Arc<dyn EventSink>,
     ) -> Result<Arc<dyn ProviderListener>> {
-        crate::cm::listen(&self.shared, addr, sink)
+        crate::cm::listen(&self.shared, addr, backlog, sink)
     }
 }

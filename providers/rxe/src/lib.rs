@@ -18,6 +18,7 @@ mod cm;
 mod device;
 mod net;
 mod qp;
+mod random;
 mod timer;
 pub mod wire;
 

@@ -1,5 +1,6 @@
 //! The device's timer thread: one heap of deadlines for every QP (retransmission and RNR
-//! back-off) and every CM exchange (MAD retries). Nothing is ever removed from the heap:
+//! back-off), every CM exchange (MAD retries) and the CM's expiry sweep of connection
+//! requests. Nothing is ever removed from the heap:
 //! a CM exchange re-arms with a new generation and a fired entry of an old one is
 //! ignored; a QP keeps its own current deadline and an entry that fires early queues
 //! itself again for it (`RxeQp::on_timer`).
@@ -16,6 +17,8 @@ use std::time::{Duration, Instant};
 pub enum Target {
     Qp(u32),
     Cm(u32),
+    /// The CM's sweep for connection requests that expired unanswered.
+    CmSweep,
 }
 
 #[derive(Default)]
@@ -89,6 +92,7 @@ pub fn run(shared: Weak<Shared>) {
                 }
             }
             Target::Cm(id) => s.cm.on_timer(&s, id, gen),
+            Target::CmSweep => s.cm.on_sweep(&s, gen),
         }
     }
 }
