@@ -121,25 +121,52 @@ fn cm_connection_moves_every_opcode_byte_exact() {
 }
 
 #[test]
-fn send_with_invalidate_kills_the_key() {
+fn send_with_invalidate_ends_a_window_never_a_registration() {
     each_front_door(|door| {
-        let (_a, _b, s, c) = pair(door, 8192);
-        s.post_recv(1, 0, 64).unwrap();
-        let inv = Wqe::new(2, WrOpcode::SendWithInv, &[c.mr.sge(0, 8)])
-            .with_imm(c.remote.1)
+        let (a, _b, s, c) = pair(door, 8192);
+        // A window over the first KiB of the server's buffer, bound in its send queue.
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let bmr = a
+            .reg_mr(&s.pd, s.buf.as_ptr(), 8192, all | Access::MW_BIND)
+            .unwrap();
+        let mw = a.alloc_mw(&s.pd).unwrap();
+        s.qp.post_send(&mw.bind_wqe(10, &bmr, 0, 1024, Access::REMOTE_WRITE))
+            .unwrap();
+        assert!(s.cq.wait(1, T).unwrap()[0].is_ok(), "bind");
+        let key = mw.rkey();
+        let write = |id| {
+            Wqe::new(id, WrOpcode::RdmaWrite, &[c.mr.sge(0, 64)])
+                .with_remote(bmr.addr, key)
+                .with_flags(SIG)
+        };
+        c.qp.post_send(&write(1)).unwrap();
+        c.complete(1).unwrap();
+
+        // The peer invalidates the window with its Send.
+        s.post_recv(2, 0, 64).unwrap();
+        let inv = Wqe::new(3, WrOpcode::SendWithInv, &[c.mr.sge(0, 8)])
+            .with_imm(key)
             .with_flags(SIG);
         c.qp.post_send(&inv).unwrap();
         let rc = s.complete(1).unwrap();
         assert_ne!(rc[0].flags & wc_flags::WITH_INV, 0);
-        assert_eq!(rc[0].imm_or_inv, s.mr.rkey);
+        assert_eq!(rc[0].imm_or_inv, key);
         c.complete(1).unwrap();
         // A write with the invalidated key is refused: remote access error, QP to Error.
-        let w = Wqe::new(3, WrOpcode::RdmaWrite, &[c.mr.sge(0, 64)])
-            .with_remote(c.remote.0, c.remote.1)
-            .with_flags(SIG);
-        c.qp.post_send(&w).unwrap();
+        c.qp.post_send(&write(4)).unwrap();
         let rc = c.cq.wait(1, T).unwrap();
         assert_eq!(rc[0].status(), WcStatus::RemAccessErr);
+
+        // A registration's key is not the peer's to end (IBTA; kernel rxe refuses user
+        // MRs): the Send is refused as an invalid request on both sides.
+        let (_a, _b, s, c) = pair(door, 8192);
+        s.post_recv(5, 0, 64).unwrap();
+        let inv = Wqe::new(6, WrOpcode::SendWithInv, &[c.mr.sge(0, 8)])
+            .with_imm(c.remote.1)
+            .with_flags(SIG);
+        c.qp.post_send(&inv).unwrap();
+        assert_eq!(s.cq.wait(1, T).unwrap()[0].status(), WcStatus::RemInvReqErr);
+        assert_eq!(c.cq.wait(1, T).unwrap()[0].status(), WcStatus::RemInvReqErr);
     });
 }
 

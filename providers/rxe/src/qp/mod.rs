@@ -63,6 +63,14 @@ pub(crate) const WINDOW: u32 = 128;
 const TX_BUDGET: u32 = 64;
 /// Packets a doorbell sends inline in the caller's thread.
 const INLINE_BUDGET: u32 = 4;
+/// The largest message, as IBTA sets it (2^31 bytes): longer requests are refused both
+/// ways, so a byte count always fits a completion and a Read never wraps the PSN space.
+pub(crate) const MAX_MSG: u64 = 1 << 31;
+
+/// A message's byte count as a completion carries it (messages are at most [`MAX_MSG`]).
+pub(crate) fn byte_len(n: u64) -> u32 {
+    u32::try_from(n.min(MAX_MSG)).unwrap_or(u32::MAX)
+}
 
 pub(crate) struct State {
     pub qp: QpState,
@@ -586,6 +594,12 @@ impl ProviderQp for RxeQp {
         self.to_error(&mut st);
         drop(st);
         self.dev.qps.write().remove(&self.qpn);
+    }
+
+    /// `resp_queued`: responder output waiting to be sent (read responses, atomic and
+    /// plain acknowledgements); at most `2 × max_dest_rd_atomic + 1`.
+    fn counters(&self) -> Vec<Counter> {
+        vec![("resp_queued", self.st.lock().resp.queued() as u64)]
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -5,7 +5,7 @@
 //! or the ACK timer, transmission restarts at the oldest unacknowledged PSN; RNR NAKs wait
 //! the peer's timer first. `retry_cnt` and `rnr_retry` (7 = forever) bound the attempts.
 
-use super::{cqe_for, RxeQp, State, WINDOW};
+use super::{byte_len, cqe_for, RxeQp, State, MAX_MSG, WINDOW};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicEthRepr, IethRepr, ImmDtRepr, NakCode, Opcode,
     RethRepr, RoceRepr, Syndrome,
@@ -317,7 +317,7 @@ impl RxeQp {
             return Err(WcStatus::LocLenErr);
         }
         let len = wqe.total_len();
-        if len > 1 << 31 {
+        if len > MAX_MSG {
             return Err(WcStatus::LocLenErr);
         }
         let mtu = st.mtu as u64;
@@ -520,7 +520,7 @@ impl RxeQp {
                     reth = Some(RethRepr {
                         va: w.wqe.remote_addr,
                         rkey: w.wqe.rkey,
-                        dma_len: w.len as u32,
+                        dma_len: byte_len(w.len),
                     });
                 }
                 if with_imm && is_last {
@@ -597,7 +597,7 @@ impl RxeQp {
             if w.wqe.signaled() {
                 let len = match w.op {
                     WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 8,
-                    _ => w.len as u32,
+                    _ => byte_len(w.len),
                 };
                 self.post_cqe(true, cqe_for(&w.wqe, self.qpn, WcStatus::Success, len));
             }

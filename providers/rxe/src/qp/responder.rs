@@ -7,9 +7,17 @@
 //! RETH (kept in the responder resources), atomics with their saved original value, never
 //! executed twice. A Send with no receive posted draws an RNR NAK. Access violations and
 //! malformed sequences draw a NAK and take the QP to Error (IBTA class B/C errors).
+//!
+//! What a peer may ask is bounded as kernel rxe bounds it: an RDMA Write, Read or atomic
+//! needs the matching remote right in the QP's access flags (`check_op_valid`); a Read or
+//! atomic beyond the responder resources (`max_dest_rd_atomic` read responses and atomic
+//! acknowledgements still queued) is an invalid request, so the output queue holds at most
+//! that many of them (plus one coalesced acknowledgement between each); a message is at
+//! most 2^31 bytes (so a Read never spans the PSN space back onto itself); and Send with
+//! Invalidate invalidates memory windows only — a registration is the consumer's to end.
 
 use super::requester::ack_aeth;
-use super::{cqe_for, RxeQp, State};
+use super::{byte_len, cqe_for, RxeQp, State, MAX_MSG};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicAckEthRepr, NakCode, Opcode, Operation, RoceRepr,
     Syndrome,
@@ -118,6 +126,19 @@ impl Responder {
         }
     }
 
+    /// Read responses and atomic acknowledgements queued: the responder resources in use.
+    fn rd_atomic_queued(&self) -> usize {
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j, Out::Read(_) | Out::AtomicAck { .. }))
+            .count()
+    }
+
+    /// Responder output queued (a bound the fuzz target and tests check).
+    pub fn queued(&self) -> usize {
+        self.jobs.len()
+    }
+
     fn remember(&mut self, r: Resource) {
         if self.resources.len() == RESOURCES {
             self.resources.pop_front();
@@ -137,6 +158,16 @@ fn access() -> Verdict {
 /// Our consumer corrupted its receive ring: the peer's request cannot be served.
 fn corrupt_ring() -> Verdict {
     Verdict::Fatal(NakCode::RemoteOperationalError, EventKind::QpFatal)
+}
+
+/// The remote right an operation needs in the QP's access flags (none for Sends).
+fn right_for(op: Operation) -> Access {
+    match op {
+        Operation::RdmaWrite => Access::REMOTE_WRITE,
+        Operation::RdmaReadRequest => Access::REMOTE_READ,
+        Operation::CompareSwap | Operation::FetchAdd => Access::REMOTE_ATOMIC,
+        _ => Access::empty(),
+    }
 }
 
 impl RxeQp {
@@ -170,13 +201,31 @@ impl RxeQp {
         if d < 0 {
             return self.duplicate(st, p);
         }
-        let verdict = match p.bth.opcode.operation() {
+        let op = p.bth.opcode.operation();
+        let verdict = if !st.attr.access.contains(right_for(op)) {
+            // The QP does not grant this operation (kernel rxe: check_op_valid).
+            self.dev.count(&self.dev.counters.qp_access_refused);
+            invalid()
+        } else {
+            self.execute(st, p, op)
+        };
+        self.conclude(st, p, verdict)
+    }
+
+    /// Carry out an in-sequence request the QP permits.
+    fn execute(&self, st: &mut State, p: &RoceRepr<'_>, op: Operation) -> Verdict {
+        match op {
             Operation::Send => self.recv_send(st, p),
             Operation::RdmaWrite => self.recv_write(st, p),
             Operation::RdmaReadRequest => self.recv_read(st, p),
             Operation::CompareSwap | Operation::FetchAdd => self.recv_atomic(st, p),
             _ => invalid(),
-        };
+        }
+    }
+
+    /// Account for what became of an in-sequence request and answer it.
+    fn conclude(&self, st: &mut State, p: &RoceRepr<'_>, verdict: Verdict) -> bool {
+        let psn = p.bth.psn;
         match verdict {
             Verdict::Done { npkts } => {
                 st.resp.psn = psn_add(psn, npkts);
@@ -203,20 +252,29 @@ impl RxeQp {
                 false
             }
             Verdict::Fatal(code, kind) => {
+                // The NAK goes out now, ahead of any read responses still queued: the QP
+                // goes to Error, which discards them.
                 self.dev.count(&self.dev.counters.nak_other_sent);
-                self.send_aeth(st, psn, Syndrome::Nak(code));
+                let msn = st.resp.msn;
+                let nak = AethRepr {
+                    syndrome: Syndrome::Nak(code),
+                    msn,
+                };
+                self.emit_ack(st, psn, nak);
                 self.fatal(st, kind, "responder refused a request");
                 false
             }
         }
     }
 
-    /// Acknowledge (or NAK) `psn`, behind any read responses still going out.
+    /// Acknowledge (or NAK) `psn`, behind any read responses still going out. Every
+    /// AETH acknowledges all that came before it, so one queued behind the same response
+    /// is replaced rather than joined: the queue never grows with acknowledgements.
     fn send_ack(&self, st: &mut State, psn: u32, aeth: AethRepr) {
-        if st.resp.jobs.is_empty() {
-            self.emit_ack(st, psn, aeth);
-        } else {
-            st.resp.jobs.push_back(Out::Ack { psn, aeth });
+        match st.resp.jobs.back_mut() {
+            None => self.emit_ack(st, psn, aeth),
+            Some(Out::Ack { psn: p, aeth: a }) => (*p, *a) = (psn, aeth),
+            Some(_) => st.resp.jobs.push_back(Out::Ack { psn, aeth }),
         }
     }
 
@@ -261,7 +319,13 @@ impl RxeQp {
             return invalid();
         };
         let (wqe_copy, at) = (*wqe, *off);
-        if at + p.payload.len() as u64 > wqe_copy.total_len() {
+        let end = at + p.payload.len() as u64;
+        if end > MAX_MSG {
+            st.resp.cur = None;
+            self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, WcStatus::LocLenErr, 0));
+            return invalid();
+        }
+        if end > wqe_copy.total_len() {
             st.resp.cur = None;
             self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, WcStatus::LocLenErr, 0));
             return invalid();
@@ -278,12 +342,7 @@ impl RxeQp {
             return Verdict::Done { npkts: 1 };
         }
         st.resp.cur = None;
-        let mut cqe = cqe_for(
-            &wqe_copy,
-            self.qpn,
-            WcStatus::Success,
-            (at + p.payload.len() as u64) as u32,
-        );
+        let mut cqe = cqe_for(&wqe_copy, self.qpn, WcStatus::Success, byte_len(end));
         cqe.src_qp = st.attr.dest_qpn;
         if p.bth.solicited {
             cqe.flags |= wc_flags::SOLICITED;
@@ -293,7 +352,11 @@ impl RxeQp {
             cqe.imm_or_inv = u32::from_ne_bytes(imm.imm.to_be_bytes());
         }
         if let Some(ieth) = p.ieth {
-            if self.dev.mrs.invalidate(ieth.rkey, self.pd).is_err() {
+            // Only a memory window may be invalidated remotely (IBTA; kernel rxe refuses
+            // user MRs): a registration ends when its consumer deregisters it.
+            let window = self.dev.mrs.lookup(ieth.rkey).is_ok_and(|r| r.is_window());
+            if !window || self.dev.mrs.invalidate(ieth.rkey, self.pd).is_err() {
+                self.dev.count(&self.dev.counters.remote_inv_refused);
                 self.post_cqe(
                     false,
                     cqe_for(&wqe_copy, self.qpn, WcStatus::RemInvReqErr, 0),
@@ -343,6 +406,9 @@ impl RxeQp {
                 return invalid();
             };
             let len = reth.dma_len as u64;
+            if len > MAX_MSG {
+                return invalid();
+            }
             let region = if len > 0 {
                 match self.dev.mrs.lookup(reth.rkey) {
                     Ok(r) if r.check(self.pd, reth.va, len, Access::REMOTE_WRITE).is_ok() => {
@@ -401,7 +467,7 @@ impl RxeQp {
             st.resp.cur = None;
             st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
             if let (Some(w), Some(imm)) = (recv, p.immdt) {
-                let mut cqe = cqe_for(&w, self.qpn, WcStatus::Success, len as u32);
+                let mut cqe = cqe_for(&w, self.qpn, WcStatus::Success, byte_len(len));
                 cqe.opcode = WcOpcode::RecvRdmaWithImm as u8;
                 cqe.flags |= wc_flags::WITH_IMM;
                 cqe.imm_or_inv = u32::from_ne_bytes(imm.imm.to_be_bytes());
@@ -422,7 +488,13 @@ impl RxeQp {
         let Some(reth) = p.reth else {
             return invalid();
         };
+        if !self.resources_left(st) {
+            return invalid();
+        }
         let len = reth.dma_len as u64;
+        if len > MAX_MSG {
+            return invalid();
+        }
         let region = match self.read_region(reth.rkey, reth.va, len) {
             Ok(r) => r,
             Err(v) => return v,
@@ -447,6 +519,17 @@ impl RxeQp {
         Verdict::Done { npkts }
     }
 
+    /// Whether a new Read or atomic fits the responder resources (`max_dest_rd_atomic`);
+    /// counted when it does not (the requester exceeded what was negotiated).
+    fn resources_left(&self, st: &State) -> bool {
+        let ird = st.attr.max_dest_rd_atomic.max(1) as usize;
+        let left = st.resp.rd_atomic_queued() < ird;
+        if !left {
+            self.dev.count(&self.dev.counters.rd_atomic_refused);
+        }
+        left
+    }
+
     fn read_region(&self, rkey: u32, va: u64, len: u64) -> Result<Option<Arc<Region>>, Verdict> {
         if len == 0 {
             return Ok(None);
@@ -464,6 +547,9 @@ impl RxeQp {
         let Some(a) = p.atomic_eth else {
             return invalid();
         };
+        if !self.resources_left(st) {
+            return invalid();
+        }
         if !a.va.is_multiple_of(8) {
             return invalid();
         }
@@ -570,6 +656,13 @@ impl RxeQp {
                     Out::Read(j) => !(psn_diff(j.psn, start) >= 0 && psn_diff(j.psn, end) < 0),
                     _ => true,
                 });
+                // Answered again within the responder resources too; beyond them the
+                // retry is dropped (the requester retries it later).
+                let ird = st.attr.max_dest_rd_atomic.max(1) as usize;
+                if st.resp.rd_atomic_queued() >= ird {
+                    self.dev.count(&self.dev.counters.rd_atomic_refused);
+                    return false;
+                }
                 st.resp.jobs.push_back(Out::Read(ReadJob {
                     psn,
                     va: lo,
@@ -584,8 +677,13 @@ impl RxeQp {
                     Resource::Atomic { psn: at, orig } if at == psn => Some(orig),
                     _ => None,
                 });
-                if let Some(orig) = orig {
-                    self.send_atomic_ack(st, psn, orig);
+                let ird = st.attr.max_dest_rd_atomic.max(1) as usize;
+                match orig {
+                    Some(orig) if st.resp.rd_atomic_queued() < ird => {
+                        self.send_atomic_ack(st, psn, orig)
+                    }
+                    Some(_) => self.dev.count(&self.dev.counters.rd_atomic_refused),
+                    None => {}
                 }
                 false
             }
