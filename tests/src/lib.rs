@@ -4,6 +4,7 @@
 pub mod impair;
 pub mod probe;
 pub mod raw_siw;
+pub mod roce;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -274,6 +275,26 @@ pub fn each_front_door(f: impl Fn(&FrontDoor)) {
     }
 }
 
+/// The value of device `device`'s counter `name` (`krdma stat`).
+pub fn device_counter(ctx: &Context, device: &str, name: &str) -> u64 {
+    let dev = ctx.device(device).expect("device").index;
+    ctx.stat_device(dev)
+        .expect("device counters")
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("{device} has no counter {name}"))
+}
+
+/// Wait (at most 20 s) until `device`'s counter `name` has grown past `before`.
+pub fn counted(ctx: &Context, device: &str, name: &str, before: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while device_counter(ctx, device, name) <= before {
+        assert!(Instant::now() < deadline, "{name} not counted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Deterministic test pattern.
 pub fn fill_pattern(buf: &mut [u8], seed: u32) {
     let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
@@ -347,6 +368,8 @@ impl BystanderReport {
 /// test attacks something else. Create it before the attack, check it after.
 pub struct Bystander {
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Round trips done so far.
+    done: Arc<std::sync::atomic::AtomicU64>,
     thread: Option<std::thread::JoinHandle<BystanderReport>>,
 }
 
@@ -355,6 +378,8 @@ impl Bystander {
         let (a, b, s, c) = connected_pair(door, device, 4096);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let halt = stop.clone();
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = done.clone();
         let device = device.to_string();
         let thread = std::thread::Builder::new()
             .name("bystander".into())
@@ -383,6 +408,7 @@ impl Bystander {
                     }
                     times.push(t0.elapsed());
                     i += 1;
+                    counter.store(i, std::sync::atomic::Ordering::Relaxed);
                     if halt.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
@@ -407,7 +433,21 @@ impl Bystander {
             .expect("spawn bystander");
         Bystander {
             stop,
+            done,
             thread: Some(thread),
+        }
+    }
+
+    /// Let the bystander do `n` more round trips (at most for `within`) before it is
+    /// checked, so an attack that was over quickly is still measured against traffic.
+    pub fn more_round_trips(&self, n: u64, within: Duration) {
+        let target = self.done.load(std::sync::atomic::Ordering::Relaxed) + n;
+        let deadline = Instant::now() + within;
+        while self.done.load(std::sync::atomic::Ordering::Relaxed) < target
+            && Instant::now() < deadline
+            && self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

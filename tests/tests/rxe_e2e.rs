@@ -126,9 +126,7 @@ fn send_with_invalidate_ends_a_window_never_a_registration() {
         let (a, _b, s, c) = pair(door, 8192);
         // A window over the first KiB of the server's buffer, bound in its send queue.
         let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        let bmr = a
-            .reg_mr(&s.pd, s.buf.as_ptr(), 8192, all | Access::MW_BIND)
-            .unwrap();
+        let bmr = a.reg_buf(&s.pd, &s.buf, all | Access::MW_BIND).unwrap();
         let mw = a.alloc_mw(&s.pd).unwrap();
         s.qp.post_send(&mw.bind_wqe(10, &bmr, 0, 1024, Access::REMOTE_WRITE))
             .unwrap();

@@ -1,14 +1,15 @@
 //! Hostile RoCEv2 packets against an rxe QP, through both kAL front doors: a raw-socket
-//! "peer" (root) sends crafted datagrams with valid or broken ICRCs. Each is dropped or
-//! NAKed per the IBTA rules and counted; no byte outside the registration changes; the
-//! engine never panics; a bystander connection keeps working.
+//! peer (root) sends crafted datagrams with valid or broken ICRCs. Each is dropped or
+//! NAKed per the IBTA rules and counted; no byte outside the registration changes (guard
+//! bytes around it are checked after the attacks); the engine never panics; a bystander
+//! tenant on rxe0, created before the attacks, keeps being served.
 
-use krdma_tests::{each_front_door, private_loopback, FrontDoor};
-use rxe::wire::{
-    icrc, AethRepr, BthRepr, NakCode, Opcode, RethRepr, RocePacket, RoceRepr, Syndrome,
+use krdma_tests::roce::{raw_possible, RawPeer};
+use krdma_tests::{
+    counted, device_counter, each_front_door, private_loopback, Bystander, FrontDoor,
 };
-use std::net::{Ipv4Addr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use rxe::wire::{AtomicEthRepr, BthRepr, IethRepr, NakCode, Opcode, RethRepr, RoceRepr, Syndrome};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::{
@@ -17,25 +18,53 @@ use ual::{
 };
 
 const T: Duration = Duration::from_secs(10);
+/// A bystander's round trip never takes longer than this while the attacks go on.
+const BYSTANDER_BOUND: Duration = Duration::from_secs(2);
 const GUARD: u8 = 0xee;
 const REG_OFF: usize = 4096;
-const REG_LEN: usize = 1000;
 const PEER_QPN: u32 = 0x77;
 const FIRST_PSN: u32 = 100;
 
-/// The victim: an RC QP at RTS towards the attacker, a registration with guard bytes
-/// around it, and a posted receive.
+/// What a victim QP and its registration allow.
+#[derive(Clone, Copy)]
+struct Spec {
+    /// The QP's remote rights (Modify QP to Init).
+    qp_access: Access,
+    /// The registration's rights.
+    mr_access: Access,
+    reg_len: usize,
+    /// Responder resources.
+    ird: u8,
+    mtu: u32,
+}
+
+impl Default for Spec {
+    fn default() -> Spec {
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        Spec {
+            qp_access: all,
+            mr_access: all,
+            reg_len: 1000,
+            ird: 1,
+            mtu: 1024,
+        }
+    }
+}
+
+/// The victim: a registration with guard bytes around it and an RC QP at RTS towards
+/// the attacker (more QPs in the same PD on demand).
 struct Victim {
     ctx: Arc<Context>,
-    qp: Arc<Qp>,
+    pd: Arc<Pd>,
     cq: Arc<ual::Cq>,
     buf: Arc<RegBuf>,
     mr: Arc<Mr>,
+    qp: Arc<Qp>,
     ip: Ipv4Addr,
-    _pd: Arc<Pd>,
+    spec: Spec,
 }
 
-fn victim(door: &FrontDoor, attacker: Ipv4Addr) -> Victim {
+fn victim(door: &FrontDoor, attacker: Ipv4Addr, spec: Spec) -> Victim {
     let ctx = door.open();
     let dev = ctx.device("rxe0").unwrap().index;
     let gid = ctx.query_port(dev, 1).unwrap().gids[0];
@@ -45,6 +74,33 @@ fn victim(door: &FrontDoor, attacker: Ipv4Addr) -> Victim {
     };
     let pd = ctx.alloc_pd(dev).unwrap();
     let cq = ctx.create_cq(dev, 64).unwrap();
+    let buf = RegBuf::new(2 * REG_OFF + spec.reg_len).unwrap();
+    buf.fill(GUARD);
+    let addr = buf.as_ptr() as u64 + REG_OFF as u64;
+    // SAFETY: the range lies inside `buf`, which the victim keeps with the MR.
+    let mr = unsafe { ctx.reg_mr(&pd, addr as *const u8, spec.reg_len, spec.mr_access) }.unwrap();
+    let qp = qp_towards(&ctx, &pd, &cq, attacker, spec);
+    qp.post_recv(&Wqe::recv(77, &[mr.sge(0, 64)])).unwrap();
+    Victim {
+        ctx,
+        pd,
+        cq,
+        buf,
+        mr,
+        qp,
+        ip,
+        spec,
+    }
+}
+
+/// An RC QP at RTS towards the attacker's QP `PEER_QPN`, expecting `FIRST_PSN`.
+fn qp_towards(
+    ctx: &Arc<Context>,
+    pd: &Arc<Pd>,
+    cq: &Arc<ual::Cq>,
+    attacker: Ipv4Addr,
+    spec: Spec,
+) -> Arc<Qp> {
     let caps = QpCaps {
         max_send_wr: 8,
         max_recv_wr: 8,
@@ -54,34 +110,28 @@ fn victim(door: &FrontDoor, attacker: Ipv4Addr) -> Victim {
     };
     let qp = ctx
         .create_qp(
-            &pd,
-            &cq,
-            &cq,
+            pd,
+            cq,
+            cq,
             QpConfig {
                 caps,
                 ..Default::default()
             },
         )
         .unwrap();
-    let buf = RegBuf::new(3 * 4096).unwrap();
-    buf.fill(GUARD);
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let addr = buf.as_ptr() as u64 + REG_OFF as u64;
-    // SAFETY: the range lies inside `buf`, which the returned side keeps with the MR.
-    let mr = unsafe { ctx.reg_mr(&pd, addr as *const u8, REG_LEN, all) }.unwrap();
     let init = QpAttr {
         state: QpState::Init,
-        access: all,
+        access: spec.qp_access,
         ..QpAttr::default()
     };
     qp.modify(&init, QpAttrMask::STATE | QpAttrMask::ACCESS)
         .unwrap();
     let rtr = QpAttr {
         state: QpState::Rtr,
-        path_mtu: 1024,
+        path_mtu: spec.mtu,
         dest_qpn: PEER_QPN,
         rq_psn: FIRST_PSN,
-        max_dest_rd_atomic: 1,
+        max_dest_rd_atomic: spec.ird,
         dgid: rnicpi::ip_to_gid(attacker.into()),
         ..QpAttr::default()
     };
@@ -102,118 +152,44 @@ fn victim(door: &FrontDoor, attacker: Ipv4Addr) -> Victim {
     };
     qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
         .unwrap();
-    qp.post_recv(&Wqe::recv(77, &[mr.sge(0, 64)])).unwrap();
-    Victim {
-        ctx,
-        qp,
-        cq,
-        buf,
-        mr,
-        ip,
-        _pd: pd,
-    }
+    qp
 }
 
-/// The attacker: a raw IPv4 socket (our own headers, so our own ICRC) and a UDP socket on
-/// its address's port 4791 to hear the victim's answers.
-struct Attacker {
-    raw: OwnedFd,
-    rx: UdpSocket,
-    ip: Ipv4Addr,
-    id: u16,
-}
-
-impl Attacker {
-    fn new(ip: Ipv4Addr) -> Attacker {
-        // SAFETY: plain socket(2); checked before it is owned.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_INET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::IPPROTO_RAW,
-            )
+impl Victim {
+    /// Another QP in the victim's PD (its registration reachable through it), at RTS.
+    fn another_qp(&self, attacker: Ipv4Addr, qp_access: Access) -> Arc<Qp> {
+        let spec = Spec {
+            qp_access,
+            ..self.spec
         };
-        assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-        // SAFETY: a fresh descriptor nobody else owns.
-        let raw = unsafe { OwnedFd::from_raw_fd(fd) };
-        let rx = UdpSocket::bind((ip, rxe::wire::ROCEV2_UDP_PORT)).unwrap();
-        rx.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        Attacker { raw, rx, ip, id: 1 }
+        qp_towards(&self.ctx, &self.pd, &self.cq, attacker, spec)
     }
 
-    /// Send `repr` to `dst` with a correct ICRC, or a broken one.
-    fn send(&mut self, dst: Ipv4Addr, repr: &RoceRepr<'_>, break_icrc: bool) {
-        let roce = repr.to_vec().unwrap();
-        self.send_bytes(dst, roce, break_icrc);
+    fn guards_intact(&self) -> bool {
+        let all = self.buf.to_vec();
+        all[..REG_OFF]
+            .iter()
+            .chain(&all[REG_OFF + self.spec.reg_len..])
+            .all(|&b| b == GUARD)
     }
 
-    fn send_bytes(&mut self, dst: Ipv4Addr, roce: Vec<u8>, break_icrc: bool) {
-        let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
-        self.id = self.id.wrapping_add(1).max(1);
-        let ip = icrc::ipv4_header_for(self.ip, dst, self.id, 64, 0, udp_len);
-        let mut udp = icrc::udp_header_for(0xc123, udp_len).to_vec();
-        udp.extend_from_slice(&roce);
-        icrc::fill_ipv4(&ip, &mut udp).unwrap();
-        if break_icrc {
-            let n = udp.len();
-            udp[n - 1] ^= 0x5a;
-        }
-        let mut pkt = ip.to_vec();
-        pkt.extend_from_slice(&udp);
-        // SAFETY: sockaddr_in is plain data; all-zero is valid before the fields are set.
-        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        sa.sin_family = libc::AF_INET as libc::sa_family_t;
-        sa.sin_addr.s_addr = u32::from(dst).to_be();
-        // SAFETY: pkt and sa are valid for the sizes passed.
-        let r = unsafe {
-            libc::sendto(
-                self.raw.as_raw_fd(),
-                pkt.as_ptr() as *const libc::c_void,
-                pkt.len(),
-                0,
-                &sa as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_in>() as u32,
-            )
-        };
-        assert_eq!(r, pkt.len() as isize, "{}", std::io::Error::last_os_error());
+    fn counter(&self, name: &str) -> u64 {
+        device_counter(&self.ctx, "rxe0", name)
     }
 
-    /// The next answer from the victim: (opcode, PSN, AETH syndrome).
-    fn answer(&self) -> Option<(Opcode, u32, Option<Syndrome>)> {
-        let mut b = [0u8; 4096];
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(n) = self.rx.recv(&mut b) {
-                let p = RocePacket::new_checked(&b[..n]).ok()?;
-                let r = RoceRepr::parse(&p).ok()?;
-                return Some((
-                    r.bth.opcode,
-                    r.bth.psn,
-                    r.aeth.map(|a: AethRepr| a.syndrome),
-                ));
+    fn counted(&self, name: &str, before: u64) {
+        counted(&self.ctx, "rxe0", name, before)
+    }
+
+    /// Wait for `qp`'s affiliated event `kind` (QP errors come one per QP).
+    fn event(&self, qp: &Qp, kind: EventKind) {
+        let deadline = Instant::now() + T;
+        loop {
+            let ev = qp.next_event(deadline - Instant::now()).expect("QP event");
+            if ev.kind == kind {
+                return;
             }
         }
-        None
-    }
-}
-
-fn counter(ctx: &Context, name: &str) -> u64 {
-    let dev = ctx.device("rxe0").unwrap().index;
-    ctx.stat_device(dev)
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v)
-        .unwrap_or_else(|| panic!("no counter {name}"))
-}
-
-/// Wait until `name` has grown past `before`.
-fn counted(ctx: &Context, name: &str, before: u64) {
-    let deadline = Instant::now() + T;
-    while counter(ctx, name) <= before {
-        assert!(Instant::now() < deadline, "{name} not counted");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -229,32 +205,54 @@ fn write(psn: u32, qpn: u32, va: u64, rkey: u32, data: &[u8]) -> RoceRepr<'_> {
     r
 }
 
-fn guards_intact(v: &Victim) -> bool {
-    let all = v.buf.to_vec();
-    all[..REG_OFF]
-        .iter()
-        .chain(&all[REG_OFF + REG_LEN..])
-        .all(|&b| b == GUARD)
+fn read(psn: u32, qpn: u32, va: u64, rkey: u32, len: u32) -> RoceRepr<'static> {
+    let mut r = RoceRepr::new(BthRepr::new(Opcode::RcRdmaReadRequest, qpn, psn), &[]);
+    r.bth.ack_req = true;
+    r.reth = Some(RethRepr {
+        va,
+        rkey,
+        dma_len: len,
+    });
+    r
+}
+
+fn fetch_add(psn: u32, qpn: u32, va: u64, rkey: u32) -> RoceRepr<'static> {
+    let mut r = RoceRepr::new(BthRepr::new(Opcode::RcFetchAdd, qpn, psn), &[]);
+    r.bth.ack_req = true;
+    r.atomic_eth = Some(AtomicEthRepr {
+        va,
+        rkey,
+        swap_add: 1,
+        compare: 0,
+    });
+    r
+}
+
+/// The bystander did a few more round trips after the attack, none slower than the bound.
+fn served(bystander: Bystander) {
+    bystander.more_round_trips(10, T);
+    bystander.finish().assert_served(BYSTANDER_BOUND);
+}
+
+fn nak(code: NakCode) -> Option<Syndrome> {
+    Some(Syndrome::Nak(code))
+}
+
+/// The attacker's address for test `n` through `door` (each test and door its own).
+fn attacker_ip(door: &FrontDoor, n: u8) -> Ipv4Addr {
+    private_loopback(120 + 2 * n + matches!(door, FrontDoor::Daemon(_)) as u8)
 }
 
 #[test]
 fn hostile_packets_are_dropped_or_naked_and_counted() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run the hostile-packet test (root)"
-        );
-        eprintln!("skipped: needs root for raw sockets");
+    if !raw_possible() {
         return;
     }
     each_front_door(|door| {
-        let attacker_ip = private_loopback(if matches!(door, FrontDoor::Embedded) {
-            120
-        } else {
-            121
-        });
-        let mut a = Attacker::new(attacker_ip);
-        let v = victim(door, attacker_ip);
+        let bystander = Bystander::start(door, "rxe0");
+        let ip = attacker_ip(door, 0);
+        let mut a = RawPeer::new(ip);
+        let v = victim(door, ip, Spec::default());
         let qpn = v.qp.qp_num;
         let (va, rkey) = (v.mr.addr, v.mr.rkey);
 
@@ -269,34 +267,34 @@ fn hostile_packets_are_dropped_or_naked_and_counted() {
         let mut psn = FIRST_PSN + 1;
 
         // Bad ICRC: dropped, counted, not placed.
-        let before = counter(&v.ctx, "rx_bad_icrc");
+        let before = v.counter("rx_bad_icrc");
         a.send(v.ip, &write(psn, qpn, va, rkey, b"XXXXX"), true);
-        counted(&v.ctx, "rx_bad_icrc", before);
+        v.counted("rx_bad_icrc", before);
 
         // Wrong P_Key, unknown QP, garbage opcode: dropped and counted.
         let mut p = write(psn, qpn, va, rkey, b"XXXXX");
         p.bth.pkey = 0x1234;
-        let before = counter(&v.ctx, "rx_bad_pkey");
+        let before = v.counter("rx_bad_pkey");
         a.send(v.ip, &p, false);
-        counted(&v.ctx, "rx_bad_pkey", before);
-        let before = counter(&v.ctx, "rx_unknown_qp");
+        v.counted("rx_bad_pkey", before);
+        let before = v.counter("rx_unknown_qp");
         a.send(v.ip, &write(psn, 0xabcdef, va, rkey, b"XXXXX"), false);
-        counted(&v.ctx, "rx_unknown_qp", before);
+        v.counted("rx_unknown_qp", before);
         let mut junk = write(psn, qpn, va, rkey, b"XXXXX").to_vec().unwrap();
         junk[0] = 0x1f; // no such opcode
-        let before = counter(&v.ctx, "rx_malformed");
+        let before = v.counter("rx_malformed");
         a.send_bytes(v.ip, junk, false);
-        counted(&v.ctx, "rx_malformed", before);
+        v.counted("rx_malformed", before);
 
         // A PSN far ahead: one sequence NAK naming the expected PSN, nothing placed.
-        let before = counter(&v.ctx, "nak_seq_sent");
+        let before = v.counter("nak_seq_sent");
         a.send(v.ip, &write(psn + 0x1000, qpn, va, rkey, b"XXXXX"), false);
-        let nak = a.answer().expect("sequence NAK");
+        let nak_seq = a.answer().expect("sequence NAK");
         assert_eq!(
-            (nak.1, nak.2),
-            (psn, Some(Syndrome::Nak(NakCode::PsnSequenceError)))
+            (nak_seq.1, nak_seq.2),
+            (psn, nak(NakCode::PsnSequenceError))
         );
-        counted(&v.ctx, "nak_seq_sent", before);
+        v.counted("nak_seq_sent", before);
 
         // Random headers with valid ICRCs: never a panic, never a write outside.
         let mut x = 0x1234_5678_9abc_def0u64;
@@ -312,50 +310,228 @@ fn hostile_packets_are_dropped_or_naked_and_counted() {
             raw[i] ^= (x >> 32) as u8 | 1;
             a.send_bytes(v.ip, raw, false);
         }
-        // The victim still answers (maybe in Error by now): drain and go on.
+        // The victim still answers (maybe in Error by now): drain, then look at memory.
         while a.answer().is_some() {}
+        assert!(
+            v.guards_intact(),
+            "a byte outside the registration changed under the mutated packets"
+        );
 
         // A fresh victim for the final blow: a write past the end of the registration
         // draws a remote access NAK, the QP goes to Error, no guard byte changes.
         drop(v);
-        let v = victim(door, attacker_ip);
+        let v = victim(door, ip, Spec::default());
         let qpn = v.qp.qp_num;
         psn = FIRST_PSN;
-        a.send(
-            v.ip,
-            &write(
-                psn,
-                qpn,
-                v.mr.addr + REG_LEN as u64 - 2,
-                v.mr.rkey,
-                b"OVERFLOW",
-            ),
-            false,
-        );
-        let nak = a.answer().expect("access NAK");
+        let past = v.mr.addr + v.spec.reg_len as u64 - 2;
+        a.send(v.ip, &write(psn, qpn, past, v.mr.rkey, b"OVERFLOW"), false);
+        let nak_access = a.answer().expect("access NAK");
         assert_eq!(
-            (nak.1, nak.2),
-            (psn, Some(Syndrome::Nak(NakCode::RemoteAccessError)))
+            (nak_access.1, nak_access.2),
+            (psn, nak(NakCode::RemoteAccessError))
         );
         let c = v.cq.wait(1, T).unwrap();
         assert_eq!((c[0].wr_id, c[0].status()), (77, WcStatus::WrFlushErr));
-        let deadline = Instant::now() + T;
-        loop {
-            let ev =
-                v.qp.next_event(deadline - Instant::now())
-                    .expect("access event");
-            if ev.kind == EventKind::QpAccessError {
-                break;
-            }
-        }
+        v.event(&v.qp, EventKind::QpAccessError);
         assert_eq!(v.qp.state().unwrap(), QpState::Error);
-        assert!(guards_intact(&v), "a byte outside the registration changed");
+        assert!(v.guards_intact(), "a byte outside the registration changed");
+        served(bystander);
+    });
+}
 
-        // A bystander pair on the same device is unaffected.
-        let (s, c) = ual::perf::connect_pair(&door.open(), &door.open(), "rxe0", 4096, 8).unwrap();
-        s.post_recv(1, 0, 64).unwrap();
-        c.send(2, 0, 16, ual::send_flags::SIGNALED).unwrap();
-        s.complete(1).unwrap();
-        c.complete(1).unwrap();
+/// M1: with one responder resource, a peer streaming RDMA Read Requests draws an
+/// invalid-request NAK and the QP goes to Error instead of queueing responses without
+/// bound; a Read or Write longer than 2^31 bytes is refused before any memory is looked
+/// at (it could otherwise wrap the PSN space back onto itself).
+#[test]
+fn reads_beyond_the_responder_resources_are_refused() {
+    if !raw_possible() {
+        return;
+    }
+    each_front_door(|door| {
+        let bystander = Bystander::start(door, "rxe0");
+        let ip = attacker_ip(door, 1);
+        let mut a = RawPeer::new(ip);
+        let spec = Spec {
+            reg_len: 1 << 20,
+            ird: 1,
+            mtu: 256,
+            ..Spec::default()
+        };
+        let v = victim(door, ip, spec);
+        let (qpn, va, rkey) = (v.qp.qp_num, v.mr.addr, v.mr.rkey);
+        let len = spec.reg_len as u32;
+        let per_read = len / spec.mtu; // responses (and PSNs) of one Read
+        let before = v.counter("rd_atomic_refused");
+        const READS: u32 = 64;
+        for k in 0..READS {
+            a.send(
+                v.ip,
+                &read(FIRST_PSN + k * per_read, qpn, va, rkey, len),
+                false,
+            );
+        }
+        let answers = a.answers(Duration::from_secs(1));
+        let responses = answers
+            .iter()
+            .filter(|(op, ..)| op.operation() == rxe::wire::Operation::RdmaReadResponse)
+            .count() as u32;
+        let refused: Vec<_> = answers
+            .iter()
+            .filter(|a| a.2 == nak(NakCode::InvalidRequest))
+            .collect();
+        assert_eq!(refused.len(), 1, "one invalid-request NAK, then Error");
+        // It names a Read that came while the responder resource was still in use: at
+        // most the reads the scheduler let finish in between were answered.
+        let k = (refused[0].1 - FIRST_PSN) / per_read;
+        assert!((1..READS).contains(&k), "NAK for read {k}");
+        assert!(
+            responses <= k * per_read,
+            "{responses} responses for {k} reads"
+        );
+        v.counted("rd_atomic_refused", before);
+        v.event(&v.qp, EventKind::QpRequestError);
+
+        // Longer than a message may be: refused as invalid, not looked up.
+        for (i, too_long) in [read(FIRST_PSN, 0, va, rkey, (1 << 31) + 1), {
+            let mut w = write(FIRST_PSN, 0, va, rkey, &[0; 256]);
+            w.bth.opcode = Opcode::RcRdmaWriteFirst;
+            w.reth.as_mut().unwrap().dma_len = u32::MAX;
+            w
+        }]
+        .into_iter()
+        .enumerate()
+        {
+            let qp = v.another_qp(ip, spec.qp_access);
+            let mut p = too_long;
+            p.bth.dest_qp = qp.qp_num;
+            a.send(v.ip, &p, false);
+            let ans = a.answer().expect("NAK");
+            assert_eq!(
+                (ans.1, ans.2),
+                (FIRST_PSN, nak(NakCode::InvalidRequest)),
+                "too long #{i}"
+            );
+        }
+        assert!(v.guards_intact());
+        served(bystander);
+    });
+}
+
+/// M2: the QP's access flags bound what a peer may do, whatever the registration allows
+/// (kernel rxe's check_op_valid): an operation the QP does not grant draws an
+/// invalid-request NAK, nothing is placed, and the QP goes to Error.
+#[test]
+fn qp_access_flags_refuse_what_the_qp_does_not_grant() {
+    if !raw_possible() {
+        return;
+    }
+    each_front_door(|door| {
+        let bystander = Bystander::start(door, "rxe0");
+        let ip = attacker_ip(door, 2);
+        let mut a = RawPeer::new(ip);
+        let everything = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        let spec = Spec {
+            qp_access: Access::empty(),
+            mr_access: everything,
+            reg_len: 64,
+            ..Spec::default()
+        };
+        let v = victim(door, ip, spec);
+        let (va, rkey) = (v.mr.addr, v.mr.rkey);
+        let before = v.counter("qp_access_refused");
+        // A QP granting nothing, then one granting everything but the right needed.
+        let refused = |qp: &Qp, mut p: RoceRepr<'_>, a: &mut RawPeer| {
+            p.bth.dest_qp = qp.qp_num;
+            let op = p.bth.opcode;
+            a.send(v.ip, &p, false);
+            let ans = a.answer().expect("NAK");
+            assert_eq!(
+                (ans.1, ans.2),
+                (FIRST_PSN, nak(NakCode::InvalidRequest)),
+                "{op:?}"
+            );
+            v.event(qp, EventKind::QpRequestError);
+        };
+        refused(&v.qp, write(FIRST_PSN, 0, va, rkey, b"PWNED"), &mut a);
+        let cases = [
+            (
+                Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+                write(FIRST_PSN, 0, va, rkey, b"PWNED"),
+            ),
+            (
+                Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+                read(FIRST_PSN, 0, va, rkey, 8),
+            ),
+            (
+                Access::REMOTE_WRITE | Access::REMOTE_READ,
+                fetch_add(FIRST_PSN, 0, va, rkey),
+            ),
+        ];
+        for (grants, p) in cases {
+            refused(&v.another_qp(ip, grants), p, &mut a);
+        }
+        assert!(v.counter("qp_access_refused") >= before + 4);
+        let mut word = [0u8; 8];
+        v.buf.read(REG_OFF, &mut word);
+        assert_eq!(word, [GUARD; 8], "nothing placed, nothing added");
+
+        // A QP that grants the right lets the same Write through.
+        let qp = v.another_qp(ip, Access::REMOTE_WRITE);
+        a.send(v.ip, &write(FIRST_PSN, qp.qp_num, va, rkey, b"fine"), false);
+        assert!(matches!(
+            a.answer().expect("ACK").2,
+            Some(Syndrome::Ack { .. })
+        ));
+        v.buf.read(REG_OFF, &mut word[..4]);
+        assert_eq!(&word[..4], b"fine");
+        assert!(v.guards_intact());
+        served(bystander);
+    });
+}
+
+/// M6: a peer may invalidate only memory windows with Send with Invalidate; naming a
+/// registration's key is an invalid request, and the registration keeps working.
+#[test]
+fn remote_invalidation_of_a_registration_is_refused() {
+    if !raw_possible() {
+        return;
+    }
+    each_front_door(|door| {
+        let bystander = Bystander::start(door, "rxe0");
+        let ip = attacker_ip(door, 3);
+        let mut a = RawPeer::new(ip);
+        let v = victim(door, ip, Spec::default());
+        let before = v.counter("remote_inv_refused");
+        let mut bth = BthRepr::new(Opcode::RcSendOnlyInv, v.qp.qp_num, FIRST_PSN);
+        bth.ack_req = true;
+        let mut inv = RoceRepr::new(bth, b"bye!");
+        inv.ieth = Some(IethRepr { rkey: v.mr.rkey });
+        a.send(v.ip, &inv, false);
+        let ans = a.answer().expect("NAK");
+        assert_eq!((ans.1, ans.2), (FIRST_PSN, nak(NakCode::InvalidRequest)));
+        let c = v.cq.wait(1, T).unwrap();
+        assert_eq!((c[0].wr_id, c[0].status()), (77, WcStatus::RemInvReqErr));
+        v.counted("remote_inv_refused", before);
+
+        // The registration still works, through another QP of its PD.
+        let qp = v.another_qp(ip, Spec::default().qp_access);
+        a.send(
+            v.ip,
+            &write(FIRST_PSN, qp.qp_num, v.mr.addr, v.mr.rkey, b"alive"),
+            false,
+        );
+        assert!(matches!(
+            a.answer().expect("ACK").2,
+            Some(Syndrome::Ack { .. })
+        ));
+        let mut got = [0u8; 5];
+        v.buf.read(REG_OFF, &mut got);
+        assert_eq!(&got, b"alive");
+        assert!(v.guards_intact());
+        served(bystander);
     });
 }
