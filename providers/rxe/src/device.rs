@@ -316,6 +316,25 @@ impl RxeDevice {
     }
 }
 
+impl RxeDevice {
+    /// Hand one RoCEv2 datagram (the UDP payload: BTH .. ICRC) from `src` to `dst` to the
+    /// device exactly as its receive thread does once the ICRC has been verified:
+    /// demultiplexed by destination QP, to the QP's engine or to the CM. This is the seam
+    /// the `rxe_engine` fuzz target drives the engine through without raw sockets (the
+    /// ICRC and datagram framing have their own target, `rxe_packet`).
+    pub fn receive(&self, src: IpAddr, dst: IpAddr, sport: u16, roce: &[u8]) {
+        deliver(
+            &self.shared,
+            &Datagram {
+                src,
+                dst,
+                sport,
+                roce,
+            },
+        );
+    }
+}
+
 impl Drop for RxeDevice {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);

@@ -692,15 +692,43 @@ proptest! {
     }
 }
 
-/// `scripts/fuzz.sh seed`: the captured datagrams become the `rxe_packet` fuzz corpus.
+/// `scripts/fuzz.sh seed`: the captured datagrams become the `rxe_packet` fuzz corpus,
+/// and what each host of a capture received becomes an `rxe_engine` input: its packets
+/// as capture records (`tag 0, length u16 little-endian, the RoCEv2 packet`, see
+/// `tests/fuzz/fuzz_targets/rxe_engine/input.rs`), a few KiB of them.
 #[test]
 fn write_fuzz_seeds() {
     let Some(dir) = std::env::var_os("KRDMA_FUZZ_SEEDS") else {
         return;
     };
-    let dir = PathBuf::from(dir).join("rxe_packet");
-    std::fs::create_dir_all(&dir).unwrap();
+    let packets = PathBuf::from(&dir).join("rxe_packet");
+    std::fs::create_dir_all(&packets).unwrap();
     for (i, d) in corpus().iter().enumerate() {
-        std::fs::write(dir.join(format!("capture-{i:04}")), d).unwrap();
+        std::fs::write(packets.join(format!("capture-{i:04}")), d).unwrap();
+    }
+    let engine = PathBuf::from(&dir).join("rxe_engine");
+    std::fs::create_dir_all(&engine).unwrap();
+    for name in [
+        "rping_rxe.pcap",
+        "rdma_server_rxe.pcap",
+        "send_lat_rxe.pcap",
+        "rc_pingpong_rxe_first400.pcap",
+        "write_bw_rxe_first400.pcap",
+    ] {
+        let frames = roce_frames(name);
+        for to in [VM1, VM2] {
+            let mut seed = Vec::new();
+            for f in frames.iter().filter(|f| f.src() != to) {
+                let roce = f.roce();
+                if seed.len() + 3 + roce.len() > 3000 {
+                    break;
+                }
+                seed.push(0u8);
+                seed.extend_from_slice(&(roce.len() as u16).to_le_bytes());
+                seed.extend_from_slice(roce);
+            }
+            let stem = name.trim_end_matches(".pcap");
+            std::fs::write(engine.join(format!("{stem}-to-{to}")), seed).unwrap();
+        }
     }
 }
