@@ -42,7 +42,20 @@ pub struct RawPeer {
 impl RawPeer {
     /// A peer at `ip` (a loopback address of the test's own).
     pub fn new(ip: Ipv4Addr) -> RawPeer {
-        let rx = UdpSocket::bind((ip, rxe::wire::ROCEV2_UDP_PORT)).unwrap();
+        use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+        // SO_REUSEADDR: an rxe0 elsewhere on the host may hold the wildcard port 4791 (with
+        // it too); the datagrams to our own address still come to this socket.
+        let fd = socket::socket(
+            AddressFamily::Inet,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        socket::setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+        let sa = SockaddrIn::from(std::net::SocketAddrV4::new(ip, rxe::wire::ROCEV2_UDP_PORT));
+        socket::bind(fd.as_raw_fd(), &sa).unwrap();
+        let rx = UdpSocket::from(fd);
         rx.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         RawPeer {

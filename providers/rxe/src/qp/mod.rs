@@ -597,7 +597,7 @@ impl ProviderQp for RxeQp {
     }
 
     /// `resp_queued`: responder output waiting to be sent (read responses, atomic and
-    /// plain acknowledgements); at most `2 × max_dest_rd_atomic + 1`.
+    /// plain acknowledgements); at most `4 × max_dest_rd_atomic + 1`.
     fn counters(&self) -> Vec<Counter> {
         vec![("resp_queued", self.st.lock().resp.queued() as u64)]
     }

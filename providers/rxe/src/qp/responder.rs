@@ -10,9 +10,10 @@
 //!
 //! What a peer may ask is bounded as kernel rxe bounds it: an RDMA Write, Read or atomic
 //! needs the matching remote right in the QP's access flags (`check_op_valid`); a Read or
-//! atomic beyond the responder resources (`max_dest_rd_atomic` read responses and atomic
-//! acknowledgements still queued) is an invalid request, so the output queue holds at most
-//! that many of them (plus one coalesced acknowledgement between each); a message is at
+//! atomic that comes while `max_dest_rd_atomic` earlier ones still have responses queued
+//! is an invalid request; answers to retried requests are bounded the same way (older
+//! ones recycled), and acknowledgements behind them coalesce, so the output queue stays
+//! within 4 × IRD + 1 entries; a message is at
 //! most 2^31 bytes (so a Read never spans the PSN space back onto itself); and Send with
 //! Invalidate invalidates memory windows only — a registration is the consumer's to end.
 
@@ -26,8 +27,6 @@ use rnicpi::*;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// Read and atomic requests remembered for answering duplicates.
-const RESOURCES: usize = 32;
 /// Out-of-sequence packets after which a lost sequence NAK is sent again.
 const RENAK_AFTER: u32 = 8;
 
@@ -64,8 +63,28 @@ enum Resource {
 /// responses are going out, the acknowledgements of later requests wait behind them.
 enum Out {
     Read(ReadJob),
-    Ack { psn: u32, aeth: AethRepr },
-    AtomicAck { psn: u32, orig: u64, msn: u32 },
+    Ack {
+        psn: u32,
+        aeth: AethRepr,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+        replay: bool,
+    },
+}
+
+impl Out {
+    /// A read response or atomic acknowledgement (a responder resource), and whether it
+    /// answers a duplicate again.
+    fn resource(&self) -> Option<bool> {
+        match self {
+            Out::Read(j) => Some(j.replay),
+            Out::AtomicAck { replay, .. } => Some(*replay),
+            Out::Ack { .. } => None,
+        }
+    }
 }
 
 /// Read responses still to transmit.
@@ -75,6 +94,8 @@ struct ReadJob {
     left: u64,
     first: bool,
     region: Option<Arc<Region>>,
+    /// Answers a duplicate (a retried request) again.
+    replay: bool,
 }
 
 pub(crate) struct Responder {
@@ -126,25 +147,49 @@ impl Responder {
         }
     }
 
-    /// Read responses and atomic acknowledgements queued: the responder resources in use.
-    fn rd_atomic_queued(&self) -> usize {
+    /// Read responses and atomic acknowledgements queued that answer a request for the
+    /// first time: the responder resources in use. While one is queued its requester has
+    /// not had all of it, so one more than IRD of them means the requester exceeded IRD.
+    fn originals(&self) -> usize {
         self.jobs
             .iter()
-            .filter(|j| matches!(j, Out::Read(_) | Out::AtomicAck { .. }))
+            .filter(|j| j.resource() == Some(false))
             .count()
     }
 
-    /// Responder output queued (a bound the fuzz target and tests check).
+    /// Responder output queued: at most `ird` originals, `ird` replays and one coalesced
+    /// acknowledgement before each and at the end (a bound the fuzz target checks).
     pub fn queued(&self) -> usize {
         self.jobs.len()
     }
 
-    fn remember(&mut self, r: Resource) {
-        if self.resources.len() == RESOURCES {
+    /// Queue a replay (the answer to a retried request); with `ird` of them queued
+    /// already, the oldest is recycled first, as kernel rxe recycles its responder
+    /// resources: the retry asks again for what the older replays were still sending.
+    fn push_replay(&mut self, out: Out, ird: usize) {
+        let replays = self.jobs.iter().filter(|j| j.resource() == Some(true));
+        if replays.count() >= ird {
+            if let Some(i) = self.jobs.iter().position(|j| j.resource() == Some(true)) {
+                self.jobs.remove(i);
+            }
+        }
+        self.jobs.push_back(out);
+    }
+
+    /// Remember a read or atomic for its duplicates: the last `ird` of them, as kernel
+    /// rxe keeps `max_dest_rd_atomic` resources (a requester retries only what it has
+    /// outstanding, at most ORD ≤ IRD requests).
+    fn remember(&mut self, r: Resource, ird: usize) {
+        while self.resources.len() >= ird {
             self.resources.pop_front();
         }
         self.resources.push_back(r);
     }
+}
+
+/// The QP's responder resources (`max_dest_rd_atomic`, at least 1).
+fn ird(st: &State) -> usize {
+    st.attr.max_dest_rd_atomic.max(1) as usize
 }
 
 fn invalid() -> Verdict {
@@ -501,13 +546,16 @@ impl RxeQp {
         };
         let npkts = len.div_ceil(st.mtu as u64).max(1) as u32;
         let psn = p.bth.psn;
-        st.resp.remember(Resource::Read {
-            psn,
-            npkts,
-            va: reth.va,
-            rkey: reth.rkey,
-            len,
-        });
+        st.resp.remember(
+            Resource::Read {
+                psn,
+                npkts,
+                va: reth.va,
+                rkey: reth.rkey,
+                len,
+            },
+            ird(st),
+        );
         st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
         st.resp.jobs.push_back(Out::Read(ReadJob {
             psn,
@@ -515,6 +563,7 @@ impl RxeQp {
             left: len,
             first: true,
             region,
+            replay: false,
         }));
         Verdict::Done { npkts }
     }
@@ -522,8 +571,7 @@ impl RxeQp {
     /// Whether a new Read or atomic fits the responder resources (`max_dest_rd_atomic`);
     /// counted when it does not (the requester exceeded what was negotiated).
     fn resources_left(&self, st: &State) -> bool {
-        let ird = st.attr.max_dest_rd_atomic.max(1) as usize;
-        let left = st.resp.rd_atomic_queued() < ird;
+        let left = st.resp.originals() < ird(st);
         if !left {
             self.dev.count(&self.dev.counters.rd_atomic_refused);
         }
@@ -573,19 +621,20 @@ impl RxeQp {
             Err(_) => return access(),
         };
         let psn = p.bth.psn;
-        st.resp.remember(Resource::Atomic { psn, orig });
+        st.resp.remember(Resource::Atomic { psn, orig }, ird(st));
         st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
-        self.send_atomic_ack(st, psn, orig);
-        Verdict::Done { npkts: 1 }
-    }
-
-    fn send_atomic_ack(&self, st: &mut State, psn: u32, orig: u64) {
         let msn = st.resp.msn;
         if st.resp.jobs.is_empty() {
             self.emit_atomic_ack(st, psn, orig, msn);
         } else {
-            st.resp.jobs.push_back(Out::AtomicAck { psn, orig, msn });
+            st.resp.jobs.push_back(Out::AtomicAck {
+                psn,
+                orig,
+                msn,
+                replay: false,
+            });
         }
+        Verdict::Done { npkts: 1 }
     }
 
     fn emit_atomic_ack(&self, st: &State, psn: u32, orig: u64, msn: u32) {
@@ -656,20 +705,16 @@ impl RxeQp {
                     Out::Read(j) => !(psn_diff(j.psn, start) >= 0 && psn_diff(j.psn, end) < 0),
                     _ => true,
                 });
-                // Answered again within the responder resources too; beyond them the
-                // retry is dropped (the requester retries it later).
-                let ird = st.attr.max_dest_rd_atomic.max(1) as usize;
-                if st.resp.rd_atomic_queued() >= ird {
-                    self.dev.count(&self.dev.counters.rd_atomic_refused);
-                    return false;
-                }
-                st.resp.jobs.push_back(Out::Read(ReadJob {
+                let replay = Out::Read(ReadJob {
                     psn,
                     va: lo,
                     left: hi - lo,
                     first: true,
                     region,
-                }));
+                    replay: true,
+                });
+                let ird = ird(st);
+                st.resp.push_replay(replay, ird);
                 true
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -677,12 +722,28 @@ impl RxeQp {
                     Resource::Atomic { psn: at, orig } if at == psn => Some(orig),
                     _ => None,
                 });
-                let ird = st.attr.max_dest_rd_atomic.max(1) as usize;
+                let queued = st
+                    .resp
+                    .jobs
+                    .iter()
+                    .any(|j| matches!(j, Out::AtomicAck { psn: at, .. } if *at == psn));
+                let msn = st.resp.msn;
                 match orig {
-                    Some(orig) if st.resp.rd_atomic_queued() < ird => {
-                        self.send_atomic_ack(st, psn, orig)
+                    // Its acknowledgement is still on its way: nothing to add.
+                    Some(_) if queued => {}
+                    Some(orig) if st.resp.jobs.is_empty() => {
+                        self.emit_atomic_ack(st, psn, orig, msn)
                     }
-                    Some(_) => self.dev.count(&self.dev.counters.rd_atomic_refused),
+                    Some(orig) => {
+                        let replay = Out::AtomicAck {
+                            psn,
+                            orig,
+                            msn,
+                            replay: true,
+                        };
+                        let ird = ird(st);
+                        st.resp.push_replay(replay, ird);
+                    }
                     None => {}
                 }
                 false
@@ -704,7 +765,7 @@ impl RxeQp {
                     self.emit_ack(st, psn, aeth);
                     continue;
                 }
-                Some(Out::AtomicAck { psn, orig, msn }) => {
+                Some(Out::AtomicAck { psn, orig, msn, .. }) => {
                     let (psn, orig, msn) = (*psn, *orig, *msn);
                     st.resp.jobs.pop_front();
                     self.emit_atomic_ack(st, psn, orig, msn);

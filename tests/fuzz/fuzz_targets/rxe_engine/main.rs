@@ -10,7 +10,7 @@
 //! the process); every read and write of consumer memory lies inside a registration,
 //! writes only inside writable ones (`arena.rs` checks each access); the guard bytes
 //! around the registrations stay intact; a QP's responder queue stays within
-//! 2 × IRD + 1 and the requests waiting within the listener's backlog — after every
+//! 4 × IRD + 1 and the requests waiting within the listener's backlog — after every
 //! record and after teardown.
 #![no_main]
 
