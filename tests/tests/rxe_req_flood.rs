@@ -18,6 +18,23 @@ const T: Duration = Duration::from_secs(20);
 const BYSTANDER_BOUND: Duration = Duration::from_secs(2);
 const FLOOD: u32 = 10_000;
 const BACKLOG: u32 = 16;
+/// REQs sent before waiting for the device to take them.
+const BATCH: usize = 250;
+
+/// Wait until `count()` reaches `want`, or until it stops growing for a second (what
+/// UDP dropped never comes).
+fn settle(count: impl Fn() -> u64, want: u64) {
+    let mut last = count();
+    let mut still = Instant::now();
+    while last < want && still.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(5));
+        let now = count();
+        if now != last {
+            last = now;
+            still = Instant::now();
+        }
+    }
+}
 
 /// A spoofed REQ for `port` with communication ID `id`.
 fn req(id: u32, port: u16, src: Ipv4Addr, dst: Ipv4Addr) -> CmMad {
@@ -81,18 +98,28 @@ fn a_req_flood_is_bounded_and_a_genuine_client_still_connects() {
 
         let door_n = matches!(door, FrontDoor::Daemon(_)) as u8;
         let mut a = RawPeer::new(private_loopback(150 + door_n));
+        // UDP may drop what the device's socket cannot take in time (a loaded host), so
+        // the flood goes in batches, each given time to arrive; what arrived is what the
+        // bounds below are checked against (thousands, far beyond every bound).
         let started = Instant::now();
-        for k in 0..FLOOD {
-            // From 256 addresses no test process uses (127.1.x.y).
-            let src = Ipv4Addr::new(127, 1, door_n, k as u8);
-            a.send_mad(src, dst, &req(0x5000_0000 + k, l.port, src, dst));
+        for batch in (0..FLOOD).collect::<Vec<_>>().chunks(BATCH) {
+            for &k in batch {
+                // From 256 addresses no test process uses (127.1.x.y).
+                let src = Ipv4Addr::new(127, 1, door_n, k as u8);
+                a.send_mad(src, dst, &req(0x5000_0000 + k, l.port, src, dst));
+            }
+            let want = rcvd + batch[batch.len() - 1] as u64 + 1;
+            settle(|| counter("cm_rcvd"), want);
         }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while counter("cm_rcvd") < rcvd + FLOOD as u64 {
-            assert!(Instant::now() < deadline, "the flood was not all received");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        eprintln!("{FLOOD} REQs taken in {:?}", started.elapsed());
+        let received = (counter("cm_rcvd") - rcvd) as u32;
+        eprintln!(
+            "{received} of {FLOOD} REQs taken in {:?}",
+            started.elapsed()
+        );
+        assert!(
+            received >= FLOOD / 2,
+            "only {received} of {FLOOD} REQs reached the device"
+        );
 
         // Bounded: the listener's backlog is all that waits; the rest was pushed out
         // or refused, and the table holds little more than that.
@@ -106,7 +133,7 @@ fn a_req_flood_is_bounded_and_a_genuine_client_still_connects() {
         );
         assert!(
             counter("cm_req_evicted") + counter("cm_req_refused")
-                >= pushed_out + (FLOOD - BACKLOG) as u64
+                >= pushed_out + (received - BACKLOG) as u64
         );
 
         // The consumer reads what reached it (at most its backlog is still answerable).
