@@ -1,4 +1,9 @@
-//! SDP and the offload switch — placeholder.
+//! # krdma-sdp — the Sockets Direct Protocol over IT-API, and the offload protocol switch
 //!
-//! Nothing here works yet; this crate only reserves its place in the workspace layout.
-//! The work is tracked in issue (to be filed).
+//! | module | holds |
+//! |---|---|
+//! | [`wire`] | the SDP wire format: BSDH, Hello/HelloAck, every message |
+//! | [`proto`] | one connection's protocol state machine, without I/O (time passed in) |
+
+pub mod proto;
+pub mod wire;

@@ -1,0 +1,605 @@
+//! Two connections joined in memory, with a simulated clock: every message goes into one
+//! of the receiver's posted buffers (none posted is a test failure: the credits must
+//! prevent it), zero-copy reads copy from the source's "registered" memory.
+
+use super::*;
+use crate::wire::Mid;
+use std::collections::HashMap;
+
+const SLOT: usize = 1 << 17;
+
+struct Side {
+    c: Connection,
+    bufs: HashMap<BufId, Vec<u8>>,
+    posted: Vec<BufId>,
+    /// Zero-copy source memory, by rkey.
+    regions: HashMap<u32, (u64, Vec<u8>)>,
+    sent: Vec<Mid>,
+}
+
+impl Side {
+    fn new(c: Connection) -> Side {
+        let n = c.config().recv_bufs as u32 + 1;
+        Side {
+            c,
+            bufs: HashMap::new(),
+            posted: (0..n).collect(),
+            regions: HashMap::new(),
+            sent: Vec::new(),
+        }
+    }
+
+    /// Read up to `max` bytes as a reader would (copy, or RDMA Read from `peer`).
+    fn read(&mut self, peer: &Side, max: usize) -> Result<Vec<u8>, ConnError> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            if let Some(e) = self.c.error() {
+                if out.is_empty() {
+                    return Err(e.clone());
+                }
+                break;
+            }
+            match self.c.next_read() {
+                Some(ReadItem::Buffered { buf, offset, len }) => {
+                    let n = len.min(max - out.len());
+                    out.extend_from_slice(&self.bufs[&buf][offset..offset + n]);
+                    if let Some(b) = self.c.consume(n) {
+                        self.posted.push(b);
+                        self.c.on_reposted();
+                    }
+                }
+                Some(ReadItem::Remote { addr, rkey, len }) => {
+                    let n = len.min(max - out.len());
+                    self.c.rdma_read_started(n);
+                    let (base, mem) = &peer.regions[&rkey];
+                    let at = (addr - base) as usize;
+                    out.extend_from_slice(&mem[at..at + n]);
+                    self.c.rdma_read_done(n);
+                }
+                Some(ReadItem::Eof) | None => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Pair {
+    now: Instant,
+    a: Side,
+    b: Side,
+}
+
+fn addr() -> IpAddr {
+    "127.0.0.1".parse().unwrap()
+}
+
+impl Pair {
+    fn new(ca: Config, cb: Config) -> Pair {
+        let now = Instant::now();
+        let (mut a, hello) = Connection::connect(ca, now, addr(), 40000, addr());
+        let pd = wire::hello_private_data(
+            hello.bsdh,
+            &match hello.body {
+                Body::Hello(h) => h,
+                _ => unreachable!(),
+            },
+            56,
+        );
+        let mut padded = pd.clone();
+        padded.resize(92, 0);
+        let (b, h, ack) = Connection::accept(cb, now, &padded).unwrap();
+        assert_eq!(h.port, 40000);
+        a.on_hello_ack(&ack.to_vec()).unwrap();
+        assert_eq!(a.phase(), Phase::Open);
+        assert_eq!(a.credits(), i64::from(cb.recv_bufs));
+        assert_eq!(b.credits(), i64::from(ca.recv_bufs));
+        Pair {
+            now,
+            a: Side::new(a),
+            b: Side::new(b),
+        }
+    }
+
+    fn default() -> Pair {
+        Pair::new(Config::default(), Config::default())
+    }
+
+    /// Deliver one message from `from` to `to`; false when there was none.
+    fn deliver(now: Instant, from: &mut Side, to: &mut Side) -> bool {
+        let mut slot = vec![0u8; SLOT];
+        let Some(t) = from.c.poll_transmit(now, &mut slot) else {
+            return false;
+        };
+        from.sent.push(t.mid);
+        if to.c.phase() == Phase::Failed {
+            return true; // the transport is gone: dropped
+        }
+        let buf = to
+            .posted
+            .pop()
+            .expect("a message arrived with no receive buffer posted: credits broken");
+        let size = to.c.recv_size() as usize;
+        assert!(t.len <= size.max(to.c.config().max_recv_size as usize));
+        to.bufs.insert(buf, slot[..t.len].to_vec());
+        let data = to.bufs[&buf].clone();
+        if let Ok(true) = to.c.on_receive(now, buf, &data) {
+            to.posted.push(buf);
+            to.c.on_reposted();
+        }
+        true
+    }
+
+    /// Run until neither side has anything to send.
+    fn settle(&mut self) {
+        for _ in 0..100_000 {
+            let x = Self::deliver(self.now, &mut self.a, &mut self.b);
+            let y = Self::deliver(self.now, &mut self.b, &mut self.a);
+            if !x && !y {
+                return;
+            }
+        }
+        panic!("the pair never settled");
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.a.c.handle_timeout(self.now);
+        self.b.c.handle_timeout(self.now);
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn bcopy_stream_with_random_sizes_arrives_intact() {
+    let mut p = Pair::default();
+    let data = pattern(3 << 20, 7);
+    let (mut sent, mut got) = (0, Vec::new());
+    let mut x = 12345u32;
+    while got.len() < data.len() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let w = (x as usize % 70_000) + 1;
+        let end = (sent + w).min(data.len());
+        if sent < data.len() && end - sent < p.a.c.config().zcopy_threshold {
+            sent += p.a.c.send(&data[sent..end]).unwrap();
+        }
+        p.settle();
+        let r = (x as usize >> 7) % 90_000 + 1;
+        let chunk = p.b.read(&p.a, r).unwrap();
+        got.extend_from_slice(&chunk);
+        p.settle();
+        assert!(p.a.c.credits() >= 0 && p.b.c.credits() >= 0);
+    }
+    assert_eq!(got, data);
+    assert_eq!(p.a.c.counters.violations + p.b.c.counters.violations, 0);
+    // Large writes asked for larger receive buffers, and got them.
+    assert!(p.a.sent.contains(&Mid::ChRcvBuf));
+    assert!(p.b.sent.contains(&Mid::ChRcvBufAck));
+    assert_eq!(p.a.c.peer_recv_size(), Config::default().max_recv_size);
+}
+
+#[test]
+fn credit_exhaustion_and_recovery() {
+    let cfg = Config {
+        recv_bufs: 4,
+        recv_size: 1024,
+        max_recv_size: 1024,
+        send_buffer: 64 * 1024,
+        ..Config::default()
+    };
+    let mut p = Pair::new(cfg, cfg);
+    let data = pattern(20_000, 3);
+    assert_eq!(p.a.c.send(&data).unwrap(), data.len());
+    p.settle();
+    // The reader took nothing: the writer used all but the last credit.
+    assert_eq!(p.a.c.credits(), 1);
+    assert_eq!(p.a.c.unsent(), data.len() - 3 * (1024 - BSDH_LEN));
+    assert_eq!(p.b.c.readable_bytes(), 3 * (1024 - BSDH_LEN));
+    // A full queue takes no more.
+    let more = vec![0u8; 64 * 1024];
+    let room = p.a.c.send_room();
+    assert_eq!(p.a.c.send(&more).unwrap(), room);
+    assert_eq!(p.a.c.send(&more).unwrap(), 0);
+    assert!(!p.a.c.writable());
+    // Reading frees buffers; credit updates let the rest through.
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        let chunk = p.b.read(&p.a, 4096).unwrap();
+        assert!(
+            !chunk.is_empty(),
+            "stalled at {} of {}",
+            got.len(),
+            data.len()
+        );
+        got.extend_from_slice(&chunk);
+        p.settle();
+    }
+    assert_eq!(&got[..data.len()], &data[..]);
+    assert!(p.b.c.counters.credit_updates > 0);
+}
+
+#[test]
+fn zcopy_read_mode_and_switches_back_and_forth() {
+    let mut p = Pair::default();
+    let small = pattern(1000, 1);
+    let big = pattern(1 << 20, 2);
+    let tail = pattern(500, 3);
+    p.a.c.send(&small).unwrap();
+    p.settle();
+    assert!(p.a.c.zcopy_fits(big.len()));
+    p.a.regions.insert(77, (0x1000_0000, big.clone()));
+    p.a.c
+        .send_zcopy(Advert {
+            size: big.len() as u32,
+            rkey: 77,
+            addr: 0x1000_0000,
+        })
+        .unwrap();
+    p.settle();
+    assert_eq!(p.b.c.readable_bytes(), small.len() + big.len());
+    // The reader takes the buffered bytes, then reads the advert in pieces.
+    let mut got = p.b.read(&p.a, 1000).unwrap();
+    got.extend(p.b.read(&p.a, 300_000).unwrap());
+    p.settle();
+    assert_eq!(p.a.c.poll_event(), None, "not all read yet");
+    got.extend(p.b.read(&p.a, 1 << 21).unwrap());
+    p.settle();
+    assert_eq!(
+        p.a.c.poll_event(),
+        Some(Event::ZcopyDone { read: big.len() })
+    );
+    p.a.c.send(&tail).unwrap();
+    p.settle();
+    got.extend(p.b.read(&p.a, 1 << 20).unwrap());
+    let want: Vec<u8> = [small, big.clone(), tail].concat();
+    assert_eq!(got, want);
+    assert_eq!(p.b.c.counters.zcopy_rx_bytes, big.len() as u64);
+    assert_eq!(p.a.c.counters.zcopy_tx_bytes, big.len() as u64);
+    assert!(p.b.sent.iter().filter(|m| **m == Mid::RdmaRdCompl).count() >= 2);
+}
+
+#[test]
+fn sink_without_zcopy_answers_sendsm_and_source_falls_back() {
+    let mut p = Pair::new(
+        Config::default(),
+        Config {
+            zcopy_sink: false,
+            ..Config::default()
+        },
+    );
+    let big = pattern(400_000, 9);
+    p.a.regions.insert(5, (0, big.clone()));
+    p.a.c
+        .send_zcopy(Advert {
+            size: big.len() as u32,
+            rkey: 5,
+            addr: 0,
+        })
+        .unwrap();
+    p.settle();
+    assert!(p.b.sent.contains(&Mid::SendSm));
+    assert_eq!(p.a.c.poll_event(), Some(Event::ZcopyRevoked { read: 0 }));
+    // The source sends it by buffered copy instead.
+    let mut off = 0;
+    let mut got = Vec::new();
+    while got.len() < big.len() {
+        off += p.a.c.send(&big[off..]).unwrap();
+        p.settle();
+        got.extend(p.b.read(&p.a, 1 << 20).unwrap());
+        p.settle();
+    }
+    assert_eq!(got, big);
+}
+
+#[test]
+fn source_cancel_is_acknowledged_with_sendsm() {
+    let mut p = Pair::default();
+    let big = pattern(600_000, 4);
+    p.a.regions.insert(9, (0x10, big.clone()));
+    p.a.c
+        .send_zcopy(Advert {
+            size: big.len() as u32,
+            rkey: 9,
+            addr: 0x10,
+        })
+        .unwrap();
+    p.settle();
+    let part = p.b.read(&p.a, 100_000).unwrap();
+    p.settle();
+    p.a.c.cancel_zcopy();
+    p.settle();
+    assert!(p.a.sent.contains(&Mid::SrcAvailCancel));
+    assert!(p.b.sent.contains(&Mid::SendSm));
+    assert_eq!(
+        p.a.c.poll_event(),
+        Some(Event::ZcopyRevoked { read: 100_000 })
+    );
+    assert_eq!(part, big[..100_000]);
+    // Nothing of the cancelled advert is left for the reader.
+    assert_eq!(p.b.c.readable_bytes(), 0);
+    assert_eq!(p.b.c.next_read(), None);
+}
+
+#[test]
+fn disconn_both_ways_closes_after_the_data() {
+    let mut p = Pair::default();
+    p.a.c.send(b"last words").unwrap();
+    p.a.c.shutdown_write();
+    p.settle();
+    assert_eq!(p.b.read(&p.a, 100).unwrap(), b"last words");
+    assert_eq!(p.b.c.next_read(), Some(ReadItem::Eof));
+    assert_eq!(p.a.c.phase(), Phase::Open, "half closed");
+    // The other direction still works.
+    p.b.c.send(b"reply").unwrap();
+    p.b.c.shutdown_write();
+    p.settle();
+    assert_eq!(p.a.read(&p.b, 100).unwrap(), b"reply");
+    assert_eq!(p.a.c.phase(), Phase::Closed);
+    assert_eq!(p.b.c.phase(), Phase::Closed);
+    assert!(p.a.c.transport_done() && p.b.c.transport_done());
+}
+
+#[test]
+fn abort_resets_the_peer() {
+    let mut p = Pair::default();
+    p.a.c.send(&pattern(5000, 1)).unwrap();
+    p.settle();
+    p.a.c.abort();
+    p.settle();
+    assert_eq!(p.a.sent.last(), Some(&Mid::AbortConn));
+    assert_eq!(p.b.c.error(), Some(&ConnError::Reset));
+    assert_eq!(p.b.read(&p.a, 10), Err(ConnError::Reset));
+    assert_eq!(p.b.c.send(b"x"), Err(ConnError::Reset));
+    assert!(p.a.c.transport_done() && p.b.c.transport_done());
+}
+
+#[test]
+fn abort_during_zcopy_frees_the_source() {
+    // The sink aborts while the source's advert is out.
+    let mut p = Pair::default();
+    let big = pattern(500_000, 5);
+    p.a.regions.insert(1, (0, big.clone()));
+    p.a.c
+        .send_zcopy(Advert {
+            size: big.len() as u32,
+            rkey: 1,
+            addr: 0,
+        })
+        .unwrap();
+    p.settle();
+    p.b.read(&p.a, 1000).unwrap();
+    p.settle();
+    p.b.c.abort();
+    p.settle();
+    assert_eq!(p.a.c.poll_event(), Some(Event::ZcopyRevoked { read: 1000 }));
+    assert_eq!(p.a.c.error(), Some(&ConnError::Reset));
+    // The source aborts while the sink has its advert queued.
+    let mut p = Pair::default();
+    p.a.regions.insert(1, (0, big.clone()));
+    p.a.c
+        .send_zcopy(Advert {
+            size: big.len() as u32,
+            rkey: 1,
+            addr: 0,
+        })
+        .unwrap();
+    p.settle();
+    p.a.c.abort();
+    assert_eq!(p.a.c.poll_event(), Some(Event::ZcopyRevoked { read: 0 }));
+    p.settle();
+    assert_eq!(
+        p.b.read(&p.a, 10),
+        Err(ConnError::Reset),
+        "the sink must not read a dead advert"
+    );
+}
+
+#[test]
+fn peer_death_fails_everything() {
+    let mut p = Pair::default();
+    let big = pattern(300_000, 5);
+    p.a.regions.insert(1, (0, big.clone()));
+    p.a.c
+        .send_zcopy(Advert {
+            size: big.len() as u32,
+            rkey: 1,
+            addr: 0,
+        })
+        .unwrap();
+    p.settle();
+    // The transport reports the peer gone.
+    p.a.c.transport_failed();
+    assert_eq!(p.a.c.poll_event(), Some(Event::ZcopyRevoked { read: 0 }));
+    assert_eq!(p.a.c.send(b"x"), Err(ConnError::Reset));
+    assert!(
+        p.a.c.readable() && p.a.c.writable(),
+        "a failed socket polls ready"
+    );
+    assert!(p.a.c.transport_done());
+}
+
+#[test]
+fn out_of_band_byte_travels_out_of_line() {
+    let mut p = Pair::default();
+    p.a.c.send(b"before").unwrap();
+    p.a.c.send_oob(b'!').unwrap();
+    p.a.c.send(b"after").unwrap();
+    p.settle();
+    assert_eq!(p.b.c.take_oob(), Some(b'!'));
+    assert_eq!(p.b.read(&p.a, 100).unwrap(), b"beforeafter");
+    assert_eq!(p.a.c.counters.oob_tx, 1);
+}
+
+#[test]
+fn keepalive_after_silence_on_the_simulated_clock() {
+    let cfg = Config {
+        keepalive: Some(Duration::from_secs(10)),
+        ..Config::default()
+    };
+    let mut p = Pair::new(cfg, Config::default());
+    p.settle();
+    let deadline = p.a.c.poll_timeout().unwrap();
+    p.advance(Duration::from_secs(9));
+    p.settle();
+    assert_eq!(p.a.c.counters.keepalives, 0);
+    p.advance(deadline - p.now + Duration::from_millis(1));
+    p.settle();
+    assert_eq!(p.a.c.counters.keepalives, 1);
+    assert!(p.a.c.poll_timeout().unwrap() > p.now);
+    // Silence again: another one, one only.
+    p.advance(Duration::from_secs(11));
+    p.settle();
+    assert_eq!(p.a.c.counters.keepalives, 2);
+}
+
+#[test]
+fn mode_change_to_buffered_accepted_others_refused_sinkavail_ignored() {
+    let mut p = Pair::default();
+    let inject = |p: &mut Pair, body: Body<'_>| -> Result<bool, ConnError> {
+        let m = Message {
+            bsdh: Bsdh {
+                bufs: 16,
+                mseq: p.b.c.last_rx_mseq + 1,
+                mseq_ack: p.b.c.next_mseq - 1,
+                ..Bsdh::default()
+            },
+            body,
+        };
+        let v = m.to_vec();
+        p.b.c.on_receive(p.now, 0, &v)
+    };
+    assert_eq!(inject(&mut p, Body::ModeChange { flags: 0x80 }), Ok(true));
+    let adv = Advert {
+        size: 100,
+        rkey: 1,
+        addr: 2,
+    };
+    assert_eq!(
+        inject(
+            &mut p,
+            Body::SinkAvail {
+                advert: adv,
+                non_discarded: 0
+            }
+        ),
+        Ok(true)
+    );
+    assert_eq!(p.b.c.counters.sink_adverts_ignored, 1);
+    assert!(matches!(
+        inject(&mut p, Body::ModeChange { flags: 0x20 }),
+        Err(ConnError::Protocol(Violation::Unexpected(Mid::ModeChange)))
+    ));
+}
+
+/// A message forged by a hostile peer, delivered to `b`.
+fn forge(p: &mut Pair, mseq: u32, bytes: Vec<u8>) -> Result<bool, ConnError> {
+    let _ = mseq;
+    p.b.c.on_receive(p.now, 0, &bytes)
+}
+
+fn data_msg(mseq: u32, ack: u32, d: &[u8]) -> Vec<u8> {
+    Message {
+        bsdh: Bsdh {
+            bufs: 16,
+            mseq,
+            mseq_ack: ack,
+            ..Bsdh::default()
+        },
+        body: Body::Data(d),
+    }
+    .to_vec()
+}
+
+#[test]
+fn malformed_bsdh_aborts_with_a_protocol_error() {
+    let mut p = Pair::default();
+    let mut m = data_msg(1, 0, b"hello");
+    m[4..8].copy_from_slice(&999u32.to_be_bytes()); // length lies
+    let r = forge(&mut p, 1, m);
+    assert!(matches!(
+        r,
+        Err(ConnError::Protocol(Violation::Malformed(
+            wire::Error::LengthMismatch { .. }
+        )))
+    ));
+    assert_eq!(p.b.c.counters.violations, 1);
+    let mut slot = vec![0u8; SLOT];
+    assert_eq!(
+        p.b.c.poll_transmit(p.now, &mut slot).map(|t| t.mid),
+        Some(Mid::AbortConn)
+    );
+    assert!(p.b.c.transport_done());
+}
+
+#[test]
+fn credit_violation_and_sequence_gap_abort() {
+    let cfg = Config {
+        recv_bufs: 2,
+        ..Config::default()
+    };
+    let mut p = Pair::new(Config::default(), cfg);
+    assert!(forge(&mut p, 1, data_msg(1, 0, b"a")).is_ok());
+    assert!(forge(&mut p, 2, data_msg(2, 0, b"b")).is_ok());
+    // A third message: b advertised two buffers and sent nothing since.
+    let r = forge(&mut p, 3, data_msg(3, 0, b"c"));
+    assert_eq!(
+        r,
+        Err(ConnError::Protocol(Violation::CreditViolation {
+            mseq: 3,
+            limit: 2
+        }))
+    );
+
+    let mut p = Pair::default();
+    let r = forge(&mut p, 5, data_msg(5, 0, b"gap"));
+    assert_eq!(
+        r,
+        Err(ConnError::Protocol(Violation::Sequence { got: 5, want: 1 }))
+    );
+}
+
+#[test]
+fn unsolicited_rdma_rd_compl_and_over_read_abort() {
+    let mut p = Pair::default();
+    let m = Message {
+        bsdh: Bsdh {
+            bufs: 16,
+            mseq: 1,
+            ..Bsdh::default()
+        },
+        body: Body::RdmaRdCompl { size: 10 },
+    }
+    .to_vec();
+    assert!(matches!(
+        forge(&mut p, 1, m),
+        Err(ConnError::Protocol(Violation::Unexpected(Mid::RdmaRdCompl)))
+    ));
+}
+
+#[test]
+fn sequence_numbers_wrap() {
+    let mut p = Pair::default();
+    // Start both sides just before the wrap.
+    for s in [&mut p.a.c, &mut p.b.c] {
+        s.next_mseq = u32::MAX - 3;
+        s.last_rx_mseq = u32::MAX - 4;
+        s.rx_limit = s.last_rx_mseq.wrapping_add(u32::from(s.posted));
+    }
+    let data = pattern(300_000, 8);
+    let mut off = 0;
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        off += p.a.c.send(&data[off..]).unwrap();
+        p.settle();
+        got.extend(p.b.read(&p.a, 50_000).unwrap());
+        p.settle();
+    }
+    assert_eq!(got, data);
+    assert!(p.a.c.next_mseq < 1000);
+}
