@@ -38,6 +38,9 @@ pub const HH_LEN: usize = 48;
 /// The shortest Hello accepted: BSDH and the HH up to and including the source address
 /// (the destination is the address the request arrived at; see [`Hello::parse`]).
 pub const HELLO_MIN_LEN: usize = BSDH_LEN + 32;
+/// The bytes [`Message::parse_head`] needs of any message (BSDH and the longest
+/// extended header of a message sent over the connection, SinkAvail's).
+pub const PREFIX_LEN: usize = BSDH_LEN + 20;
 /// Protocol version sent in Hello and HelloAck: major 2, minor 2 (as OFED's SDP).
 pub const VERSION: u8 = 0x22;
 /// Hello capability bit: the sender accepts Send with Invalidate.
@@ -290,6 +293,17 @@ impl<'a> Message<'a> {
     /// (a Hello may be shorter than its full 64 bytes, down to [`HELLO_MIN_LEN`]: the
     /// private data of an InfiniBand CM REQ has room for no more after the RDMA CM header).
     pub fn parse(b: &'a [u8]) -> Result<Message<'a>> {
+        Self::parse_head(b, b.len())
+    }
+
+    /// Parse a message of `total` bytes from its first bytes, `prefix` (at least the
+    /// header and extended header, [`PREFIX_LEN`] bytes or all of a shorter message):
+    /// everything is checked as in [`parse`](Self::parse), and the body's data is the
+    /// part of the payload inside `prefix` (the payload is `total` less
+    /// [`header_len`](Self::header_len)), so a receiver need not copy a payload out of
+    /// its receive buffer to learn what the message is.
+    pub fn parse_head(prefix: &'a [u8], total: usize) -> Result<Message<'a>> {
+        let b = prefix;
         let bsdh = Bsdh::parse(b)?;
         let mid = Mid::from_u8(bsdh.mid).ok_or(Error::UnknownMid(bsdh.mid))?;
         if bsdh.flags & !(FLAG_OOB_PRES | FLAG_OOB_PEND | FLAG_REQ_PIPE) != 0 {
@@ -302,17 +316,19 @@ impl<'a> Message<'a> {
             need(len.max(BSDH_LEN), b.len())?;
             &b[..len.max(BSDH_LEN)]
         } else {
-            if bsdh.len as usize != b.len() {
+            if bsdh.len as usize != total {
                 return Err(Error::LengthMismatch {
                     field: bsdh.len,
-                    have: b.len(),
+                    have: total,
                 });
             }
+            need(BSDH_LEN + mid.ext_len(), total)?;
+            need((BSDH_LEN + mid.ext_len()).min(total), b.len())?;
             b
         };
         let ext = &msg[BSDH_LEN..];
-        if mid != Mid::Hello {
-            need(BSDH_LEN + mid.ext_len(), msg.len())?;
+        if mid == Mid::HelloAck {
+            need(BSDH_LEN + 8, msg.len())?;
         }
         let advert = |e: &[u8]| Advert {
             size: be32(e, 0),
@@ -347,10 +363,16 @@ impl<'a> Message<'a> {
             },
             Mid::Data => Body::Data(ext),
         };
-        if bsdh.flags & FLAG_OOB_PRES != 0 && body.data().is_empty() {
+        let has_payload = matches!(mid, Mid::Data | Mid::SrcAvail) && total > Self::header_len(mid);
+        if bsdh.flags & FLAG_OOB_PRES != 0 && !has_payload {
             return Err(Error::OobWithoutData);
         }
         Ok(Message { bsdh, body })
+    }
+
+    /// Length of the header and extended header of a message with this id.
+    pub fn header_len(mid: Mid) -> usize {
+        BSDH_LEN + mid.ext_len()
     }
 
     /// Bytes [`emit`](Self::emit) writes.

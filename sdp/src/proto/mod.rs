@@ -141,6 +141,27 @@ pub enum ReadItem {
     Eof,
 }
 
+/// A message in a receive buffer, as [`Connection::on_receive`] takes it: its first
+/// bytes (at least [`wire::PREFIX_LEN`], or all of it), its length, and its last byte
+/// (the urgent byte when it carries one), so the payload never needs copying out.
+#[derive(Debug, Clone, Copy)]
+pub struct Received<'a> {
+    pub prefix: &'a [u8],
+    pub total: usize,
+    pub last: u8,
+}
+
+impl<'a> Received<'a> {
+    /// A whole message in memory.
+    pub fn whole(bytes: &'a [u8]) -> Received<'a> {
+        Received {
+            prefix: bytes,
+            total: bytes.len(),
+            last: bytes.last().copied().unwrap_or(0),
+        }
+    }
+}
+
 /// What became of a zero-copy send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -361,6 +382,11 @@ impl Connection {
         &self.cfg
     }
 
+    /// Change the keep-alive idle time (`SO_KEEPALIVE`).
+    pub fn set_keepalive(&mut self, idle: Option<Duration>) {
+        self.cfg.keepalive = idle;
+    }
+
     /// Credits we hold (messages we may still send).
     pub fn credits(&self) -> i64 {
         self.tx_credits
@@ -444,6 +470,12 @@ impl Connection {
     /// The out-of-band byte received, if any (taken).
     pub fn take_oob(&mut self) -> Option<u8> {
         self.oob_in.take()
+    }
+
+    /// Whether a write of `len` bytes is large enough for zero copy (it fits once the
+    /// queue ahead of it has gone: [`zcopy_fits`](Self::zcopy_fits)).
+    pub fn zcopy_wanted(&self, len: usize) -> bool {
+        self.cfg.zcopy_threshold > 0 && len >= self.cfg.zcopy_threshold && self.phase == Phase::Open
     }
 
     /// Whether zero copy fits a write of `len` bytes now: the threshold is met, the
@@ -546,14 +578,15 @@ impl Connection {
         &mut self,
         now: Instant,
         buf: BufId,
-        bytes: &[u8],
+        msg: Received<'_>,
     ) -> Result<bool, ConnError> {
         let _ = now;
         if self.phase == Phase::Failed {
             return Ok(true);
         }
         self.take_posted();
-        let m = match Message::parse(bytes) {
+        let total = msg.total;
+        let m = match Message::parse_head(msg.prefix, total) {
             Ok(m) => m,
             Err(e) => return Err(self.violation(Violation::Malformed(e))),
         };
@@ -571,11 +604,8 @@ impl Connection {
             }));
         }
         let size = self.recv_size.max(self.resize_pending.unwrap_or(0));
-        if bytes.len() > size as usize {
-            return Err(self.violation(Violation::TooLarge {
-                len: bytes.len(),
-                size,
-            }));
+        if total > size as usize {
+            return Err(self.violation(Violation::TooLarge { len: total, size }));
         }
         self.last_rx_mseq = m.bsdh.mseq;
         // Credits: what the peer posted, less what we sent that it had not yet seen.
@@ -585,20 +615,21 @@ impl Connection {
         if self.phase == Phase::HelloSent {
             return Err(self.violation(Violation::Unexpected(m.body.mid())));
         }
+        let offset = Message::header_len(m.body.mid());
+        let payload = total - offset;
         let hold = match m.body {
-            Body::Data(d) | Body::SrcAvail { data: d, .. } if !d.is_empty() => {
+            Body::Data(_) | Body::SrcAvail { .. } if payload > 0 => {
                 if self.peer_fin {
                     return Err(self.violation(Violation::DataAfterDisConn));
                 }
-                let mut len = d.len();
+                let mut len = payload;
                 if m.bsdh.flags & FLAG_OOB_PRES != 0 {
                     // The last byte is the urgent byte: out of line.
                     len -= 1;
-                    self.oob_in = Some(d[len]);
+                    self.oob_in = Some(msg.last);
                     self.counters.oob_rx += 1;
                 }
                 if len > 0 {
-                    let offset = bytes.len() - d.len();
                     self.rx.push_back(RxItem::Data { buf, offset, len });
                     self.rx_bytes += len;
                     self.counters.bcopy_rx_bytes += len as u64;

@@ -122,7 +122,7 @@ impl Pair {
         assert!(t.len <= size.max(to.c.config().max_recv_size as usize));
         to.bufs.insert(buf, slot[..t.len].to_vec());
         let data = to.bufs[&buf].clone();
-        if let Ok(true) = to.c.on_receive(now, buf, &data) {
+        if let Ok(true) = to.c.on_receive(now, buf, Received::whole(&data)) {
             to.posted.push(buf);
             to.c.on_reposted();
         }
@@ -472,7 +472,7 @@ fn mode_change_to_buffered_accepted_others_refused_sinkavail_ignored() {
             body,
         };
         let v = m.to_vec();
-        p.b.c.on_receive(p.now, 0, &v)
+        p.b.c.on_receive(p.now, 0, Received::whole(&v))
     };
     assert_eq!(inject(&mut p, Body::ModeChange { flags: 0x80 }), Ok(true));
     let adv = Advert {
@@ -500,7 +500,7 @@ fn mode_change_to_buffered_accepted_others_refused_sinkavail_ignored() {
 /// A message forged by a hostile peer, delivered to `b`.
 fn forge(p: &mut Pair, mseq: u32, bytes: Vec<u8>) -> Result<bool, ConnError> {
     let _ = mseq;
-    p.b.c.on_receive(p.now, 0, &bytes)
+    p.b.c.on_receive(p.now, 0, Received::whole(&bytes))
 }
 
 fn data_msg(mseq: u32, ack: u32, d: &[u8]) -> Vec<u8> {

@@ -1,0 +1,879 @@
+//! One SDP connection driven over an IT-API RC endpoint: the receive buffers posted for
+//! the peer's messages, the send slots, the zero-copy regions, and the loop that moves
+//! completions into the protocol state machine ([`crate::proto`]) and its messages out.
+//!
+//! Everything mutable sits under one lock ([`State`]). Any thread may make progress —
+//! the caller of a read or write, or the process's progress thread ([`crate::reactor`])
+//! when the event descriptors fire — and each keeps the socket's readiness face
+//! ([`crate::readiness`]) in step with the protocol.
+
+use crate::device::Device;
+use crate::proto::{
+    self, BufId, ConnError, Connection, Event as ProtoEvent, Phase, ReadItem, Received,
+};
+use crate::reactor::{self, Reactive, Registration};
+use crate::readiness::{End, Readiness};
+use crate::wire::{self, Advert, Body, PREFIX_LEN};
+use krdma_itapi::{
+    ConnEventKind, ConnRequestEvent, DtoFlags, DtoKind, DtoStatus, Endpoint, EpAttributes, Evd,
+    EvdFlags, Event, EventStream, Lmr, MemPriv, RdmaAddr, Transport,
+};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+use ual::RegBuf;
+
+/// Send slots per connection (messages in flight).
+const TX_SLOTS: u32 = 8;
+/// Cookie kinds (high bits) of the work requests a connection posts.
+const RECV: u64 = 1 << 32;
+const SEND: u64 = 2 << 32;
+const READ: u64 = 3 << 32;
+/// How long a blocked caller polls the completion queue before it sleeps.
+const SPIN: Duration = Duration::from_micros(30);
+/// How long a connection waits for its connect or accept to complete.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an SDP socket is made with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The adapter: `siw0` (iWARP) or `rxe0` (RoCEv2).
+    pub device: String,
+    /// The kAL front door (`None`: the one `KRDMA_DEVICE` selects).
+    pub target: Option<ual::Target>,
+    pub proto: proto::Config,
+    /// Over iWARP the SDP listener of port P listens on TCP port P + this offset (the
+    /// socket's own port P stays free for plain TCP: one port space, two transports).
+    pub iwarp_port_offset: u16,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            device: std::env::var("KRDMA_SDP_DEVICE").unwrap_or_else(|_| "siw0".into()),
+            target: None,
+            proto: proto::Config {
+                send_buffer: 1 << 20,
+                zcopy_threshold: 128 * 1024,
+                ..proto::Config::default()
+            },
+            iwarp_port_offset: 10000,
+        }
+    }
+}
+
+impl Options {
+    /// Where the transport connects for the SDP port `port` on `dev`.
+    pub fn transport_port(&self, dev: &Device, port: u16) -> u16 {
+        match dev.ia.transport() {
+            Transport::IwarpTcp => port.wrapping_add(self.iwarp_port_offset),
+            Transport::InfiniBand => port,
+        }
+    }
+}
+
+/// An error of the SDP connection as the socket reports it.
+pub fn io_error(e: &ConnError) -> io::Error {
+    match e {
+        ConnError::Reset | ConnError::Protocol(_) => {
+            io::Error::new(io::ErrorKind::ConnectionReset, e.to_string())
+        }
+        ConnError::Aborted => io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string()),
+    }
+}
+
+fn itapi_err(e: krdma_itapi::Error) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// The zero-copy regions, made on first use: the source's staging buffer (the peer RDMA
+/// Reads from it) and the sink's landing buffer (our RDMA Reads go there).
+struct Zcopy {
+    src: Lmr,
+    src_buf: Arc<RegBuf>,
+    sink: Lmr,
+    sink_buf: Arc<RegBuf>,
+}
+
+/// The mutable part of a connection.
+pub(crate) struct State {
+    pub proto: Connection,
+    slots: Vec<u32>,
+    scratch: Vec<u8>,
+    zc: Option<Zcopy>,
+    /// An RDMA Read of ours finished (true: successfully).
+    read_done: Option<bool>,
+    /// Bytes staged for the zero-copy send outstanding.
+    staged: usize,
+    /// The outcome of connecting or accepting, once known.
+    established: Option<Result<(), io::ErrorKind>>,
+    transport_closed: bool,
+    pub readiness: Readiness,
+    face_gone: bool,
+    /// Callers asleep in [`Conn::sleep`] (the progress thread leaves events to them).
+    waiters: u32,
+    /// The reset was reported once; later writes say EPIPE as TCP's do.
+    reset_reported: bool,
+}
+
+/// One SDP connection.
+pub struct Conn {
+    pub(crate) dev: Arc<Device>,
+    ep: Endpoint,
+    dto: Evd,
+    cm: Evd,
+    rx_buf: Arc<RegBuf>,
+    rx: Lmr,
+    rx_slot: usize,
+    tx_buf: Arc<RegBuf>,
+    tx: Lmr,
+    tx_slot: usize,
+    pub(crate) st: Mutex<State>,
+    reg: Mutex<Option<Registration>>,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+impl Conn {
+    /// A connection's resources, receive buffers posted; `face` is returned to the
+    /// caller (the socket's descriptor).
+    fn create(
+        dev: Arc<Device>,
+        proto: Connection,
+        local: SocketAddr,
+        peer: SocketAddr,
+    ) -> io::Result<(Arc<Conn>, OwnedFd)> {
+        let cfg = *proto.config();
+        let ia = &dev.ia;
+        let nrx = u32::from(cfg.recv_bufs) + 1;
+        let depth = (TX_SLOTS + 4 + nrx) as usize;
+        let dto = Evd::create(
+            ia,
+            EventStream::Dto,
+            EvdFlags::CREATE_FD,
+            4 * depth,
+            1,
+            None,
+        )
+        .map_err(itapi_err)?;
+        let cm = Evd::create(ia, EventStream::CmMessage, EvdFlags::CREATE_FD, 16, 1, None)
+            .map_err(itapi_err)?;
+        let attrs = EpAttributes {
+            max_request_dtos: (TX_SLOTS + 4) as usize,
+            max_recv_dtos: nrx as usize,
+            max_send_segments: 1,
+            max_recv_segments: 1,
+            rdma_read_ird: 4,
+            rdma_read_ord: 4,
+            ..EpAttributes::default()
+        };
+        let ep = Endpoint::create_rc(&dev.pz, &dto, &dto, &cm, attrs, None).map_err(itapi_err)?;
+        let rx_slot = cfg.max_recv_size.max(cfg.recv_size) as usize;
+        let rx_buf = RegBuf::new(rx_slot * nrx as usize)?;
+        let rx = Lmr::create(&dev.pz, rx_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
+        let tx_slot = rx_slot;
+        let tx_buf = RegBuf::new(tx_slot * TX_SLOTS as usize)?;
+        let tx = Lmr::create(&dev.pz, tx_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
+        let (face, readiness) = Readiness::new()?;
+        let conn = Arc::new(Conn {
+            dev,
+            ep,
+            dto,
+            cm,
+            rx_buf,
+            rx,
+            rx_slot,
+            tx_buf,
+            tx,
+            tx_slot,
+            st: Mutex::new(State {
+                proto,
+                slots: (0..TX_SLOTS).rev().collect(),
+                scratch: vec![0; tx_slot],
+                zc: None,
+                read_done: None,
+                staged: 0,
+                established: None,
+                transport_closed: false,
+                readiness,
+                face_gone: false,
+                waiters: 0,
+                reset_reported: false,
+            }),
+            reg: Mutex::new(None),
+            local,
+            peer,
+        });
+        for b in 0..nrx {
+            conn.post_recv(b, cfg.recv_size)?;
+        }
+        let me: Weak<dyn Reactive> = Arc::downgrade(&conn) as Weak<dyn Reactive>;
+        let reg = {
+            let st = conn.lock();
+            reactor::register(
+                &[
+                    (
+                        conn.dto.fd().expect("DTO EVD made with a descriptor"),
+                        false,
+                    ),
+                    (conn.cm.fd().expect("CM EVD made with a descriptor"), false),
+                    (st.readiness.back(), true),
+                ],
+                me,
+            )?
+        };
+        *conn.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
+        Ok((conn, face))
+    }
+
+    /// Connect to the SDP socket at `peer` (whose port is the socket's, not the
+    /// transport's), offering the Hello; returns once established (or refused).
+    pub fn connect(
+        opts: &Options,
+        local: SocketAddr,
+        peer: SocketAddr,
+    ) -> io::Result<(Arc<Conn>, OwnedFd)> {
+        let dev = Device::get(opts.target.as_ref(), &opts.device).map_err(itapi_err)?;
+        let (proto, hello) = Connection::connect(
+            opts.proto,
+            Instant::now(),
+            local.ip(),
+            local.port(),
+            peer.ip(),
+        );
+        let Body::Hello(h) = hello.body else {
+            unreachable!("connect makes a Hello")
+        };
+        let limit = dev.ia.private_data_limits().0;
+        let pd = wire::hello_private_data(hello.bsdh, &h, limit);
+        let tport = opts.transport_port(&dev, peer.port());
+        let (conn, face) = Conn::create(dev, proto, local, peer)?;
+        conn.ep
+            .connect(SocketAddr::new(peer.ip(), tport), &pd)
+            .map_err(itapi_err)?;
+        conn.wait_established()?;
+        Ok((conn, face))
+    }
+
+    /// Accept the connection request `r` (a Hello) that arrived at a listener of ours.
+    pub fn accept(
+        dev: Arc<Device>,
+        opts: &Options,
+        local: SocketAddr,
+        r: &ConnRequestEvent,
+    ) -> io::Result<(Arc<Conn>, OwnedFd)> {
+        let (proto, hello, ack) =
+            match Connection::accept(opts.proto, Instant::now(), &r.private_data) {
+                Ok(x) => x,
+                Err(v) => {
+                    tracing::warn!(violation = %v, "SDP connection request refused");
+                    let _ = r.cn_est_id.reject(&[]);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, v.to_string()));
+                }
+            };
+        let peer = SocketAddr::new(hello.src, hello.port);
+        let (conn, face) = Conn::create(dev, proto, local, peer)?;
+        conn.ep
+            .accept(r.cn_est_id, &ack.to_vec())
+            .map_err(itapi_err)?;
+        conn.wait_established()?;
+        Ok((conn, face))
+    }
+
+    fn wait_established(self: &Arc<Self>) -> io::Result<()> {
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            {
+                let mut st = self.lock();
+                self.progress(&mut st);
+                if let Some(r) = st.established {
+                    return r.map_err(io::Error::from);
+                }
+            }
+            if Instant::now() >= deadline {
+                let _ = self.ep.abort();
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            let st = self.lock();
+            let face = st.readiness.back().try_clone_to_owned()?;
+            let _ = self.sleep(
+                st,
+                face.as_fd(),
+                PollFlags::empty(),
+                Some(Instant::now() + Duration::from_millis(100)),
+            );
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn post_recv(&self, b: BufId, size: u32) -> io::Result<()> {
+        let seg = self
+            .rx
+            .segment(b as u64 * self.rx_slot as u64, size)
+            .map_err(itapi_err)?;
+        self.ep
+            .post_recv(&[seg], RECV | u64::from(b), DtoFlags::SIGNALED)
+            .map_err(itapi_err)
+    }
+
+    fn repost(&self, st: &mut State, b: BufId) {
+        if st.proto.phase() == Phase::Failed {
+            return;
+        }
+        match self.post_recv(b, st.proto.recv_size()) {
+            Ok(()) => st.proto.on_reposted(),
+            Err(e) => {
+                tracing::debug!(error = %e, "SDP receive buffer not reposted");
+                st.proto.transport_failed();
+            }
+        }
+    }
+
+    /// Take every completion and connection event, then send what the protocol has.
+    pub(crate) fn progress(&self, st: &mut State) {
+        loop {
+            match self.dto.dequeue() {
+                Ok(Event::Dto(d)) => {
+                    self.on_dto(st, d.kind, d.cookie, d.status, d.transferred_length)
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        while let Ok(ev) = self.cm.dequeue() {
+            if let Event::Connection(c) = ev {
+                self.on_cm(st, c.kind, &c.private_data);
+            }
+        }
+        self.flush(st);
+    }
+
+    fn on_dto(&self, st: &mut State, kind: DtoKind, cookie: u64, status: DtoStatus, len: u32) {
+        if status != DtoStatus::Success {
+            if kind == DtoKind::RdmaRead {
+                st.read_done = Some(false);
+            }
+            if status != DtoStatus::Flushed {
+                tracing::debug!(?kind, ?status, "SDP work request failed");
+            }
+            st.proto.transport_failed();
+            return;
+        }
+        let id = (cookie & 0xffff_ffff) as u32;
+        match cookie & !0xffff_ffff {
+            RECV => {
+                let total = len as usize;
+                let base = id as usize * self.rx_slot;
+                let mut prefix = [0u8; PREFIX_LEN];
+                let n = total.min(PREFIX_LEN);
+                self.rx_buf.read(base, &mut prefix[..n]);
+                let mut last = [0u8; 1];
+                if total > 0 {
+                    self.rx_buf.read(base + total - 1, &mut last);
+                }
+                let msg = Received {
+                    prefix: &prefix[..n],
+                    total,
+                    last: last[0],
+                };
+                match st.proto.on_receive(Instant::now(), id, msg) {
+                    Ok(true) => self.repost(st, id),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, peer = %self.peer, "SDP connection aborted")
+                    }
+                }
+            }
+            SEND => st.slots.push(id),
+            READ => st.read_done = Some(true),
+            _ => {}
+        }
+    }
+
+    fn on_cm(&self, st: &mut State, kind: ConnEventKind, private_data: &[u8]) {
+        match kind {
+            ConnEventKind::Established => {
+                // The active side learns the peer's buffers from the HelloAck.
+                if st.proto.phase() == Phase::HelloSent {
+                    if let Err(v) = st.proto.on_hello_ack(private_data) {
+                        tracing::warn!(violation = %v, "bad HelloAck; aborting");
+                        st.proto.abort();
+                        st.established = Some(Err(io::ErrorKind::ConnectionRefused));
+                        let _ = self.ep.abort();
+                        return;
+                    }
+                }
+                tracing::debug!(peer = %self.peer, "SDP connection established");
+                st.established = Some(Ok(()));
+            }
+            ConnEventKind::PeerReject | ConnEventKind::NonPeerReject => {
+                st.established = Some(Err(io::ErrorKind::ConnectionRefused));
+                st.proto.transport_failed();
+                st.transport_closed = true;
+            }
+            ConnEventKind::Disconnect | ConnEventKind::Broken => {
+                if st.established.is_none() {
+                    st.established = Some(Err(io::ErrorKind::ConnectionRefused));
+                }
+                if st.proto.phase() != Phase::Closed {
+                    st.proto.transport_failed();
+                }
+                st.transport_closed = true;
+            }
+        }
+    }
+
+    /// Send what the protocol has to send while send slots last; close the transport
+    /// once the protocol is done with it; bring the face up to date.
+    fn flush(&self, st: &mut State) {
+        while let Some(&slot) = st.slots.last() {
+            let State { proto, scratch, .. } = &mut *st;
+            let Some(t) = proto.poll_transmit(Instant::now(), scratch) else {
+                break;
+            };
+            st.slots.pop();
+            let off = slot as usize * self.tx_slot;
+            self.tx_buf.write(off, &st.scratch[..t.len]);
+            let seg = match self.tx.segment(off as u64, t.len as u32) {
+                Ok(s) => s,
+                Err(_) => break,
+            };
+            if let Err(e) = self
+                .ep
+                .post_send(&[seg], SEND | u64::from(slot), DtoFlags::SIGNALED)
+            {
+                tracing::debug!(error = %e, "SDP send not posted");
+                st.slots.push(slot);
+                st.proto.transport_failed();
+                break;
+            }
+        }
+        // Zero-copy outcomes: a revoked advert's remainder goes by buffered copy.
+        while let Some(ev) = st.proto.poll_event() {
+            if let ProtoEvent::ZcopyRevoked { read } = ev {
+                if st.proto.phase() == Phase::Open && read < st.staged {
+                    let mut rest = vec![0u8; st.staged - read];
+                    if let Some(z) = &st.zc {
+                        z.src_buf.read(read, &mut rest);
+                    }
+                    let _ = st.proto.send(&rest);
+                }
+            }
+            st.staged = 0;
+        }
+        if st.proto.transport_done() && !st.transport_closed && st.established.is_some() {
+            st.transport_closed = true;
+            let _ = self.ep.disconnect();
+        }
+        self.show(st);
+    }
+
+    /// Bring the face up to date (the parts only the back can change).
+    fn show(&self, st: &mut State) {
+        let p = &st.proto;
+        if p.phase() == Phase::Failed {
+            st.readiness.end(End::Hangup);
+            return;
+        }
+        if p.readable() {
+            st.readiness.set_readable();
+        }
+        if p.writable() {
+            st.readiness.set_writable();
+        }
+        if p.next_read() == Some(ReadItem::Eof) {
+            st.readiness.end(End::Eof);
+        }
+    }
+
+    /// Sleep until something may have changed: the face shows `want`, or an event
+    /// arrived. While a caller sleeps here the progress thread leaves the events to it
+    /// (`waiters`), so an event can never be taken by the one and missed by the other;
+    /// the caller makes progress itself when it wakes.
+    fn sleep(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        face: BorrowedFd<'_>,
+        want: PollFlags,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let timeout = match deadline {
+            None => PollTimeout::NONE,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32 + 1)
+                    .unwrap_or(PollTimeout::MAX)
+            }
+        };
+        st.waiters += 1;
+        drop(st);
+        let mut p = [
+            PollFd::new(face, want),
+            PollFd::new(
+                self.dto.fd().expect("DTO EVD has a descriptor"),
+                PollFlags::POLLIN,
+            ),
+            PollFd::new(
+                self.cm.fd().expect("CM EVD has a descriptor"),
+                PollFlags::POLLIN,
+            ),
+        ];
+        let r = poll(&mut p, timeout);
+        let mut st = self.lock();
+        st.waiters -= 1;
+        self.progress(&mut st);
+        match r {
+            Ok(_) => Ok(()),
+            Err(nix::errno::Errno::EINTR) => Err(io::ErrorKind::Interrupted.into()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Spin on the completion queue for a moment, then sleep until something changes.
+    fn pause(
+        &self,
+        st: MutexGuard<'_, State>,
+        face: BorrowedFd<'_>,
+        want: PollFlags,
+        spun: &mut Option<Instant>,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let t0 = *spun.get_or_insert_with(Instant::now);
+        if t0.elapsed() < SPIN {
+            drop(st);
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        self.sleep(st, face, want, deadline)
+    }
+
+    /// Read into `out`: buffered bytes by copy, the peer's zero-copy advert by RDMA Read.
+    /// `Ok(0)` is end of file. Without `block`, `WouldBlock` when nothing is there.
+    pub fn read(
+        &self,
+        face: BorrowedFd<'_>,
+        out: &mut [u8],
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let mut spun = None;
+        loop {
+            let mut st = self.lock();
+            self.progress(&mut st);
+            let mut got = 0;
+            while got < out.len() {
+                match st.proto.next_read() {
+                    Some(ReadItem::Buffered { buf, offset, len }) => {
+                        let n = len.min(out.len() - got);
+                        self.rx_buf
+                            .read(buf as usize * self.rx_slot + offset, &mut out[got..got + n]);
+                        got += n;
+                        if let Some(b) = st.proto.consume(n) {
+                            self.repost(&mut st, b);
+                        }
+                    }
+                    Some(ReadItem::Remote { addr, rkey, len }) => {
+                        if got > 0 {
+                            break;
+                        }
+                        drop(st);
+                        return self.read_remote(face, out, addr, rkey, len);
+                    }
+                    Some(ReadItem::Eof) | None => break,
+                }
+            }
+            if got > 0 {
+                self.flush(&mut st);
+                if !st.proto.readable() {
+                    st.readiness.clear_readable(face);
+                }
+                return Ok(got);
+            }
+            if st.proto.next_read() == Some(ReadItem::Eof) {
+                return Ok(0);
+            }
+            if let Some(e) = st.proto.error() {
+                return Err(io_error(e));
+            }
+            st.readiness.clear_readable(face);
+            if !block {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.pause(st, face, PollFlags::POLLIN, &mut spun, deadline)?;
+        }
+    }
+
+    /// RDMA Read up to `out.len()` bytes of the peer's advert into our landing buffer,
+    /// then copy them out.
+    fn read_remote(
+        &self,
+        face: BorrowedFd<'_>,
+        out: &mut [u8],
+        addr: u64,
+        rkey: u32,
+        len: usize,
+    ) -> io::Result<usize> {
+        let mut st = self.lock();
+        self.ensure_zcopy(&mut st)?;
+        let z = st.zc.as_ref().expect("made above");
+        let n = len.min(out.len()).min(z.sink_buf.len());
+        let seg = z.sink.segment(0, n as u32).map_err(itapi_err)?;
+        st.read_done = None;
+        self.ep
+            .post_rdma_read(
+                &[seg],
+                READ,
+                DtoFlags::SIGNALED,
+                RdmaAddr {
+                    addr,
+                    rmr_context: u64::from(rkey),
+                },
+            )
+            .map_err(itapi_err)?;
+        st.proto.rdma_read_started(n);
+        loop {
+            self.progress(&mut st);
+            match st.read_done.take() {
+                Some(true) => break,
+                Some(false) => {
+                    st.proto.rdma_read_failed();
+                    self.flush(&mut st);
+                    return Err(io_error(st.proto.error().unwrap_or(&ConnError::Reset)));
+                }
+                None => {}
+            }
+            // Not interruptible: the read lands in our buffer and must be accounted.
+            match self.sleep(st, face, PollFlags::empty(), None) {
+                Ok(()) | Err(_) => {}
+            }
+            st = self.lock();
+        }
+        st.zc
+            .as_ref()
+            .expect("made above")
+            .sink_buf
+            .read(0, &mut out[..n]);
+        st.proto.rdma_read_done(n);
+        self.flush(&mut st);
+        if !st.proto.readable() {
+            st.readiness.clear_readable(face);
+        }
+        Ok(n)
+    }
+
+    fn ensure_zcopy(&self, st: &mut State) -> io::Result<()> {
+        if st.zc.is_none() {
+            let size = st.proto.config().send_buffer.max(64 * 1024);
+            let src_buf = RegBuf::new(size)?;
+            let src = Lmr::create(
+                &self.dev.pz,
+                src_buf.clone(),
+                MemPriv::LOCAL | MemPriv::REMOTE_READ,
+            )
+            .map_err(itapi_err)?;
+            let sink_buf = RegBuf::new(size)?;
+            let sink =
+                Lmr::create(&self.dev.pz, sink_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
+            st.zc = Some(Zcopy {
+                src,
+                src_buf,
+                sink,
+                sink_buf,
+            });
+        }
+        Ok(())
+    }
+
+    /// Write from `data`: large writes by zero copy (staged in the registered source
+    /// buffer the peer reads from), the rest queued for buffered copy. Returns the bytes
+    /// taken (at least one, unless `WouldBlock`).
+    pub fn write(
+        &self,
+        face: BorrowedFd<'_>,
+        data: &[u8],
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let mut spun = None;
+        loop {
+            let mut st = self.lock();
+            self.progress(&mut st);
+            if let Some(e) = st.proto.error().cloned() {
+                let first = !st.reset_reported;
+                st.reset_reported = true;
+                return Err(if first {
+                    io_error(&e)
+                } else {
+                    io::ErrorKind::BrokenPipe.into()
+                });
+            }
+            if st.transport_closed || st.proto.phase() != Phase::Open {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            // A large write waits for the queue to drain, then goes by zero copy.
+            if block && st.proto.zcopy_wanted(data.len()) && !st.proto.zcopy_fits(data.len()) {
+                self.pause(st, face, PollFlags::empty(), &mut spun, deadline)?;
+                continue;
+            }
+            let n = if st.proto.zcopy_fits(data.len()) {
+                self.ensure_zcopy(&mut st)?;
+                let z = st.zc.as_ref().expect("made above");
+                let n = data.len().min(z.src_buf.len());
+                z.src_buf.write(0, &data[..n]);
+                let advert = Advert {
+                    size: n as u32,
+                    rkey: z.src.rmr_context().unwrap_or(0) as u32,
+                    addr: z.src.addr(),
+                };
+                st.staged = n;
+                st.proto.send_zcopy(advert).map_err(|e| io_error(&e))?;
+                n
+            } else {
+                st.proto.send(data).map_err(|e| io_error(&e))?
+            };
+            if n > 0 {
+                self.flush(&mut st);
+                if !st.proto.writable() {
+                    st.readiness.clear_writable(face);
+                    self.show(&mut st);
+                }
+                return Ok(n);
+            }
+            st.readiness.clear_writable(face);
+            if !block {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.pause(st, face, PollFlags::POLLOUT, &mut spun, deadline)?;
+        }
+    }
+
+    /// `shutdown(SHUT_WR)`: DisConn once everything written has gone.
+    pub fn shutdown_write(&self) {
+        let mut st = self.lock();
+        st.proto.shutdown_write();
+        self.flush(&mut st);
+    }
+
+    /// The last reference is gone (`close`): an orderly close, or an abort when unread
+    /// data would be lost (as TCP resets then). The connection lingers, driven by the
+    /// progress thread, until the peer's DisConn (or its end) arrives.
+    pub fn close(self: &Arc<Self>) {
+        let mut st = self.lock();
+        if st.proto.readable_bytes() > 0 {
+            st.proto.abort();
+        } else {
+            st.proto.shutdown_write();
+        }
+        self.flush(&mut st);
+        let done = st.transport_closed || st.established.is_none();
+        drop(st);
+        if !done {
+            lingering()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.clone());
+        }
+    }
+
+    /// Abort the connection (`SO_LINGER` with a zero timeout, then close).
+    pub fn abort(&self) {
+        let mut st = self.lock();
+        st.proto.abort();
+        self.flush(&mut st);
+    }
+
+    /// Queue the urgent byte (`MSG_OOB`).
+    pub fn send_oob(&self, byte: u8) -> io::Result<()> {
+        let mut st = self.lock();
+        st.proto.send_oob(byte).map_err(|e| io_error(&e))?;
+        self.flush(&mut st);
+        Ok(())
+    }
+
+    /// Take the urgent byte received (`recv(MSG_OOB)`).
+    pub fn recv_oob(&self) -> Option<u8> {
+        self.lock().proto.take_oob()
+    }
+
+    /// Bytes readable now (`FIONREAD`).
+    pub fn readable_bytes(&self) -> usize {
+        let mut st = self.lock();
+        self.progress(&mut st);
+        st.proto.readable_bytes()
+    }
+
+    /// A copy of the protocol counters and the phase.
+    pub fn snapshot(&self) -> (Phase, proto::Counters, i64) {
+        let st = self.lock();
+        (st.proto.phase(), st.proto.counters, st.proto.credits())
+    }
+}
+
+impl Reactive for Conn {
+    fn on_ready(&self) {
+        let mut st = self.lock();
+        if st.waiters > 0 {
+            return;
+        }
+        self.progress(&mut st);
+        if !st.face_gone && st.readiness.ended() != Some(End::Hangup) && st.readiness.face_closed()
+        {
+            // Every descriptor of the socket is closed, in every process.
+            st.face_gone = true;
+            let back = st.readiness.back().try_clone_to_owned();
+            if let (Ok(b), Some(r)) = (
+                back,
+                self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut(),
+            ) {
+                r.remove(b.as_fd());
+            }
+        }
+        if st.transport_closed {
+            drop(st);
+            let mut l = lingering().lock().unwrap_or_else(|e| e.into_inner());
+            l.retain(|c| !std::ptr::eq(Arc::as_ptr(c), self));
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Out of the epoll set before the descriptors close.
+        self.reg.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let _ = self.ep.abort();
+    }
+}
+
+/// Connections closed by their sockets and still finishing their orderly close.
+fn lingering() -> &'static Mutex<Vec<Arc<Conn>>> {
+    static L: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
+    &L
+}
+
+/// The address this host uses towards `peer` on `dev`.
+pub fn local_ip_for(dev: &Device, peer: IpAddr) -> IpAddr {
+    dev.ia
+        .spigots()
+        .first()
+        .and_then(|s| s.source_for(peer))
+        .unwrap_or(if peer.is_ipv4() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
+        })
+}

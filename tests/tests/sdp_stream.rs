@@ -1,0 +1,159 @@
+//! SDP sockets (`krdma_sdp::SdpStream` / `SdpListener`) over siw0 and rxe0, through both
+//! front doors: a stream that mixes buffered-copy and zero-copy writes arrives intact,
+//! both halves close in order, readiness shows on the socket's descriptor, non-blocking
+//! calls and timeouts behave as TCP's.
+
+use krdma_sdp::{proto::Phase, Options, SdpListener, SdpStream};
+use krdma_tests::{crc, each_front_door, fill_pattern, FrontDoor};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+fn opts(door: &FrontDoor, dev: &str) -> Options {
+    Options {
+        device: dev.into(),
+        target: Some(door.target()),
+        ..Options::default()
+    }
+}
+
+/// Where this process's adapter `dev` is reachable.
+fn adapter_ip(o: &Options) -> IpAddr {
+    let d = krdma_sdp::device::Device::get(o.target.as_ref(), &o.device).unwrap();
+    d.ia.local_address().unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+fn each(dev: &'static str, f: impl Fn(&Options)) {
+    krdma_tests::setup_embedded();
+    each_front_door(|door| {
+        eprintln!("--- device {dev}");
+        f(&opts(door, dev))
+    });
+}
+
+fn pair(o: &Options) -> (SdpStream, SdpStream) {
+    let l = SdpListener::bind_with(SocketAddr::new(adapter_ip(o), 0), o).unwrap();
+    let at = l.local_addr().unwrap();
+    let o2 = o.clone();
+    let client = std::thread::spawn(move || SdpStream::connect_with(at, &o2).unwrap());
+    let (server, peer) = l.accept().unwrap();
+    let client = client.join().unwrap();
+    assert_eq!(peer, client.local_addr().unwrap());
+    assert_eq!(client.peer_addr().unwrap(), at);
+    (client, server)
+}
+
+fn stream_mixed_sizes(o: &Options) {
+    let (mut c, mut s) = pair(o);
+    let mut data = vec![0u8; 6 << 20];
+    fill_pattern(&mut data, 42);
+    let want = crc(&data);
+    let writer = std::thread::spawn(move || {
+        // Small writes (buffered copy), a big one (zero copy), small again.
+        let mut off = 0;
+        for (i, size) in [100usize, 1, 4000, 70_000, 3 << 20, 5, 900_000, 1]
+            .iter()
+            .cycle()
+            .enumerate()
+        {
+            if off == data.len() {
+                break;
+            }
+            let end = (off + size).min(data.len());
+            c.write_all(&data[off..end]).unwrap();
+            off = end;
+            let _ = i;
+        }
+        c.shutdown(Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"thanks");
+        c.stats()
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), 6 << 20);
+    assert_eq!(crc(&got), want, "bytes differ");
+    s.write_all(b"thanks").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let (phase, counters, _) = writer.join().unwrap();
+    eprintln!("client: {phase:?} {counters:?}");
+    assert!(
+        counters.zcopy_tx_bytes > 0,
+        "large writes went by zero copy"
+    );
+    assert!(counters.bcopy_tx_bytes > 0, "small writes by buffered copy");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.stats().0 != Phase::Closed {
+        assert!(
+            Instant::now() < deadline,
+            "orderly close never finished: {:?}",
+            s.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn stream_mixed_sizes_siw0() {
+    each("siw0", stream_mixed_sizes);
+}
+
+#[test]
+fn stream_mixed_sizes_rxe0() {
+    each("rxe0", stream_mixed_sizes);
+}
+
+/// Wait up to `ms` for the descriptor to become readable; what it shows then.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> PollFlags {
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(&mut p, PollTimeout::from(ms)).unwrap();
+    let r = p[0].revents().unwrap();
+    r | now_shows(fd)
+}
+
+/// What the descriptor shows now.
+fn now_shows(fd: std::os::fd::BorrowedFd<'_>) -> PollFlags {
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN | PollFlags::POLLOUT)];
+    poll(&mut p, PollTimeout::ZERO).unwrap();
+    p[0].revents().unwrap()
+}
+
+fn readiness_nonblocking_timeouts(o: &Options) {
+    let (mut c, mut s) = pair(o);
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(s.read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock);
+    assert_eq!(now_shows(s.as_fd()), PollFlags::POLLOUT);
+    c.write_all(b"ping").unwrap();
+    // The progress thread shows it on the descriptor while nobody calls in.
+    let r = readable(s.as_fd(), 5000);
+    assert!(r.contains(PollFlags::POLLIN), "{r:?}");
+    assert_eq!(s.read(&mut b).unwrap(), 4);
+    assert_eq!(&b[..4], b"ping");
+    assert_eq!(now_shows(s.as_fd()), PollFlags::POLLOUT);
+    // A read timeout.
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let t = Instant::now();
+    assert_eq!(s.read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock);
+    assert!(t.elapsed() >= Duration::from_millis(150));
+    // End of file shows as readable, reads 0.
+    drop(c);
+    let r = readable(s.as_fd(), 5000);
+    assert!(r.contains(PollFlags::POLLIN), "{r:?}");
+    assert_eq!(s.read(&mut b).unwrap(), 0);
+}
+
+#[test]
+fn readiness_nonblocking_timeouts_siw0() {
+    each("siw0", readiness_nonblocking_timeouts);
+}
+
+#[test]
+fn readiness_nonblocking_timeouts_rxe0() {
+    each("rxe0", readiness_nonblocking_timeouts);
+}
