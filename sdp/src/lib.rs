@@ -4,6 +4,12 @@
 //! |---|---|
 //! | [`wire`] | the SDP wire format: BSDH, Hello/HelloAck, every message |
 //! | [`proto`] | one connection's protocol state machine, without I/O (time passed in) |
+//! | [`conn`] | one connection driven over an IT-API endpoint |
+//! | [`stream`] | [`SdpStream`], [`SdpListener`]: sockets in `std::net`'s shape |
+//! | [`readiness`] | the socket's readiness face, a real descriptor for poll/select/epoll |
+//! | [`reactor`] | the progress thread |
+//! | [`device`] | the adapters, opened once per process |
+//! | [`switch`] | the offload protocol switch: policy file and decision counters |
 
 pub mod conn;
 pub mod device;
@@ -11,6 +17,7 @@ pub mod proto;
 pub mod reactor;
 pub mod readiness;
 pub mod stream;
+pub mod switch;
 pub mod wire;
 
 pub use conn::Options;

@@ -25,9 +25,6 @@ use nix::sys::socket::{
 };
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-/// `POLLRDHUP`, which nix does not name.
-const POLLRDHUP: nix::poll::PollFlags = nix::poll::PollFlags::from_bits_retain(libc::POLLRDHUP);
-
 /// The face's send buffer: as small as the kernel allows, so a little filler blocks it.
 const FACE_SNDBUF: usize = 4096;
 
@@ -141,16 +138,17 @@ impl Readiness {
         self.ended
     }
 
-    /// Whether every descriptor of the face has been closed, in every process (the
-    /// back's peer is gone: `POLLRDHUP`). Meaningless after [`End::Hangup`], which shuts
+    /// Whether every descriptor of the face has been closed, in every process.
+    /// Meaningless after [`End::Hangup`], which shuts
     /// the back's own receive side.
     pub fn face_closed(&self) -> bool {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut p = [PollFd::new(self.back.as_fd(), POLLRDHUP)];
+        // The face's close shuts the back both ways: `POLLHUP`, whatever is queued.
+        let mut p = [PollFd::new(self.back.as_fd(), PollFlags::empty())];
         matches!(poll(&mut p, PollTimeout::ZERO), Ok(1))
             && p[0]
                 .revents()
-                .is_some_and(|r| r.intersects(POLLRDHUP | PollFlags::POLLHUP))
+                .is_some_and(|r| r.contains(PollFlags::POLLHUP))
     }
 }
 
@@ -162,7 +160,7 @@ mod tests {
     fn revents(fd: &OwnedFd) -> PollFlags {
         let mut p = [PollFd::new(
             fd.as_fd(),
-            PollFlags::POLLIN | PollFlags::POLLOUT | POLLRDHUP,
+            PollFlags::POLLIN | PollFlags::POLLOUT,
         )];
         poll(&mut p, PollTimeout::ZERO).unwrap();
         p[0].revents().unwrap()
@@ -181,7 +179,13 @@ mod tests {
         r.set_writable();
         assert_eq!(revents(&face), PollFlags::POLLOUT);
         r.end(End::Eof);
-        assert!(revents(&face).contains(PollFlags::POLLIN | POLLRDHUP));
+        assert!(revents(&face).contains(PollFlags::POLLIN));
+        let mut b = [0u8; 1];
+        assert_eq!(
+            recv(face.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT),
+            Ok(0),
+            "end of file"
+        );
         r.end(End::Hangup);
         let mut p = [PollFd::new(face.as_fd(), PollFlags::POLLIN)];
         poll(&mut p, PollTimeout::ZERO).unwrap();
