@@ -48,6 +48,8 @@ pub struct Options {
     /// Over iWARP the SDP listener of port P listens on TCP port P + this offset (the
     /// socket's own port P stays free for plain TCP: one port space, two transports).
     pub iwarp_port_offset: u16,
+    /// How long a connect may take before it counts as failed.
+    pub connect_timeout: Duration,
 }
 
 impl Default for Options {
@@ -61,6 +63,7 @@ impl Default for Options {
                 ..proto::Config::default()
             },
             iwarp_port_offset: 10000,
+            connect_timeout: CONNECT_TIMEOUT,
         }
     }
 }
@@ -99,7 +102,7 @@ struct Zcopy {
 }
 
 /// The mutable part of a connection.
-pub(crate) struct State {
+pub struct State {
     pub proto: Connection,
     slots: Vec<u32>,
     scratch: Vec<u8>,
@@ -113,6 +116,8 @@ pub(crate) struct State {
     transport_closed: bool,
     pub readiness: Readiness,
     face_gone: bool,
+    /// Kept alive until the face is closed ([`Conn::keep_until_face_closed`]).
+    detached: bool,
     /// Callers asleep in [`Conn::sleep`] (the progress thread leaves events to them).
     waiters: u32,
     /// The reset was reported once; later writes say EPIPE as TCP's do.
@@ -121,7 +126,7 @@ pub(crate) struct State {
 
 /// One SDP connection.
 pub struct Conn {
-    pub(crate) dev: Arc<Device>,
+    pub dev: Arc<Device>,
     ep: Endpoint,
     dto: Evd,
     cm: Evd,
@@ -200,6 +205,7 @@ impl Conn {
                 transport_closed: false,
                 readiness,
                 face_gone: false,
+                detached: false,
                 waiters: 0,
                 reset_reported: false,
             }),
@@ -226,6 +232,7 @@ impl Conn {
             )?
         };
         *conn.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
+        crate::stats::track(&conn);
         Ok((conn, face))
     }
 
@@ -254,7 +261,7 @@ impl Conn {
         conn.ep
             .connect(SocketAddr::new(peer.ip(), tport), &pd)
             .map_err(itapi_err)?;
-        conn.wait_established()?;
+        conn.wait_established(opts.connect_timeout)?;
         Ok((conn, face))
     }
 
@@ -279,12 +286,12 @@ impl Conn {
         conn.ep
             .accept(r.cn_est_id, &ack.to_vec())
             .map_err(itapi_err)?;
-        conn.wait_established()?;
+        conn.wait_established(CONNECT_TIMEOUT)?;
         Ok((conn, face))
     }
 
-    fn wait_established(self: &Arc<Self>) -> io::Result<()> {
-        let deadline = Instant::now() + CONNECT_TIMEOUT;
+    fn wait_established(self: &Arc<Self>, timeout: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + timeout;
         loop {
             {
                 let mut st = self.lock();
@@ -308,7 +315,7 @@ impl Conn {
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -615,6 +622,49 @@ impl Conn {
         }
     }
 
+    /// Copy buffered bytes without taking them (`MSG_PEEK`); a zero-copy advert at the
+    /// head is read in first (its bytes then wait, buffered, in the landing region).
+    pub fn peek(
+        &self,
+        face: BorrowedFd<'_>,
+        out: &mut [u8],
+        block: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        let mut spun = None;
+        loop {
+            let mut st = self.lock();
+            self.progress(&mut st);
+            match st.proto.next_read() {
+                Some(ReadItem::Buffered { buf, offset, len }) => {
+                    let n = len.min(out.len());
+                    self.rx_buf
+                        .read(buf as usize * self.rx_slot + offset, &mut out[..n]);
+                    return Ok(n);
+                }
+                Some(ReadItem::Eof) => return Ok(0),
+                Some(ReadItem::Remote { .. }) => {
+                    // Peeking into a remote buffer would need it read: say nothing yet.
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                None => {
+                    if let Some(e) = st.proto.error() {
+                        return Err(io_error(e));
+                    }
+                    if !block {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    self.pause(st, face, PollFlags::POLLIN, &mut spun, deadline)?;
+                }
+            }
+        }
+    }
+
+    /// The adapter's name.
+    pub fn device_name(&self) -> &str {
+        self.dev.ia.name()
+    }
+
     /// RDMA Read up to `out.len()` bytes of the peer's advert into our landing buffer,
     /// then copy them out.
     fn read_remote(
@@ -790,6 +840,17 @@ impl Conn {
         }
     }
 
+    /// Keep the connection alive, whoever holds it, until every descriptor of its face is
+    /// closed (in every process) and the close that follows has finished: how sockets
+    /// handed to unmodified programs live, as TCP's do in the kernel.
+    pub fn keep_until_face_closed(self: &Arc<Self>) {
+        self.lock().detached = true;
+        lingering()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.clone());
+    }
+
     /// Abort the connection (`SO_LINGER` with a zero timeout, then close).
     pub fn abort(&self) {
         let mut st = self.lock();
@@ -842,8 +903,19 @@ impl Reactive for Conn {
             ) {
                 r.remove(b.as_fd());
             }
+            if st.detached {
+                tracing::debug!(peer = %self.peer, "SDP socket closed by its last holder");
+                if st.proto.readable_bytes() > 0 {
+                    st.proto.abort();
+                } else {
+                    st.proto.shutdown_write();
+                }
+                self.flush(&mut st);
+            }
         }
-        if st.transport_closed {
+        let failed_face = st.readiness.ended() == Some(End::Hangup);
+        let finished = st.transport_closed && (!st.detached || st.face_gone || failed_face);
+        if finished {
             drop(st);
             let mut l = lingering().lock().unwrap_or_else(|e| e.into_inner());
             l.retain(|c| !std::ptr::eq(Arc::as_ptr(c), self));

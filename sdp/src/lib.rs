@@ -10,12 +10,14 @@
 //! | [`reactor`] | the progress thread |
 //! | [`device`] | the adapters, opened once per process |
 //! | [`switch`] | the offload protocol switch: policy file and decision counters |
+//! | [`stats`] | the per-process report `krdma-sdp` reads |
 
 pub mod conn;
 pub mod device;
 pub mod proto;
 pub mod reactor;
 pub mod readiness;
+pub mod stats;
 pub mod stream;
 pub mod switch;
 pub mod wire;

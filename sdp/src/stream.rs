@@ -301,7 +301,7 @@ impl SdpListener {
     }
 
     /// Listen over SDP at `local` (its port already decided; `guard` holds it).
-    pub(crate) fn listen_at(
+    pub fn listen_at(
         local: SocketAddr,
         guard: Option<OwnedFd>,
         opts: &Options,
@@ -364,6 +364,15 @@ impl SdpListener {
 
     /// Accept a waiting connection, if there is one.
     pub(crate) fn try_accept(&self) -> io::Result<Option<(SdpStream, SocketAddr)>> {
+        Ok(self.try_accept_conn()?.map(|(conn, face)| {
+            let peer = conn.peer;
+            (SdpStream::new(conn, face, None), peer)
+        }))
+    }
+
+    /// Accept a waiting connection, if there is one: the connection and its face (for a
+    /// socket layer of its own, as the preload library's).
+    pub fn try_accept_conn(&self) -> io::Result<Option<(Arc<Conn>, OwnedFd)>> {
         while let Ok(ev) = self.req.dequeue() {
             let Event::ConnRequest(r) = ev else { continue };
             let local = SocketAddr::new(
@@ -378,10 +387,7 @@ impl SdpListener {
                 self.local.port(),
             );
             match Conn::accept(self.dev.clone(), &self.opts, local, &r) {
-                Ok((conn, face)) => {
-                    let peer = conn.peer;
-                    return Ok(Some((SdpStream::new(conn, face, None), peer)));
-                }
+                Ok(c) => return Ok(Some(c)),
                 Err(e) => tracing::info!(error = %e, "SDP connection not accepted"),
             }
         }

@@ -1,0 +1,379 @@
+//! What the preload library knows: the program's descriptors that are (or may become)
+//! SDP sockets, the switch's policy, and which threads are the library's own.
+
+use crate::real::real;
+use krdma_sdp::conn::{Conn, Options};
+use krdma_sdp::reactor::{self, Reactive, Registration};
+use krdma_sdp::switch::{Policy, Use};
+use krdma_sdp::SdpListener;
+use libc::{c_int, c_void};
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+thread_local! {
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is working for the library (its calls are not the program's).
+pub fn is_inside() -> bool {
+    INSIDE.with(|i| i.get())
+}
+
+/// Run `f` as the library's own work.
+pub fn inside<R>(f: impl FnOnce() -> R) -> R {
+    let was = INSIDE.with(|i| i.replace(true));
+    let r = f();
+    INSIDE.with(|i| i.set(was));
+    r
+}
+
+/// Process-wide state, made on first use.
+pub struct Global {
+    pub policy: Policy,
+    pub program: String,
+    pub opts: Options,
+    no_sdp: Mutex<HashMap<SocketAddr, Instant>>,
+}
+
+/// How long a peer without SDP is remembered (its connects go straight to TCP).
+const NO_SDP_MEMORY: Duration = Duration::from_secs(30);
+
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+pub fn global() -> &'static Global {
+    static G: OnceLock<Global> = OnceLock::new();
+    G.get_or_init(|| {
+        inside(|| {
+            if std::env::var_os("KRDMA_SDP_LOG").is_some() {
+                let _ = tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(
+                        std::env::var("KRDMA_SDP_LOG").unwrap_or_default(),
+                    ))
+                    .with_writer(std::io::stderr)
+                    .try_init();
+            }
+            // SAFETY: registering a plain function as the fork child handler.
+            unsafe { libc::pthread_atfork(None, None, Some(in_fork_child)) };
+            let policy = Policy::load();
+            let program = std::fs::read_to_string("/proc/self/comm")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+            let mut opts = Options::default();
+            if std::env::var_os("KRDMA_SDP_DEVICE").is_none() {
+                if let Some(d) = &policy.device {
+                    opts.device = d.clone();
+                }
+            }
+            tracing::info!(%program, device = %opts.device, "krdma SDP preload active");
+            krdma_sdp::stats::serve();
+            Global {
+                policy,
+                program,
+                opts,
+                no_sdp: Mutex::new(HashMap::new()),
+            }
+        })
+    })
+}
+
+impl Global {
+    /// New sockets may be offloaded (not in a fork child, whose RDMA stack is the
+    /// parent's and has no threads: there everything new stays TCP).
+    pub fn offload_allowed(&self) -> bool {
+        !FORKED.load(Ordering::Relaxed) && std::env::var_os("KRDMA_SDP_OFF").is_none()
+    }
+
+    pub fn known_without_sdp(&self, peer: SocketAddr) -> bool {
+        let mut m = self.no_sdp.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, t| t.elapsed() < NO_SDP_MEMORY);
+        m.contains_key(&peer)
+    }
+
+    pub fn remember_without_sdp(&self, peer: SocketAddr) {
+        self.no_sdp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(peer, Instant::now());
+    }
+}
+
+/// In a fork child: the SDP sockets inherited belong to the parent's connections.
+extern "C" fn in_fork_child() {
+    FORKED.store(true, Ordering::Relaxed);
+    krdma_sdp::device::Device::forget_all();
+    if let Ok(mut t) = TABLE.try_lock() {
+        for s in t.values() {
+            if let Ok(mut k) = s.kind.try_lock() {
+                let old = std::mem::replace(&mut *k, Kind::Foreign);
+                // The parent's objects must not be torn down from here.
+                std::mem::forget(old);
+            }
+        }
+    }
+}
+
+/// What a tracked descriptor is.
+pub enum Kind {
+    /// A kernel TCP socket not yet connected or listening.
+    Fresh { bound: Option<SocketAddr> },
+    /// A kernel TCP listener with an SDP listener beside it.
+    Listener(Arc<Listening>),
+    /// An SDP connection's face.
+    Stream(Arc<Stream>),
+    /// An SDP socket inherited from the parent process.
+    Foreign,
+}
+
+pub struct Sock {
+    pub family: c_int,
+    kind: Mutex<Kind>,
+}
+
+impl Sock {
+    pub fn new(family: c_int) -> Sock {
+        Sock {
+            family,
+            kind: Mutex::new(Kind::Fresh { bound: None }),
+        }
+    }
+
+    pub fn kind(&self) -> MutexGuard<'_, Kind> {
+        self.kind.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An SDP connection as the program's socket.
+pub struct Stream {
+    pub conn: Arc<Conn>,
+    /// Holds the socket's port in the kernel's port space.
+    _port: Option<OwnedFd>,
+    pub read_shut: AtomicBool,
+    pub linger_zero: AtomicBool,
+    /// Options set that SDP has no use for, read back as set.
+    pub options: Mutex<HashMap<(c_int, c_int), c_int>>,
+}
+
+impl Stream {
+    pub fn new(conn: Arc<Conn>, port: Option<OwnedFd>) -> Stream {
+        Stream {
+            conn,
+            _port: port,
+            read_shut: AtomicBool::new(false),
+            linger_zero: AtomicBool::new(false),
+            options: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// A listening socket's SDP side: the SDP listener, connections accepted by the
+/// progress thread and waiting for the program's `accept`, and the doorbells rung for
+/// them.
+pub struct Listening {
+    sdp: SdpListener,
+    use_: Use,
+    at: SocketAddr,
+    ready: Mutex<VecDeque<(Arc<Conn>, OwnedFd)>>,
+    doorbells: Mutex<Vec<(SocketAddr, OwnedFd)>>,
+    reg: Mutex<Option<Registration>>,
+}
+
+impl Listening {
+    pub fn start(at: SocketAddr, use_: Use) -> std::io::Result<Arc<Listening>> {
+        let g = global();
+        let sdp = SdpListener::listen_at(at, None, &g.opts)?;
+        let l = Arc::new(Listening {
+            sdp,
+            use_,
+            at,
+            ready: Mutex::new(VecDeque::new()),
+            doorbells: Mutex::new(Vec::new()),
+            reg: Mutex::new(None),
+        });
+        let me: Weak<dyn Reactive> = Arc::downgrade(&l) as Weak<dyn Reactive>;
+        let reg = reactor::register(&[(l.sdp.as_fd(), false)], me)?;
+        *l.reg.lock().unwrap_or_else(|e| e.into_inner()) = Some(reg);
+        Ok(l)
+    }
+
+    pub fn sdp_only(&self) -> bool {
+        self.use_ == Use::Sdp
+    }
+
+    pub fn take_ready(&self) -> Option<(Arc<Conn>, OwnedFd)> {
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    /// Whether an accepted TCP connection from `peer` is one of our doorbells (dropped).
+    pub fn is_doorbell(&self, peer: SocketAddr) -> bool {
+        let mut d = self.doorbells.lock().unwrap_or_else(|e| e.into_inner());
+        match d.iter().position(|(a, _)| *a == peer) {
+            Some(i) => {
+                d.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Make the kernel listener readable: a loopback connection to it.
+    fn ring(&self) {
+        let target = match self.at.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => {
+                SocketAddr::from(([127, 0, 0, 1], self.at.port()))
+            }
+            ip if ip.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], self.at.port())),
+            _ => self.at,
+        };
+        match std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+            Ok(s) => {
+                if let Ok(local) = s.local_addr() {
+                    let fd: OwnedFd = s.into();
+                    self.doorbells
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((local, fd));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "SDP listener: doorbell not rung"),
+        }
+    }
+}
+
+impl Reactive for Listening {
+    fn on_ready(&self) {
+        let mut rang = false;
+        loop {
+            match self.sdp.try_accept_conn() {
+                Ok(Some(c)) => {
+                    self.ready
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back(c);
+                    self.ring();
+                    rang = true;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "SDP accept failed");
+                    break;
+                }
+            }
+        }
+        let _ = rang;
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.reg.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The descriptor table.
+
+const FAST: usize = 1 << 16;
+static TRACKED: [AtomicBool; FAST] = [const { AtomicBool::new(false) }; FAST];
+static TABLE: Mutex<BTreeMap<c_int, Arc<Sock>>> = Mutex::new(BTreeMap::new());
+
+fn table() -> MutexGuard<'static, BTreeMap<c_int, Arc<Sock>>> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn insert(fd: c_int, s: Arc<Sock>) {
+    if (fd as usize) < FAST {
+        TRACKED[fd as usize].store(true, Ordering::Relaxed);
+    }
+    table().insert(fd, s);
+}
+
+pub fn get(fd: c_int) -> Option<Arc<Sock>> {
+    if fd < 0 || ((fd as usize) < FAST && !TRACKED[fd as usize].load(Ordering::Relaxed)) {
+        return None;
+    }
+    table().get(&fd).cloned()
+}
+
+/// Forget `fd` (closed, or left to the kernel). The last descriptor of a socket in
+/// this process lets its objects go (a stream's connection lives on until its face is
+/// closed everywhere; one with `SO_LINGER` zero aborts).
+pub fn remove(fd: c_int) {
+    if fd < 0 || ((fd as usize) < FAST && !TRACKED[fd as usize].load(Ordering::Relaxed)) {
+        return;
+    }
+    if (fd as usize) < FAST {
+        TRACKED[fd as usize].store(false, Ordering::Relaxed);
+    }
+    let gone = table().remove(&fd);
+    if let Some(s) = gone {
+        if Arc::strong_count(&s) == 1 {
+            let k = std::mem::replace(&mut *s.kind(), Kind::Foreign);
+            match k {
+                Kind::Stream(st) if st.linger_zero.load(Ordering::Relaxed) => {
+                    inside(|| st.conn.abort())
+                }
+                // A fork child never tears down what belongs to the parent.
+                other if FORKED.load(Ordering::Relaxed) => std::mem::forget(other),
+                other => inside(|| drop(other)),
+            }
+        }
+    }
+}
+
+/// `to` is now a duplicate of `from`.
+pub fn dup(from: c_int, to: c_int) {
+    if let Some(s) = get(from) {
+        insert(to, s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Threads the library starts are the library's.
+
+struct Start {
+    f: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+}
+
+extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the Box made in pthread_create below, handed over once.
+    let s = unsafe { Box::from_raw(p as *mut Start) };
+    INSIDE.with(|i| i.set(true));
+    (s.f)(s.arg)
+}
+
+/// `pthread_create`: a thread started while the library works belongs to it (its socket
+/// calls go straight to the C library).
+///
+/// # Safety
+/// As `pthread_create(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    t: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    f: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    if !is_inside() {
+        return (real().pthread_create)(t, attr, f, arg);
+    }
+    let p = Box::into_raw(Box::new(Start { f, arg })) as *mut c_void;
+    let r = (real().pthread_create)(t, attr, start_inside, p);
+    if r != 0 {
+        drop(Box::from_raw(p as *mut Start));
+    }
+    r
+}
+
+#[allow(dead_code)]
+fn raw(fd: &OwnedFd) -> c_int {
+    fd.as_raw_fd()
+}
