@@ -39,11 +39,6 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
-fn errno() -> c_int {
-    // SAFETY: errno of the calling thread.
-    unsafe { *libc::__errno_location() }
-}
-
 /// Return -1 with errno from `e`.
 fn fail<T: From<i8>>(e: &io::Error) -> T {
     set_errno(e.raw_os_error().unwrap_or_else(|| match e.kind() {
@@ -65,7 +60,7 @@ fn fail<T: From<i8>>(e: &io::Error) -> T {
 ///
 /// # Safety
 /// `addr` points to `len` readable bytes, or is null.
-unsafe fn read_addr(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+pub(crate) unsafe fn read_addr(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
     if addr.is_null() {
         return None;
     }
@@ -361,7 +356,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         table::remove(fd);
         return r;
     }
-    match inside(|| Listening::start(at, decision)) {
+    match inside(|| Listening::start(fd, at, decision)) {
         Ok(l) => *kind = Kind::Listener(l),
         Err(e) => {
             COUNTERS.listen_sdp_failed.fetch_add(1, Ordering::Relaxed);
@@ -393,22 +388,35 @@ pub unsafe extern "C" fn accept4(
         return (real().accept4)(fd, addr, len, flags);
     };
     loop {
-        if let Some((conn, new_face)) = l.take_ready() {
-            let peer = conn.peer;
-            conn.keep_until_face_closed();
-            let nfd = new_face.into_raw_fd();
-            if flags & libc::SOCK_NONBLOCK != 0 {
-                (real().fcntl)(nfd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
+        match l.take_ready() {
+            Some(table::Accepted::Sdp(conn, new_face)) => {
+                let peer = conn.peer;
+                conn.keep_until_face_closed();
+                let nfd = new_face.into_raw_fd();
+                if flags & libc::SOCK_NONBLOCK != 0 {
+                    (real().fcntl)(nfd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
+                }
+                if flags & libc::SOCK_CLOEXEC == 0 {
+                    (real().fcntl)(nfd, libc::F_SETFD, 0);
+                }
+                let sock = Arc::new(Sock::new(family));
+                *sock.kind() = Kind::Stream(Arc::new(Stream::new(conn, None)));
+                table::insert(nfd, sock);
+                write_addr(peer, family, addr, len);
+                COUNTERS.accepted_sdp.fetch_add(1, Ordering::Relaxed);
+                return nfd;
             }
-            if flags & libc::SOCK_CLOEXEC == 0 {
-                (real().fcntl)(nfd, libc::F_SETFD, 0);
+            Some(table::Accepted::Tcp(own, st, slen)) => {
+                let nfd = own.into_raw_fd();
+                if flags & libc::SOCK_NONBLOCK != 0 {
+                    (real().fcntl)(nfd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
+                }
+                if flags & libc::SOCK_CLOEXEC == 0 {
+                    (real().fcntl)(nfd, libc::F_SETFD, 0);
+                }
+                return tcp_accepted(&l, nfd, &st, slen, addr, len);
             }
-            let sock = Arc::new(Sock::new(family));
-            *sock.kind() = Kind::Stream(Arc::new(Stream::new(conn, None)));
-            table::insert(nfd, sock);
-            write_addr(peer, family, addr, len);
-            COUNTERS.accepted_sdp.fetch_add(1, Ordering::Relaxed);
-            return nfd;
+            None => {}
         }
         let mut st: libc::sockaddr_storage = std::mem::zeroed();
         let mut slen = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
@@ -416,26 +424,32 @@ pub unsafe extern "C" fn accept4(
         if nfd < 0 {
             return nfd;
         }
-        let peer = read_addr(&st as *const _ as *const sockaddr, slen);
-        if peer.is_some_and(|p| l.is_doorbell(p)) {
+        if l.is_doorbell(&st, slen) {
             (real().close)(nfd);
             continue;
         }
-        if l.sdp_only() {
-            COUNTERS
-                .refused_tcp_on_sdp_listener
-                .fetch_add(1, Ordering::Relaxed);
-            (real().close)(nfd);
-            continue;
+        let r = tcp_accepted(&l, nfd, &st, slen, addr, len);
+        if r >= 0 {
+            return r;
         }
-        COUNTERS.accepted_tcp.fetch_add(1, Ordering::Relaxed);
-        if !addr.is_null() && !len.is_null() {
-            let room = (*len as usize).min(slen as usize);
-            std::ptr::copy_nonoverlapping(&st as *const _ as *const u8, addr as *mut u8, room);
-            *len = slen;
-        }
-        return nfd;
     }
+}
+
+/// A kernel TCP connection accepted on an offloaded listener: the program's, unless the
+/// policy says SDP only (then it is closed, counted, and -1 returned to look further).
+unsafe fn tcp_accepted(l: &Listening, nfd: c_int, st: &libc::sockaddr_storage, slen: socklen_t, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if l.sdp_only() {
+        COUNTERS.refused_tcp_on_sdp_listener.fetch_add(1, Ordering::Relaxed);
+        (real().close)(nfd);
+        return -1;
+    }
+    COUNTERS.accepted_tcp.fetch_add(1, Ordering::Relaxed);
+    if !addr.is_null() && !len.is_null() {
+        let room = (*len as usize).min(slen as usize);
+        std::ptr::copy_nonoverlapping(st as *const _ as *const u8, addr as *mut u8, room);
+        *len = slen;
+    }
+    nfd
 }
 
 // ---------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ impl Global {
 extern "C" fn in_fork_child() {
     FORKED.store(true, Ordering::Relaxed);
     krdma_sdp::device::Device::forget_all();
-    if let Ok(mut t) = TABLE.try_lock() {
+    if let Ok(t) = TABLE.try_lock() {
         for s in t.values() {
             if let Ok(mut k) = s.kind.try_lock() {
                 let old = std::mem::replace(&mut *k, Kind::Foreign);
@@ -170,28 +170,46 @@ impl Stream {
     }
 }
 
-/// A listening socket's SDP side: the SDP listener, connections accepted by the
-/// progress thread and waiting for the program's `accept`, and the doorbells rung for
-/// them.
+/// A connection waiting for the program's `accept`.
+pub enum Accepted {
+    /// Accepted over SDP by the progress thread.
+    Sdp(Arc<Conn>, OwnedFd),
+    /// A kernel TCP connection taken out of the backlog while looking for a doorbell.
+    Tcp(OwnedFd, libc::sockaddr_storage, libc::socklen_t),
+}
+
+/// A listening socket's SDP side: the SDP listener, connections waiting for the
+/// program's `accept`, and the doorbell: while any wait, one loopback connection to the
+/// kernel listener keeps it readable (so `poll`, `select`, `epoll` and a blocking
+/// `accept` wake), and `accept` drops it when it comes out of the backlog.
 pub struct Listening {
     sdp: SdpListener,
     use_: Use,
     at: SocketAddr,
-    ready: Mutex<VecDeque<(Arc<Conn>, OwnedFd)>>,
-    doorbells: Mutex<Vec<(SocketAddr, OwnedFd)>>,
+    fd: c_int,
+    st: Mutex<ListenState>,
     reg: Mutex<Option<Registration>>,
 }
 
+struct ListenState {
+    ready: VecDeque<Accepted>,
+    /// The doorbell's local address (as the listener sees its peer) and its socket.
+    doorbell: Option<(SocketAddr, OwnedFd)>,
+}
+
 impl Listening {
-    pub fn start(at: SocketAddr, use_: Use) -> std::io::Result<Arc<Listening>> {
+    pub fn start(fd: c_int, at: SocketAddr, use_: Use) -> std::io::Result<Arc<Listening>> {
         let g = global();
         let sdp = SdpListener::listen_at(at, None, &g.opts)?;
         let l = Arc::new(Listening {
             sdp,
             use_,
             at,
-            ready: Mutex::new(VecDeque::new()),
-            doorbells: Mutex::new(Vec::new()),
+            fd,
+            st: Mutex::new(ListenState {
+                ready: VecDeque::new(),
+                doorbell: None,
+            }),
             reg: Mutex::new(None),
         });
         let me: Weak<dyn Reactive> = Arc::downgrade(&l) as Weak<dyn Reactive>;
@@ -204,42 +222,85 @@ impl Listening {
         self.use_ == Use::Sdp
     }
 
-    pub fn take_ready(&self) -> Option<(Arc<Conn>, OwnedFd)> {
-        self.ready
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+    fn state(&self) -> MutexGuard<'_, ListenState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether an accepted TCP connection from `peer` is one of our doorbells (dropped).
-    pub fn is_doorbell(&self, peer: SocketAddr) -> bool {
-        let mut d = self.doorbells.lock().unwrap_or_else(|e| e.into_inner());
-        match d.iter().position(|(a, _)| *a == peer) {
-            Some(i) => {
-                d.swap_remove(i);
-                true
-            }
-            None => false,
+    /// The next connection waiting, if any. When none is left the doorbell is taken out
+    /// of the backlog (kernel connections found ahead of it wait here, with a new
+    /// doorbell rung for them).
+    pub fn take_ready(&self) -> Option<Accepted> {
+        let mut st = self.state();
+        let a = st.ready.pop_front()?;
+        if st.ready.is_empty() && st.doorbell.is_some() {
+            self.drain_doorbell(&mut st);
         }
+        Some(a)
     }
 
-    /// Make the kernel listener readable: a loopback connection to it.
-    fn ring(&self) {
-        let target = match self.at.ip() {
-            ip if ip.is_unspecified() && ip.is_ipv4() => {
-                SocketAddr::from(([127, 0, 0, 1], self.at.port()))
+    fn drain_doorbell(&self, st: &mut ListenState) {
+        while st.doorbell.is_some() {
+            let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: poll on one pollfd, the program's listener.
+            if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
+                break;
             }
-            ip if ip.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], self.at.port())),
-            _ => self.at,
+            // SAFETY: accepting into our own storage.
+            let (nfd, a, alen) = unsafe {
+                let mut a: libc::sockaddr_storage = std::mem::zeroed();
+                let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                let nfd = (real().accept4)(self.fd, &mut a as *mut _ as *mut libc::sockaddr, &mut alen, libc::SOCK_CLOEXEC);
+                (nfd, a, alen)
+            };
+            if nfd < 0 {
+                break;
+            }
+            // SAFETY: a descriptor accept just gave us.
+            let own = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(nfd) };
+            if self.is_doorbell_locked(st, &a, alen) {
+                continue;
+            }
+            st.ready.push_back(Accepted::Tcp(own, a, alen));
+        }
+        self.ensure_doorbell(st);
+    }
+
+    fn is_doorbell_locked(&self, st: &mut ListenState, a: &libc::sockaddr_storage, alen: libc::socklen_t) -> bool {
+        // SAFETY: the storage accept filled.
+        let peer = unsafe { crate::read_addr(a as *const _ as *const libc::sockaddr, alen) };
+        if peer.is_some() && st.doorbell.as_ref().map(|d| d.0) == peer {
+            st.doorbell = None;
+            return true;
+        }
+        false
+    }
+
+    /// Whether a connection `accept` took out of the backlog is our doorbell (it is then
+    /// dropped, and a new one rung if connections still wait).
+    pub fn is_doorbell(&self, a: &libc::sockaddr_storage, alen: libc::socklen_t) -> bool {
+        let mut st = self.state();
+        let yes = self.is_doorbell_locked(&mut st, a, alen);
+        if yes {
+            self.ensure_doorbell(&mut st);
+        }
+        yes
+    }
+
+    /// Ring the doorbell if connections wait and none is rung.
+    fn ensure_doorbell(&self, st: &mut ListenState) {
+        if st.ready.is_empty() || st.doorbell.is_some() {
+            return;
+        }
+        let target = if self.at.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], self.at.port()))
+        } else {
+            self.at
         };
-        match std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+        let r = inside(|| std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)));
+        match r {
             Ok(s) => {
                 if let Ok(local) = s.local_addr() {
-                    let fd: OwnedFd = s.into();
-                    self.doorbells
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((local, fd));
+                    st.doorbell = Some((local, s.into()));
                 }
             }
             Err(e) => tracing::warn!(error = %e, "SDP listener: doorbell not rung"),
@@ -249,16 +310,12 @@ impl Listening {
 
 impl Reactive for Listening {
     fn on_ready(&self) {
-        let mut rang = false;
         loop {
             match self.sdp.try_accept_conn() {
-                Ok(Some(c)) => {
-                    self.ready
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push_back(c);
-                    self.ring();
-                    rang = true;
+                Ok(Some((c, f))) => {
+                    let mut st = self.state();
+                    st.ready.push_back(Accepted::Sdp(c, f));
+                    self.ensure_doorbell(&mut st);
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -267,7 +324,6 @@ impl Reactive for Listening {
                 }
             }
         }
-        let _ = rang;
     }
 }
 
