@@ -773,6 +773,7 @@ impl Conn {
                 });
             }
             if st.transport_closed || st.proto.phase() != Phase::Open {
+                tracing::debug!(phase = ?st.proto.phase(), transport_closed = st.transport_closed, "write on a closed SDP socket");
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
             // A large write waits for the queue to drain, then goes by zero copy.

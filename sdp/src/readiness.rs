@@ -79,7 +79,13 @@ impl Readiness {
     /// Show readable (a token for the face's readers). Needs only the back.
     pub fn set_readable(&mut self) {
         if !self.readable && self.ended.is_none() {
-            self.readable = send(self.back.as_raw_fd(), b"r", MsgFlags::MSG_DONTWAIT).is_ok();
+            // MSG_NOSIGNAL: the face may be closed already (no SIGPIPE for the program).
+            self.readable = send(
+                self.back.as_raw_fd(),
+                b"r",
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            )
+            .is_ok();
         }
     }
 

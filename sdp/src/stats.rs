@@ -4,7 +4,6 @@
 
 use crate::conn::Conn;
 use crate::reactor::{self, Reactive, Registration};
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
@@ -69,9 +68,22 @@ struct Server {
 
 impl Reactive for Server {
     fn on_ready(&self) {
-        while let Ok((mut s, _)) = self.listener.accept() {
+        while let Ok((s, _)) = self.listener.accept() {
             let _ = s.set_nonblocking(false);
-            let _ = s.write_all(report().as_bytes());
+            let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(1)));
+            // MSG_NOSIGNAL: a reader that went away must not kill the program.
+            let text = report();
+            let mut off = 0;
+            while off < text.len() {
+                match nix::sys::socket::send(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    &text.as_bytes()[off..],
+                    nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                ) {
+                    Ok(n) if n > 0 => off += n,
+                    _ => break,
+                }
+            }
         }
     }
 }

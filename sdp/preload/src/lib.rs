@@ -437,9 +437,18 @@ pub unsafe extern "C" fn accept4(
 
 /// A kernel TCP connection accepted on an offloaded listener: the program's, unless the
 /// policy says SDP only (then it is closed, counted, and -1 returned to look further).
-unsafe fn tcp_accepted(l: &Listening, nfd: c_int, st: &libc::sockaddr_storage, slen: socklen_t, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+unsafe fn tcp_accepted(
+    l: &Listening,
+    nfd: c_int,
+    st: &libc::sockaddr_storage,
+    slen: socklen_t,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
     if l.sdp_only() {
-        COUNTERS.refused_tcp_on_sdp_listener.fetch_add(1, Ordering::Relaxed);
+        COUNTERS
+            .refused_tcp_on_sdp_listener
+            .fetch_add(1, Ordering::Relaxed);
         (real().close)(nfd);
         return -1;
     }
@@ -538,6 +547,14 @@ fn sdp_send(fd: c_int, s: &Stream, buf: &[u8], flags: c_int) -> ssize_t {
             }
             Err(_) if sent > 0 => break,
             Err(e) => {
+                tracing::debug!(fd, error = %e, "SDP send failed");
+                // Another thread closed the descriptor under this send: as with TCP, the
+                // next call sees a bad descriptor, not a broken pipe.
+                let same = matches!(stream(fd), Some(Ok(t)) if std::ptr::eq(&*t, s));
+                if !same {
+                    set_errno(libc::EBADF);
+                    return -1;
+                }
                 if e.kind() == io::ErrorKind::BrokenPipe && flags & libc::MSG_NOSIGNAL == 0 {
                     // SAFETY: raising a signal in this thread, as the kernel would.
                     unsafe { libc::raise(libc::SIGPIPE) };

@@ -240,7 +240,11 @@ impl Listening {
 
     fn drain_doorbell(&self, st: &mut ListenState) {
         while st.doorbell.is_some() {
-            let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+            let mut p = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
             // SAFETY: poll on one pollfd, the program's listener.
             if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
                 break;
@@ -249,7 +253,12 @@ impl Listening {
             let (nfd, a, alen) = unsafe {
                 let mut a: libc::sockaddr_storage = std::mem::zeroed();
                 let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                let nfd = (real().accept4)(self.fd, &mut a as *mut _ as *mut libc::sockaddr, &mut alen, libc::SOCK_CLOEXEC);
+                let nfd = (real().accept4)(
+                    self.fd,
+                    &mut a as *mut _ as *mut libc::sockaddr,
+                    &mut alen,
+                    libc::SOCK_CLOEXEC,
+                );
                 (nfd, a, alen)
             };
             if nfd < 0 {
@@ -265,7 +274,12 @@ impl Listening {
         self.ensure_doorbell(st);
     }
 
-    fn is_doorbell_locked(&self, st: &mut ListenState, a: &libc::sockaddr_storage, alen: libc::socklen_t) -> bool {
+    fn is_doorbell_locked(
+        &self,
+        st: &mut ListenState,
+        a: &libc::sockaddr_storage,
+        alen: libc::socklen_t,
+    ) -> bool {
         // SAFETY: the storage accept filled.
         let peer = unsafe { crate::read_addr(a as *const _ as *const libc::sockaddr, alen) };
         if peer.is_some() && st.doorbell.as_ref().map(|d| d.0) == peer {

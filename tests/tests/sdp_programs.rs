@@ -1,0 +1,570 @@
+//! Unmodified Debian programs through the SDP preload library
+//! (`libkrdma_sdp_preload.so`), over siw0 and rxe0: iperf3 (several streams, both
+//! directions), sockperf (ping-pong and throughput), redis-server with redis-benchmark and
+//! a BGSAVE (redis forks; the child must work and the parent's sockets stay up), nginx
+//! serving a file to curl and to wrk. Each with both ends offloaded, and with one end
+//! plain TCP (the other end's switch falls back, or accepts TCP beside SDP). The bytes
+//! received are checked, and the switch's own report (`krdma-sdp`'s socket) says which
+//! transport carried them.
+//!
+//! Every program runs through the embedded front door (each process its own kAL; rxe0
+//! bound to a loopback address of the process's own), and iperf3 also through a
+//! `krdmad`. The programs come from Debian (`scripts/test.sh` installs them); without them
+//! the test fails under `CI=true` and is skipped with a note otherwise.
+
+use krdma_tests::{daemon_possible, fill_pattern, private_loopback, Daemon};
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The preload library built with the tests (target/<profile>/).
+fn preload() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let p = dir.join("libkrdma_sdp_preload.so");
+    assert!(
+        p.exists(),
+        "{} not built (build the workspace: cargo build -p krdma-sdp-preload)",
+        p.display()
+    );
+    p
+}
+
+fn have(program: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
+        .unwrap_or(false)
+        || Path::new("/usr/sbin").join(program).exists();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{program} missing: scripts/test.sh installs it"
+        );
+        eprintln!("skipped: {program} not installed (scripts/test.sh installs it)");
+    }
+    found
+}
+
+/// How one end runs: offloaded or not, on which adapter, through which front door.
+#[derive(Clone)]
+struct End {
+    offload: bool,
+    device: &'static str,
+    /// `embedded`, or a krdmad device path.
+    front: String,
+    /// This end's rxe0 address (embedded front door).
+    rxe_addr: IpAddr,
+}
+
+impl End {
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env_remove("LD_PRELOAD");
+        if self.offload {
+            c.env("LD_PRELOAD", preload())
+                .env("KRDMA_DEVICE", &self.front)
+                .env("KRDMA_SDP_DEVICE", self.device)
+                .env("KRDMA_RXE_ADDR", self.rxe_addr.to_string())
+                .env("KRDMA_SDP_CONFIG", "/nonexistent");
+        }
+        c.stdin(Stdio::null());
+        c
+    }
+}
+
+/// A server process, killed on drop.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Wait until something accepts TCP connections at `at` (every listener of ours listens
+/// on TCP too).
+fn wait_listening(at: SocketAddr, server: &mut Server) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(st) = server.0.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(e) = server.0.stderr.as_mut() {
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("server exited early ({st}): {err}");
+        }
+        if TcpStream::connect_timeout(&at, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens at {at}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run(mut c: Command, what: &str) -> Output {
+    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{what} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// The SDP report of a running offloaded process (its `krdma-sdp` socket).
+fn report(pid: u32) -> String {
+    use std::os::linux::net::SocketAddrExt;
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(format!("krdma-sdp.{pid}")).unwrap();
+    let mut s = match std::os::unix::net::UnixStream::connect_addr(&a) {
+        Ok(s) => s,
+        Err(_) => return String::new(),
+    };
+    let mut t = String::new();
+    let _ = s.read_to_string(&mut t);
+    t
+}
+
+fn counter(report: &str, name: &str) -> u64 {
+    report
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(&format!("{name}=")))
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
+}
+
+/// The cases: (server offloaded, client offloaded).
+const CASES: [(bool, bool); 3] = [(true, true), (true, false), (false, true)];
+
+/// The two ends of case `n`; `daemon`: both through this krdmad (whose rxe0 serves one
+/// address for every process), else each end with an embedded kAL and an rxe0 address of
+/// its own.
+fn ends(
+    device: &'static str,
+    daemon: Option<&Daemon>,
+    server_off: bool,
+    client_off: bool,
+    n: u8,
+) -> (End, End) {
+    let (front, s_addr, c_addr) = match daemon {
+        Some(d) => (d.path.display().to_string(), d.rxe_addr, d.rxe_addr),
+        None => (
+            "embedded".to_string(),
+            private_loopback(20 + 2 * n),
+            private_loopback(21 + 2 * n),
+        ),
+    };
+    let s = End {
+        offload: server_off,
+        device,
+        front,
+        rxe_addr: IpAddr::V4(s_addr),
+    };
+    let c = End {
+        offload: client_off,
+        rxe_addr: IpAddr::V4(c_addr),
+        ..s.clone()
+    };
+    (s, c)
+}
+
+/// Where the client reaches the server: over rxe0 the address the server's rxe0 serves
+/// (its TCP listener, on every address, serves it too).
+fn server_ip(s: &End) -> IpAddr {
+    if s.device == "rxe0" {
+        s.rxe_addr
+    } else {
+        IpAddr::from([127, 0, 0, 1])
+    }
+}
+
+fn port(n: u16) -> u16 {
+    20000 + (std::process::id() as u16 % 2000) * 10 + n
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn iperf3_case(device: &'static str, daemon: Option<&Daemon>, (so, co): (bool, bool), n: u8) {
+    let (s, c) = ends(device, daemon, so, co, n);
+    let front = &s.front;
+    let p = port(n as u16);
+    let ip = server_ip(&s);
+    let mut server = Server(
+        s.command("iperf3")
+            .args(["-s", "-p", &p.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(SocketAddr::new(ip, p), &mut server);
+    for args in [&["-P", "4"][..], &["-R"][..]] {
+        let out = run(
+            {
+                let mut cmd = c.command("iperf3");
+                cmd.args(["-c", &ip.to_string(), "-p", &p.to_string(), "-t", "2", "-J"])
+                    .args(args);
+                cmd
+            },
+            "iperf3 client",
+        );
+        let json = String::from_utf8_lossy(&out.stdout);
+        // Bytes sent and received over the whole run, as the two ends counted them.
+        let sent = json_number_after(&json, "\"sum_sent\"", "\"bytes\"");
+        let received = json_number_after(&json, "\"sum_received\"", "\"bytes\"");
+        eprintln!("iperf3 {device} {front} server_sdp={so} client_sdp={co} {args:?}: sent {sent} received {received}");
+        assert!(received > 1_000_000, "almost nothing moved: {json}");
+        // What the sender counted but the receiver had not read when the clock stopped is
+        // at most a socket buffer or so (as with TCP); never more arrives than was sent.
+        assert!(
+            received <= sent && sent - received <= 8 << 20,
+            "sent {sent}, received {received}"
+        );
+    }
+    if so {
+        let r = report(server.0.id());
+        let (sdp, tcp) = (counter(&r, "accepted_sdp"), counter(&r, "accepted_tcp"));
+        eprintln!("server switch: accepted_sdp={sdp} accepted_tcp={tcp}");
+        if co {
+            assert!(sdp >= 5 && tcp <= 1, "both ends offloaded: {r}");
+        } else {
+            assert_eq!(sdp, 0, "{r}");
+            assert!(tcp >= 5, "{r}");
+        }
+    }
+}
+
+fn json_number_after(json: &str, section: &str, key: &str) -> u64 {
+    let at = json
+        .rfind(section)
+        .unwrap_or_else(|| panic!("no {section} in {json}"));
+    let rest = &json[at..];
+    let k = rest.find(key).unwrap() + key.len();
+    rest[k..]
+        .trim_start_matches([':', ' ', '\t'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect::<String>()
+        .parse::<f64>()
+        .unwrap() as u64
+}
+
+fn iperf3(device: &'static str) {
+    if !have("iperf3") {
+        return;
+    }
+    krdma_tests::init_logging();
+    for (i, case) in CASES.iter().enumerate() {
+        iperf3_case(device, None, *case, i as u8);
+    }
+    if daemon_possible() {
+        let d = Daemon::start();
+        iperf3_case(device, Some(&d), (true, true), 5);
+    }
+}
+
+#[test]
+fn iperf3_siw0() {
+    iperf3("siw0");
+}
+
+#[test]
+fn iperf3_rxe0() {
+    iperf3("rxe0");
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn sockperf(device: &'static str) {
+    if !have("sockperf") {
+        return;
+    }
+    for (i, &(so, co)) in CASES.iter().enumerate() {
+        let (s, c) = ends(device, None, so, co, i as u8);
+        let p = port(10 + i as u16);
+        let ip = server_ip(&s);
+        let mut server = Server(
+            s.command("sockperf")
+                .args(["sr", "--tcp", "-i", "0.0.0.0", "-p", &p.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(SocketAddr::new(ip, p), &mut server);
+        let pp = run(
+            {
+                let mut cmd = c.command("sockperf");
+                cmd.args([
+                    "pp",
+                    "--tcp",
+                    "-i",
+                    &ip.to_string(),
+                    "-p",
+                    &p.to_string(),
+                    "-t",
+                    "1",
+                    "-m",
+                    "64",
+                ]);
+                cmd
+            },
+            "sockperf ping-pong",
+        );
+        let text =
+            String::from_utf8_lossy(&pp.stdout).to_string() + &String::from_utf8_lossy(&pp.stderr);
+        assert!(text.contains("Summary: Latency is"), "{text}");
+        // sockperf checks every reply's sequence number and size; it reports mismatches.
+        assert!(!text.contains("ERROR"), "{text}");
+        let tp = run(
+            {
+                let mut cmd = c.command("sockperf");
+                cmd.args([
+                    "tp",
+                    "--tcp",
+                    "-i",
+                    &ip.to_string(),
+                    "-p",
+                    &p.to_string(),
+                    "-t",
+                    "1",
+                    "-m",
+                    "16384",
+                ]);
+                cmd
+            },
+            "sockperf throughput",
+        );
+        let text =
+            String::from_utf8_lossy(&tp.stdout).to_string() + &String::from_utf8_lossy(&tp.stderr);
+        assert!(text.contains("BandWidth is"), "{text}");
+        eprintln!("sockperf {device} server_sdp={so} client_sdp={co} ok");
+    }
+}
+
+#[test]
+fn sockperf_siw0() {
+    sockperf("siw0");
+}
+
+#[test]
+fn sockperf_rxe0() {
+    sockperf("rxe0");
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn redis(device: &'static str) {
+    if !have("redis-server") || !have("redis-benchmark") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("krdma-sdp-redis-{}-{device}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, &(so, co)) in CASES.iter().enumerate() {
+        let (s, c) = ends(device, None, so, co, i as u8);
+        let p = port(20 + i as u16);
+        let ip = server_ip(&s);
+        let mut server = Server(
+            s.command("redis-server")
+                .args([
+                    "--port",
+                    &p.to_string(),
+                    "--bind",
+                    "0.0.0.0",
+                    "--protected-mode",
+                    "no",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(SocketAddr::new(ip, p), &mut server);
+        let cli = |args: &[&str]| {
+            let mut cmd = c.command("redis-cli");
+            cmd.args(["-h", &ip.to_string(), "-p", &p.to_string()])
+                .args(args);
+            String::from_utf8_lossy(&run(cmd, "redis-cli").stdout)
+                .trim()
+                .to_string()
+        };
+        // A value of 200 KB through SET and GET, byte for byte.
+        let mut v = vec![0u8; 150_000];
+        fill_pattern(&mut v, 7);
+        let value: String = v.iter().map(|b| (b'a' + b % 26) as char).collect();
+        assert_eq!(cli(&["SET", "k", &value]), "OK");
+        assert_eq!(cli(&["GET", "k"]), value, "the value came back changed");
+        let bench = run(
+            {
+                let mut cmd = c.command("redis-benchmark");
+                cmd.args([
+                    "-h",
+                    &ip.to_string(),
+                    "-p",
+                    &p.to_string(),
+                    "-n",
+                    "3000",
+                    "-c",
+                    "4",
+                    "-t",
+                    "set,get,lpush",
+                    "-q",
+                ]);
+                cmd
+            },
+            "redis-benchmark",
+        );
+        let text = String::from_utf8_lossy(&bench.stdout);
+        assert!(text.matches("requests per second").count() >= 3, "{text}");
+        // BGSAVE: redis forks a child that writes the dump; the parent's sockets go on.
+        let saves_before = cli(&["INFO", "persistence"]);
+        assert!(
+            saves_before.contains("rdb_bgsave_in_progress"),
+            "{saves_before}"
+        );
+        assert!(cli(&["BGSAVE"]).contains("Background saving started"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = cli(&["INFO", "persistence"]);
+            if info.contains("rdb_bgsave_in_progress:0")
+                && info.contains("rdb_last_bgsave_status:ok")
+                && dir.join("dump.rdb").exists()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "BGSAVE did not finish: {info}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(cli(&["GET", "k"]), value, "after the fork");
+        if so {
+            let r = report(server.0.id());
+            eprintln!(
+                "redis {device} server_sdp={so} client_sdp={co}: accepted_sdp={} accepted_tcp={}",
+                counter(&r, "accepted_sdp"),
+                counter(&r, "accepted_tcp")
+            );
+            if co {
+                assert!(counter(&r, "accepted_sdp") >= 6, "{r}");
+            } else {
+                assert_eq!(counter(&r, "accepted_sdp"), 0, "{r}");
+            }
+        }
+        let _ = std::fs::remove_file(dir.join("dump.rdb"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn redis_siw0() {
+    redis("siw0");
+}
+
+#[test]
+fn redis_rxe0() {
+    redis("rxe0");
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn nginx(device: &'static str) {
+    if !have("nginx") || !have("curl") || !have("wrk") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("krdma-sdp-nginx-{}-{device}", std::process::id()));
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    let mut file = vec![0u8; 3 << 20];
+    fill_pattern(&mut file, 99);
+    std::fs::write(dir.join("www/blob"), &file).unwrap();
+    std::fs::write(dir.join("www/small"), b"hello over SDP\n").unwrap();
+    for (i, &(so, co)) in CASES.iter().enumerate() {
+        let (s, c) = ends(device, None, so, co, i as u8);
+        let p = port(30 + i as u16);
+        let ip = server_ip(&s);
+        let conf = dir.join(format!("nginx-{i}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "daemon off; master_process off; worker_processes 1; pid {d}/nginx-{i}.pid; error_log stderr warn;
+                 events {{ worker_connections 256; }}
+                 http {{ access_log off; sendfile on; keepalive_requests 100000;
+                   client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
+                   server {{ listen {p}; root {d}/www; }} }}\n",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        let mut server = Server(
+            s.command("nginx")
+                .arg("-c")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(SocketAddr::new(ip, p), &mut server);
+        let got = run(
+            {
+                let mut cmd = c.command("curl");
+                cmd.args(["-sS", "--fail", &format!("http://{ip}:{p}/blob")]);
+                cmd
+            },
+            "curl",
+        );
+        assert_eq!(got.stdout.len(), file.len());
+        assert!(got.stdout == file, "the file arrived changed");
+        let w = run(
+            {
+                let mut cmd = c.command("wrk");
+                cmd.args([
+                    "-t",
+                    "1",
+                    "-c",
+                    "4",
+                    "-d",
+                    "1s",
+                    &format!("http://{ip}:{p}/small"),
+                ]);
+                cmd
+            },
+            "wrk",
+        );
+        let text = String::from_utf8_lossy(&w.stdout);
+        assert!(text.contains("Requests/sec"), "{text}");
+        assert!(!text.contains("Non-2xx"), "{text}");
+        assert!(!text.contains("Socket errors"), "{text}");
+        if so {
+            let r = report(server.0.id());
+            eprintln!(
+                "nginx {device} server_sdp={so} client_sdp={co}: accepted_sdp={} accepted_tcp={}",
+                counter(&r, "accepted_sdp"),
+                counter(&r, "accepted_tcp")
+            );
+            if co {
+                assert!(counter(&r, "accepted_sdp") >= 5, "{r}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nginx_curl_wrk_siw0() {
+    nginx("siw0");
+}
+
+#[test]
+fn nginx_curl_wrk_rxe0() {
+    nginx("rxe0");
+}
