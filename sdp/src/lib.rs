@@ -12,15 +12,23 @@
 //! | [`switch`] | the offload protocol switch: policy file and decision counters |
 //! | [`stats`] | the per-process report `krdma-sdp` reads |
 
+#[cfg(feature = "stack")]
 pub mod conn;
+#[cfg(feature = "stack")]
 pub mod device;
 pub mod proto;
+#[cfg(feature = "stack")]
 pub mod reactor;
+#[cfg(feature = "stack")]
 pub mod readiness;
+#[cfg(feature = "stack")]
 pub mod stats;
+#[cfg(feature = "stack")]
 pub mod stream;
 pub mod switch;
 pub mod wire;
 
+#[cfg(feature = "stack")]
 pub use conn::Options;
+#[cfg(feature = "stack")]
 pub use stream::{SdpListener, SdpStream};

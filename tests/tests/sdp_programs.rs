@@ -399,11 +399,39 @@ fn redis(device: &'static str) {
                 .trim()
                 .to_string()
         };
-        // A value of 200 KB through SET and GET, byte for byte.
-        let mut v = vec![0u8; 150_000];
+        // A value of 300 KB through SET and GET, byte for byte.
+        let mut v = vec![0u8; 300_000];
         fill_pattern(&mut v, 7);
         let value: String = v.iter().map(|b| (b'a' + b % 26) as char).collect();
-        assert_eq!(cli(&["SET", "k", &value]), "OK");
+        let set = {
+            use std::io::Write;
+            let mut cmd = c.command("redis-cli");
+            cmd.args([
+                "-h",
+                &ip.to_string(),
+                "-p",
+                &p.to_string(),
+                "-x",
+                "SET",
+                "k",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            let mut ch = cmd.spawn().unwrap();
+            ch.stdin
+                .take()
+                .unwrap()
+                .write_all(value.as_bytes())
+                .unwrap();
+            ch.wait_with_output().unwrap()
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&set.stdout).trim(),
+            "OK",
+            "{}",
+            String::from_utf8_lossy(&set.stderr)
+        );
         assert_eq!(cli(&["GET", "k"]), value, "the value came back changed");
         let bench = run(
             {

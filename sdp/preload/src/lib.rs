@@ -157,11 +157,106 @@ fn deadline(fd: c_int, opt: c_int) -> Option<Instant> {
 // ---------------------------------------------------------------------------------------
 // Socket creation, naming, connecting, listening, accepting.
 
+// ---------------------------------------------------------------------------------------
+// The library's own descriptors live high, out of the program's way: programs size tables
+// by their descriptor numbers (an event loop of `10 + 3 × connections` slots, `select`'s
+// 1024), and the RDMA stack opens several descriptors per connection.
+
+/// Move a descriptor the library made to the upper half of the descriptor space (kept
+/// where it is when there is no room).
+fn relocate(fd: c_int) -> c_int {
+    static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    let floor = *FLOOR.get_or_init(|| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit into a local.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+        (r.rlim_cur / 2).clamp(0, 1 << 20) as c_int
+    });
+    if fd < 0 || fd >= floor || floor < 64 {
+        return fd;
+    }
+    // SAFETY: duplicating a descriptor we just made, then closing the original.
+    unsafe {
+        let cloexec = (real().fcntl)(fd, libc::F_GETFD, 0);
+        let cmd = if cloexec >= 0 && cloexec & libc::FD_CLOEXEC != 0 {
+            libc::F_DUPFD_CLOEXEC
+        } else {
+            libc::F_DUPFD
+        };
+        let high = (real().fcntl)(fd, cmd, floor as libc::c_ulong);
+        if high < 0 {
+            return fd;
+        }
+        (real().close)(fd);
+        high
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socketpair(d: c_int, t: c_int, p: c_int, sv: *mut c_int) -> c_int {
+    let r = (real().socketpair)(d, t, p, sv);
+    if r == 0 && is_inside() {
+        *sv = relocate(*sv);
+        *sv.add(1) = relocate(*sv.add(1));
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn eventfd(init: libc::c_uint, flags: c_int) -> c_int {
+    let fd = (real().eventfd)(init, flags);
+    if is_inside() {
+        relocate(fd)
+    } else {
+        fd
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memfd_create(name: *const libc::c_char, flags: libc::c_uint) -> c_int {
+    let fd = (real().memfd_create)(name, flags);
+    if is_inside() {
+        relocate(fd)
+    } else {
+        fd
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    let fd = (real().epoll_create1)(flags);
+    if is_inside() {
+        relocate(fd)
+    } else {
+        fd
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open64(
+    path: *const libc::c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> c_int {
+    let fd = (real().open64)(path, flags, mode);
+    if is_inside() {
+        relocate(fd)
+    } else {
+        fd
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let fd = (real().socket)(domain, ty, protocol);
-    if fd < 0 || is_inside() {
+    if fd < 0 {
         return fd;
+    }
+    if is_inside() {
+        return relocate(fd);
     }
     let stream = ty & 0xf == libc::SOCK_STREAM;
     let inet = domain == libc::AF_INET || domain == libc::AF_INET6;
@@ -385,7 +480,8 @@ pub unsafe extern "C" fn accept4(
         _ => None,
     });
     let Some((l, family)) = l else {
-        return (real().accept4)(fd, addr, len, flags);
+        let n = (real().accept4)(fd, addr, len, flags);
+        return if is_inside() { relocate(n) } else { n };
     };
     loop {
         match l.take_ready() {
@@ -846,7 +942,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let n = (real().dup)(fd);
-    if n >= 0 && !is_inside() {
+    if is_inside() {
+        return relocate(n);
+    }
+    if n >= 0 {
         table::dup(fd, n);
     }
     n
@@ -877,6 +976,10 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    let dup = cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC;
+    if dup && is_inside() {
+        return relocate((real().fcntl)(fd, cmd, arg));
+    }
     let n = (real().fcntl)(fd, cmd, arg);
     if n >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && !is_inside() {
         table::dup(fd, n);

@@ -57,5 +57,10 @@ real_fns! {
     dup2: fn(c_int, c_int) -> c_int;
     dup3: fn(c_int, c_int, c_int) -> c_int;
     sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
+    socketpair: fn(c_int, c_int, c_int, *mut c_int) -> c_int;
+    eventfd: fn(libc::c_uint, c_int) -> c_int;
+    memfd_create: fn(*const c_char, libc::c_uint) -> c_int;
+    epoll_create1: fn(c_int) -> c_int;
+    open64: fn(*const c_char, c_int, libc::mode_t) -> c_int;
     pthread_create: fn(*mut libc::pthread_t, *const libc::pthread_attr_t, extern "C" fn(*mut c_void) -> *mut c_void, *mut c_void) -> c_int;
 }

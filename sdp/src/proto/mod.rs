@@ -31,6 +31,7 @@
 //! what was not read by buffered copy.
 
 mod counters;
+pub mod sim;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,153 @@
+//! Two connections joined in memory with a simulated clock, for the protocol's tests and
+//! fuzzing: every message goes into one of the receiver's posted buffers (none posted is
+//! a failure: the credits must prevent it), zero-copy reads copy from the source's
+//! "registered" memory ([`Side::regions`]).
+
+use super::*;
+use crate::wire::Mid;
+use std::collections::HashMap;
+
+pub const SLOT: usize = 1 << 17;
+
+pub struct Side {
+    pub c: Connection,
+    pub bufs: HashMap<BufId, Vec<u8>>,
+    pub posted: Vec<BufId>,
+    /// Zero-copy source memory, by rkey.
+    pub regions: HashMap<u32, (u64, Vec<u8>)>,
+    pub sent: Vec<Mid>,
+}
+
+impl Side {
+    pub fn new(c: Connection) -> Side {
+        let n = c.config().recv_bufs as u32 + 1;
+        Side {
+            c,
+            bufs: HashMap::new(),
+            posted: (0..n).collect(),
+            regions: HashMap::new(),
+            sent: Vec::new(),
+        }
+    }
+
+    /// Read up to `max` bytes as a reader would (copy, or RDMA Read from `peer`).
+    pub fn read(&mut self, peer: &Side, max: usize) -> Result<Vec<u8>, ConnError> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            if let Some(e) = self.c.error() {
+                if out.is_empty() {
+                    return Err(e.clone());
+                }
+                break;
+            }
+            match self.c.next_read() {
+                Some(ReadItem::Buffered { buf, offset, len }) => {
+                    let n = len.min(max - out.len());
+                    out.extend_from_slice(&self.bufs[&buf][offset..offset + n]);
+                    if let Some(b) = self.c.consume(n) {
+                        self.posted.push(b);
+                        self.c.on_reposted();
+                    }
+                }
+                Some(ReadItem::Remote { addr, rkey, len }) => {
+                    let n = len.min(max - out.len());
+                    self.c.rdma_read_started(n);
+                    let (base, mem) = &peer.regions[&rkey];
+                    let at = (addr - base) as usize;
+                    out.extend_from_slice(&mem[at..at + n]);
+                    self.c.rdma_read_done(n);
+                }
+                Some(ReadItem::Eof) | None => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub struct Pair {
+    pub now: Instant,
+    pub a: Side,
+    pub b: Side,
+}
+
+fn addr() -> IpAddr {
+    "127.0.0.1".parse().unwrap()
+}
+
+impl Pair {
+    /// A connected pair (`a` active, `b` passive), the Hello cut to an IB CM REQ's room.
+    pub fn new(ca: Config, cb: Config) -> Pair {
+        let now = Instant::now();
+        let (mut a, hello) = Connection::connect(ca, now, addr(), 40000, addr());
+        let pd = wire::hello_private_data(
+            hello.bsdh,
+            &match hello.body {
+                Body::Hello(h) => h,
+                _ => unreachable!(),
+            },
+            56,
+        );
+        let mut padded = pd.clone();
+        padded.resize(92, 0);
+        let (b, h, ack) = Connection::accept(cb, now, &padded).unwrap();
+        assert_eq!(h.port, 40000);
+        a.on_hello_ack(&ack.to_vec()).unwrap();
+        assert_eq!(a.phase(), Phase::Open);
+        assert_eq!(a.credits(), i64::from(cb.recv_bufs));
+        assert_eq!(b.credits(), i64::from(ca.recv_bufs));
+        Pair {
+            now,
+            a: Side::new(a),
+            b: Side::new(b),
+        }
+    }
+
+    #[allow(clippy::should_implement_trait)]
+    pub fn default() -> Pair {
+        Pair::new(Config::default(), Config::default())
+    }
+
+    /// Deliver one message from `from` to `to`; false when there was none.
+    pub fn deliver(now: Instant, from: &mut Side, to: &mut Side) -> bool {
+        let mut slot = vec![0u8; SLOT];
+        let Some(t) = from.c.poll_transmit(now, &mut slot) else {
+            return false;
+        };
+        from.sent.push(t.mid);
+        if to.c.phase() == Phase::Failed {
+            return true; // the transport is gone: dropped
+        }
+        let buf = to
+            .posted
+            .pop()
+            .expect("a message arrived with no receive buffer posted: credits broken");
+        let size = to.c.recv_size() as usize;
+        assert!(t.len <= size.max(to.c.config().max_recv_size as usize));
+        to.bufs.insert(buf, slot[..t.len].to_vec());
+        let data = to.bufs[&buf].clone();
+        if let Ok(true) = to.c.on_receive(now, buf, Received::whole(&data)) {
+            to.posted.push(buf);
+            to.c.on_reposted();
+        }
+        true
+    }
+
+    /// Run until neither side has anything to send.
+    pub fn settle(&mut self) {
+        for _ in 0..100_000 {
+            let x = Self::deliver(self.now, &mut self.a, &mut self.b);
+            let y = Self::deliver(self.now, &mut self.b, &mut self.a);
+            if !x && !y {
+                return;
+            }
+        }
+        panic!("the pair never settled");
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.a.c.handle_timeout(self.now);
+        self.b.c.handle_timeout(self.now);
+    }
+}
+
