@@ -59,8 +59,21 @@ struct End {
 }
 
 impl End {
+    /// A client `program` run as this end, killed after two minutes (a hang fails the
+    /// test, it does not stall the suite).
     fn command(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
+        let mut c = Command::new("timeout");
+        c.args(["-k", "5", "120", program]);
+        self.env(c)
+    }
+
+    /// A server `program` run as this end (its pid is the program's: the test asks it for
+    /// its SDP report; it is killed when the test is done with it).
+    fn server(&self, program: &str) -> Command {
+        self.env(Command::new(program))
+    }
+
+    fn env(&self, mut c: Command) -> Command {
         c.env_remove("LD_PRELOAD");
         if self.offload {
             c.env("LD_PRELOAD", preload())
@@ -195,7 +208,7 @@ fn iperf3_case(device: &'static str, daemon: Option<&Daemon>, (so, co): (bool, b
     let p = port(n as u16);
     let ip = server_ip(&s);
     let mut server = Server(
-        s.command("iperf3")
+        s.server("iperf3")
             .args(["-s", "-p", &p.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -289,7 +302,7 @@ fn sockperf(device: &'static str) {
         let p = port(10 + i as u16);
         let ip = server_ip(&s);
         let mut server = Server(
-            s.command("sockperf")
+            s.server("sockperf")
                 .args(["sr", "--tcp", "-i", "0.0.0.0", "-p", &p.to_string()])
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
@@ -370,7 +383,7 @@ fn redis(device: &'static str) {
         let p = port(20 + i as u16);
         let ip = server_ip(&s);
         let mut server = Server(
-            s.command("redis-server")
+            s.server("redis-server")
                 .args([
                     "--port",
                     &p.to_string(),
@@ -533,7 +546,7 @@ fn nginx(device: &'static str) {
         )
         .unwrap();
         let mut server = Server(
-            s.command("nginx")
+            s.server("nginx")
                 .arg("-c")
                 .arg(&conf)
                 .stdout(Stdio::null())

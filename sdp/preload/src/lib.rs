@@ -488,12 +488,21 @@ pub unsafe extern "C" fn accept4(
             Some(table::Accepted::Sdp(conn, new_face)) => {
                 let peer = conn.peer;
                 conn.keep_until_face_closed();
-                let nfd = new_face.into_raw_fd();
+                // The face was made by the progress thread, high up: the program gets the
+                // lowest free descriptor, as from accept.
+                let high = new_face.into_raw_fd();
+                let cmd = if flags & libc::SOCK_CLOEXEC != 0 {
+                    libc::F_DUPFD_CLOEXEC
+                } else {
+                    libc::F_DUPFD
+                };
+                let nfd = (real().fcntl)(high, cmd, 0);
+                (real().close)(high);
+                if nfd < 0 {
+                    return -1;
+                }
                 if flags & libc::SOCK_NONBLOCK != 0 {
                     (real().fcntl)(nfd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
-                }
-                if flags & libc::SOCK_CLOEXEC == 0 {
-                    (real().fcntl)(nfd, libc::F_SETFD, 0);
                 }
                 let sock = Arc::new(Sock::new(family));
                 *sock.kind() = Kind::Stream(Arc::new(Stream::new(conn, None)));
@@ -503,12 +512,19 @@ pub unsafe extern "C" fn accept4(
                 return nfd;
             }
             Some(table::Accepted::Tcp(own, st, slen)) => {
-                let nfd = own.into_raw_fd();
+                let high = own.into_raw_fd();
+                let cmd = if flags & libc::SOCK_CLOEXEC != 0 {
+                    libc::F_DUPFD_CLOEXEC
+                } else {
+                    libc::F_DUPFD
+                };
+                let nfd = (real().fcntl)(high, cmd, 0);
+                (real().close)(high);
+                if nfd < 0 {
+                    return -1;
+                }
                 if flags & libc::SOCK_NONBLOCK != 0 {
                     (real().fcntl)(nfd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
-                }
-                if flags & libc::SOCK_CLOEXEC == 0 {
-                    (real().fcntl)(nfd, libc::F_SETFD, 0);
                 }
                 return tcp_accepted(&l, nfd, &st, slen, addr, len);
             }
