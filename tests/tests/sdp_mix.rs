@@ -1,0 +1,107 @@
+//! A program written for it (`tests/c/sdp_mix.c`) under the SDP preload: sockets on SDP
+//! (port A) and on TCP (port B, by the policy file) side by side, dup'ed, a fork whose
+//! child closes its copies and writes on an inherited TCP socket, an exec whose new
+//! program uses an inherited TCP socket, poll, select and epoll over both kinds at once,
+//! an orderly close — every message checked, and the program's own SDP report saying
+//! which sockets were SDP. Over siw0 and rxe0, embedded front door.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn preload() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("libkrdma_sdp_preload.so");
+    assert!(
+        p.exists(),
+        "{} not built (cargo build -p krdma-sdp-preload)",
+        p.display()
+    );
+    p
+}
+
+fn counter(report: &str, name: &str) -> u64 {
+    report
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(&format!("{name}=")))
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
+}
+
+fn mix(device: &str) {
+    let dir = std::env::temp_dir().join(format!("krdma-sdp-mix-{}-{device}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("sdp_mix");
+    let o = Command::new("cc")
+        .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .arg(repo().join("tests/c/sdp_mix.c"))
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .expect("run cc");
+    assert!(
+        o.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let base =
+        30000 + (std::process::id() % 1000) as u16 * 10 + if device == "rxe0" { 5 } else { 0 };
+    let (a, b) = (base, base + 1);
+    let policy = dir.join("sdp.conf");
+    std::fs::write(
+        &policy,
+        format!("use tcp * sdp_mix *:{b}\nuse sdp * sdp_mix *:{a}\n"),
+    )
+    .unwrap();
+    let pid = std::process::id();
+    let rxe_addr = format!("127.40.{}.{}", (pid >> 8) as u8, pid as u8);
+    // Over rxe0 the peer is the address this process's rxe0 serves.
+    let peer = if device == "rxe0" {
+        rxe_addr.clone()
+    } else {
+        "127.0.0.1".into()
+    };
+    let out = Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(&bin)
+        .args([peer, a.to_string(), b.to_string()])
+        .env("LD_PRELOAD", preload())
+        .env("KRDMA_DEVICE", "embedded")
+        .env("KRDMA_SDP_DEVICE", device)
+        .env("KRDMA_RXE_ADDR", &rxe_addr)
+        .env("KRDMA_SDP_CONFIG", &policy)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.trim_end().ends_with("OK"),
+        "sdp_mix failed"
+    );
+    // One connection each way went over SDP, the other over TCP.
+    assert_eq!(counter(&text, "connected_sdp"), 1, "{text}");
+    assert_eq!(counter(&text, "accepted_sdp"), 1, "{text}");
+    assert_eq!(counter(&text, "connect_tcp"), 1, "{text}");
+    assert_eq!(counter(&text, "violations"), 0, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mix_siw0() {
+    mix("siw0");
+}
+
+#[test]
+fn mix_rxe0() {
+    mix("rxe0");
+}
