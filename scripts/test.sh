@@ -14,6 +14,14 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 # Debian's uDAPL: libdat2 and the unmodified test programs the dapl tests run.
 command -v dtest >/dev/null || need_apt+=(dapl2-utils libdapl2 libdapl-dev)
 command -v stdbuf >/dev/null || need_apt+=(coreutils)
+# Unmodified programs the SDP preload library is tested with (tests/tests/sdp_programs.rs).
+command -v iperf3 >/dev/null || need_apt+=(iperf3)
+command -v sockperf >/dev/null || need_apt+=(sockperf)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || need_apt+=(nginx)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v wrk >/dev/null || need_apt+=(wrk)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
