@@ -510,7 +510,13 @@ impl Conn {
         want: PollFlags,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
-        let timeout = match deadline {
+        // Wake for the protocol's timers too (keep-alive) while asleep.
+        let deadline_or_timer = match (deadline, st.proto.poll_timeout()) {
+            (Some(d), Some(t)) => Some(d.min(t.max(Instant::now() + Duration::from_millis(1)))),
+            (d, None) => d,
+            (None, Some(t)) => Some(t.max(Instant::now() + Duration::from_millis(1))),
+        };
+        let timeout = match deadline_or_timer {
             None => PollTimeout::NONE,
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -887,6 +893,13 @@ impl Conn {
 }
 
 impl Reactive for Conn {
+    fn on_tick(&self) {
+        let mut st = self.lock();
+        if st.waiters == 0 && st.proto.poll_timeout().is_some_and(|t| t <= Instant::now()) {
+            self.progress(&mut st);
+        }
+    }
+
     fn on_ready(&self) {
         let mut st = self.lock();
         if st.waiters > 0 {

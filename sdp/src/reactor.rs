@@ -12,7 +12,13 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 /// What the progress thread pokes when one of its descriptors is ready.
 pub trait Reactive: Send + Sync {
     fn on_ready(&self);
+
+    /// Called about once a second (timers: keep-alive).
+    fn on_tick(&self) {}
 }
+
+/// How often [`Reactive::on_tick`] runs.
+const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Reactor {
     epoll: Epoll,
@@ -41,8 +47,25 @@ fn reactor() -> &'static Arc<Reactor> {
 impl Reactor {
     fn run(&self) {
         let mut events = vec![EpollEvent::empty(); 64];
+        let mut next_tick = std::time::Instant::now() + TICK;
         loop {
-            let n = match self.epoll.wait(&mut events, EpollTimeout::NONE) {
+            let now = std::time::Instant::now();
+            if now >= next_tick {
+                next_tick = now + TICK;
+                let all: Vec<Arc<dyn Reactive>> = self
+                    .table
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .filter_map(Weak::upgrade)
+                    .collect();
+                for w in all {
+                    w.on_tick();
+                }
+            }
+            let wait = EpollTimeout::try_from(next_tick.saturating_duration_since(now))
+                .unwrap_or(EpollTimeout::NONE);
+            let n = match self.epoll.wait(&mut events, wait) {
                 Ok(n) => n,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => {

@@ -150,4 +150,3 @@ impl Pair {
         self.b.c.handle_timeout(self.now);
     }
 }
-
