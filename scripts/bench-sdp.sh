@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# SDP through the preload library against kernel TCP, all in one run on loopback:
+# iperf3 bandwidth (1 and 4 streams), sockperf ping-pong latency (64 B), redis-benchmark
+# requests/s — over siw0 and rxe0, with the embedded kAL and through krdmad (root).
+# A benchmark, not a test. Prints a markdown table (docs/benchmarks.md keeps the figures).
+#
+#   bash scripts/bench-sdp.sh [profile]     (default: release; `ci` reuses the test build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=${1:-release}
+cargo build -q --profile "$profile" -p krdma-sdp-preload -p krdma-kal --bin krdmad
+dir=target/$profile
+[ "$profile" = dev ] && dir=target/debug
+PRELOAD=$PWD/$dir/libkrdma_sdp_preload.so
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; [ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null; umount -l "$work/krdma" 2>/dev/null; rm -rf "$work"' EXIT
+
+SECS=${SECS:-3}
+# run_case NAME SERVER_ENV CLIENT_ENV SERVER_IP
+run_case() {
+    local name=$1 senv=$2 cenv=$3 ip=$4 port=$((27000 + RANDOM % 2000 * 3))
+    env $senv iperf3 -s -p $port >/dev/null 2>&1 &
+    local s=$!
+    sleep 1.5
+    local bw1 bw4
+    bw1=$(env $cenv iperf3 -c "$ip" -p $port -t "$SECS" -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))')
+    bw4=$(env $cenv iperf3 -c "$ip" -p $port -t "$SECS" -P 4 -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))')
+    kill $s; wait $s 2>/dev/null || true
+    port=$((port + 1))
+    env $senv sockperf sr --tcp -i 0.0.0.0 -p $port >/dev/null 2>&1 &
+    s=$!
+    sleep 1.5
+    local lat
+    lat=$(env $cenv sockperf pp --tcp -i "$ip" -p $port -t "$SECS" -m 64 2>&1 | sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p')
+    kill $s; wait $s 2>/dev/null || true
+    port=$((port + 1))
+    env $senv redis-server --port $port --bind 0.0.0.0 --protected-mode no --save "" --appendonly no >/dev/null 2>&1 &
+    s=$!
+    sleep 1.5
+    local rps
+    rps=$(env $cenv redis-benchmark -h "$ip" -p $port -n 20000 -c 4 -t get -q 2>/dev/null | sed -n 's/.*GET: \([0-9.]*\) requests.*/\1/p')
+    kill $s; wait $s 2>/dev/null || true
+    printf '| %s | %s | %s | %s | %s |\n' "$name" "$bw1" "$bw4" "$lat" "$rps"
+}
+
+echo "| case | iperf3 1 stream (Gbit/s) | iperf3 4 streams (Gbit/s) | sockperf 64 B ping-pong, median one-way (µs) | redis-benchmark GET (req/s) |"
+echo "|---|---|---|---|---|"
+run_case "kernel TCP (baseline)" "KRDMA_SDP_OFF=1" "KRDMA_SDP_OFF=1" 127.0.0.1
+for dev in siw0 rxe0; do
+    run_case "SDP $dev, embedded" \
+        "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.1" \
+        "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.2" \
+        "$([ $dev = rxe0 ] && echo 127.0.77.1 || echo 127.0.0.1)"
+done
+if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
+    "$dir/krdmad" --device "$work/krdma" --rxe-addr 127.0.77.9 >/dev/null 2>&1 &
+    daemon=$!
+    sleep 2
+    for dev in siw0 rxe0; do
+        run_case "SDP $dev, krdmad" \
+            "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=$work/krdma KRDMA_SDP_DEVICE=$dev" \
+            "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=$work/krdma KRDMA_SDP_DEVICE=$dev" \
+            "$([ $dev = rxe0 ] && echo 127.0.77.9 || echo 127.0.0.1)"
+    done
+fi
+run_case "kernel TCP (baseline, again)" "KRDMA_SDP_OFF=1" "KRDMA_SDP_OFF=1" 127.0.0.1
