@@ -33,7 +33,8 @@ const RECV: u64 = 1 << 32;
 const SEND: u64 = 2 << 32;
 const READ: u64 = 3 << 32;
 /// How long a blocked caller polls the completion queue before it sleeps.
-const SPIN: Duration = Duration::from_micros(30);
+/// Writes of at least this many bytes go by zero copy (measured: docs/benchmarks.md).
+const DEFAULT_ZCOPY_THRESHOLD: usize = 128 * 1024;
 /// How long a connection waits for its connect or accept to complete.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,7 +60,12 @@ impl Default for Options {
             target: None,
             proto: proto::Config {
                 send_buffer: 1 << 20,
-                zcopy_threshold: 128 * 1024,
+                // KRDMA_SDP_ZCOPY_THRESHOLD: bytes from which a write goes by zero copy
+                // (0: never).
+                zcopy_threshold: std::env::var("KRDMA_SDP_ZCOPY_THRESHOLD")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(DEFAULT_ZCOPY_THRESHOLD),
                 ..proto::Config::default()
             },
             iwarp_port_offset: 10000,
@@ -551,24 +557,6 @@ impl Conn {
         }
     }
 
-    /// Spin on the completion queue for a moment, then sleep until something changes.
-    fn pause(
-        &self,
-        st: MutexGuard<'_, State>,
-        face: BorrowedFd<'_>,
-        want: PollFlags,
-        spun: &mut Option<Instant>,
-        deadline: Option<Instant>,
-    ) -> io::Result<()> {
-        let t0 = *spun.get_or_insert_with(Instant::now);
-        if t0.elapsed() < SPIN {
-            drop(st);
-            std::hint::spin_loop();
-            return Ok(());
-        }
-        self.sleep(st, face, want, deadline)
-    }
-
     /// Read into `out`: buffered bytes by copy, the peer's zero-copy advert by RDMA Read.
     /// `Ok(0)` is end of file. Without `block`, `WouldBlock` when nothing is there.
     pub fn read(
@@ -581,7 +569,6 @@ impl Conn {
         if out.is_empty() {
             return Ok(0);
         }
-        let mut spun = None;
         loop {
             let mut st = self.lock();
             self.progress(&mut st);
@@ -624,7 +611,7 @@ impl Conn {
             if !block {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            self.pause(st, face, PollFlags::POLLIN, &mut spun, deadline)?;
+            self.sleep(st, face, PollFlags::POLLIN, deadline)?;
         }
     }
 
@@ -637,7 +624,6 @@ impl Conn {
         block: bool,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
-        let mut spun = None;
         loop {
             let mut st = self.lock();
             self.progress(&mut st);
@@ -660,7 +646,7 @@ impl Conn {
                     if !block {
                         return Err(io::ErrorKind::WouldBlock.into());
                     }
-                    self.pause(st, face, PollFlags::POLLIN, &mut spun, deadline)?;
+                    self.sleep(st, face, PollFlags::POLLIN, deadline)?;
                 }
             }
         }
@@ -765,7 +751,6 @@ impl Conn {
         if data.is_empty() {
             return Ok(0);
         }
-        let mut spun = None;
         loop {
             let mut st = self.lock();
             self.progress(&mut st);
@@ -784,7 +769,7 @@ impl Conn {
             }
             // A large write waits for the queue to drain, then goes by zero copy.
             if block && st.proto.zcopy_wanted(data.len()) && !st.proto.zcopy_fits(data.len()) {
-                self.pause(st, face, PollFlags::empty(), &mut spun, deadline)?;
+                self.sleep(st, face, PollFlags::empty(), deadline)?;
                 continue;
             }
             let n = if st.proto.zcopy_fits(data.len()) {
@@ -815,7 +800,7 @@ impl Conn {
             if !block {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            self.pause(st, face, PollFlags::POLLOUT, &mut spun, deadline)?;
+            self.sleep(st, face, PollFlags::POLLOUT, deadline)?;
         }
     }
 

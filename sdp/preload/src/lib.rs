@@ -1120,6 +1120,11 @@ pub unsafe extern "C" fn getsockopt(
             put_int(val, len, st.conn.lock().proto.config().send_buffer as c_int);
             0
         }
+        (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
+            // The largest message payload the peer takes.
+            put_int(val, len, st.conn.lock().proto.peer_recv_size().saturating_sub(16) as c_int);
+            0
+        }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
             let c = *st.conn.lock().proto.config();
             put_int(val, len, (c.recv_bufs as u32 * c.recv_size) as c_int);
