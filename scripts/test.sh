@@ -40,9 +40,10 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # `ci` profile: optimised (the data path is exercised with real traffic) but with debug
 # assertions and overflow checks on.
 cargo test --workspace --doc --profile ci
-# The end-to-end tests run the workspace's programs (krdmad, krdma, ...) from target/ci:
+# The end-to-end tests run the workspace's programs (krdmad, krdma, ...) and load its
+# libraries (the DAT provider, the SDP preload library) from target/ci:
 # build them all first (cargo builds a package's binaries for tests of that package only).
-cargo build --workspace --bins --profile ci
+cargo build --workspace --lib --bins --profile ci
 cargo nextest run --workspace --cargo-profile ci --no-fail-fast "$@"
 
 # Short coverage-guided fuzz runs of every target (replaying every stored crash first).
