@@ -313,6 +313,7 @@ impl<'a> Message<'a> {
         // HelloAck is as long as its length field says, the rest is padding.
         let msg = if matches!(mid, Mid::Hello | Mid::HelloAck) {
             let len = bsdh.len as usize;
+            need(len.max(BSDH_LEN), total)?;
             need(len.max(BSDH_LEN), b.len())?;
             &b[..len.max(BSDH_LEN)]
         } else {

@@ -1122,7 +1122,11 @@ pub unsafe extern "C" fn getsockopt(
         }
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
             // The largest message payload the peer takes.
-            put_int(val, len, st.conn.lock().proto.peer_recv_size().saturating_sub(16) as c_int);
+            put_int(
+                val,
+                len,
+                st.conn.lock().proto.peer_recv_size().saturating_sub(16) as c_int,
+            );
             0
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {

@@ -51,7 +51,10 @@ pub type BufId = u32;
 /// Tunables of one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// Receive buffers offered to the peer (credits).
+    /// Receive buffers offered to the peer (credits). At least 4: a credit update goes
+    /// out when half the buffers can be given back, and with fewer than 4 that is one
+    /// buffer, so two idle peers would return to each other, for ever, the credit each
+    /// update spends (found by the `sdp_connection` fuzz target).
     pub recv_bufs: u16,
     /// Size of each receive buffer (header included) at first.
     pub recv_size: u32,

@@ -52,10 +52,23 @@ impl Side {
                 Some(ReadItem::Remote { addr, rkey, len }) => {
                     let n = len.min(max - out.len());
                     self.c.rdma_read_started(n);
-                    let (base, mem) = &peer.regions[&rkey];
-                    let at = (addr - base) as usize;
-                    out.extend_from_slice(&mem[at..at + n]);
-                    self.c.rdma_read_done(n);
+                    // The peer's device checks the key and the range: an advert naming
+                    // memory the peer did not register (a forged SrcAvail) fails the
+                    // read, as a remote access error would.
+                    let source = peer.regions.get(&rkey).and_then(|(base, mem)| {
+                        let at = usize::try_from(addr.checked_sub(*base)?).ok()?;
+                        mem.get(at..at.checked_add(n)?)
+                    });
+                    match source {
+                        Some(bytes) => {
+                            out.extend_from_slice(bytes);
+                            self.c.rdma_read_done(n);
+                        }
+                        None => {
+                            self.c.rdma_read_failed();
+                            break;
+                        }
+                    }
                 }
                 Some(ReadItem::Eof) | None => break,
             }
@@ -141,7 +154,14 @@ impl Pair {
                 return;
             }
         }
-        panic!("the pair never settled");
+        let tail = |s: &Side| s.sent[s.sent.len().saturating_sub(12)..].to_vec();
+        panic!(
+            "the pair never settled: a sent {:?} ({:?}), b sent {:?} ({:?})",
+            tail(&self.a),
+            self.a.c.phase(),
+            tail(&self.b),
+            self.b.c.phase()
+        );
     }
 
     pub fn advance(&mut self, d: Duration) {

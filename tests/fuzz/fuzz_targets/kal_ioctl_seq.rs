@@ -30,31 +30,89 @@ enum Pick {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    AllocPd { dev: u8 },
+    AllocPd {
+        dev: u8,
+    },
     DeallocPd(Pick),
-    CreateCq { dev: u8, cqe: u16, short_ring: bool },
+    CreateCq {
+        dev: u8,
+        cqe: u16,
+        short_ring: bool,
+    },
     DestroyCq(Pick),
-    CreateQp { pd: Pick, scq: Pick, rcq: Pick, srq: Option<Pick>, sq: u8, rq: u8, ud: bool },
-    ModifyQp { qp: Pick, state: u8, mask: u32, mtu: u8, dest_qpn: u32, psn: u32 },
+    CreateQp {
+        pd: Pick,
+        scq: Pick,
+        rcq: Pick,
+        srq: Option<Pick>,
+        sq: u8,
+        rq: u8,
+        ud: bool,
+    },
+    ModifyQp {
+        qp: Pick,
+        state: u8,
+        mask: u32,
+        mtu: u8,
+        dest_qpn: u32,
+        psn: u32,
+    },
     QueryQp(Pick),
     DestroyQp(Pick),
-    RegMr { pd: Pick, buf: u8, offset: u16, len: u32, access: u8 },
+    RegMr {
+        pd: Pick,
+        buf: u8,
+        offset: u16,
+        len: u32,
+        access: u8,
+    },
     DeregMr(Pick),
-    Listen { dev: u8, backlog: u8 },
+    Listen {
+        dev: u8,
+        backlog: u8,
+    },
     DestroyListen(Pick),
-    Connect { qp: Pick, to: Pick, rxe: bool, pdata: u8 },
-    Accept { listener: Pick, qp: Pick, conn: Pick },
-    Reject { listener: Pick, conn: Pick },
-    Disconnect { qp: Pick, abortive: bool },
-    CreateSrq { pd: Pick, max_wr: u8, limit: u8 },
-    ModifySrq { srq: Pick, limit: u8 },
+    Connect {
+        qp: Pick,
+        to: Pick,
+        rxe: bool,
+        pdata: u8,
+    },
+    Accept {
+        listener: Pick,
+        qp: Pick,
+        conn: Pick,
+    },
+    Reject {
+        listener: Pick,
+        conn: Pick,
+    },
+    Disconnect {
+        qp: Pick,
+        abortive: bool,
+    },
+    CreateSrq {
+        pd: Pick,
+        max_wr: u8,
+        limit: u8,
+    },
+    ModifySrq {
+        srq: Pick,
+        limit: u8,
+    },
     QuerySrq(Pick),
     DestroySrq(Pick),
     AllocMw(Pick),
     DeallocMw(Pick),
-    Stat { which: u8, start: u8 },
+    Stat {
+        which: u8,
+        start: u8,
+    },
     ReadEvents,
-    Raw { nr: u8, bytes: Vec<u8> },
+    Raw {
+        nr: u8,
+        bytes: Vec<u8>,
+    },
 }
 
 const DEVICES: u32 = 2;
@@ -77,7 +135,9 @@ fn rxe_addr() -> std::net::IpAddr {
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        let std::net::IpAddr::V4(rxe) = rxe_addr() else { unreachable!() };
+        let std::net::IpAddr::V4(rxe) = rxe_addr() else {
+            unreachable!()
+        };
         let opts = kal::stack::StackOptions {
             rxe_addr: Some(rxe),
             rxe_no_raw: true,
@@ -129,7 +189,8 @@ fn pick_conn(list: &[u64], p: Pick) -> u64 {
 
 /// Run one command; `Ok` with the struct as the kAL left it.
 fn call<T: bytemuck::Pod>(kal: &Kal, ctx: u32, c: u32, mut a: T) -> Result<T, rnicpi::VerbsError> {
-    kal.ioctl(ctx, c, bytemuck::bytes_of_mut(&mut a)).map(|()| a)
+    kal.ioctl(ctx, c, bytemuck::bytes_of_mut(&mut a))
+        .map(|()| a)
 }
 
 fn destroy(kal: &Kal, ctx: u32, c: u32, list: &mut Vec<u32>, p: Pick) {
@@ -143,27 +204,48 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
     let kal = &w.kal;
     match op {
         Op::AllocPd { dev } => {
-            let a = abi::AllocPd { dev: dev as u32 % (DEVICES + 1), handle: 0 };
+            let a = abi::AllocPd {
+                dev: dev as u32 % (DEVICES + 1),
+                handle: 0,
+            };
             if let Ok(a) = call(kal, ctx, cmd::ALLOC_PD, a) {
                 m.pds.push(a.handle);
             }
         }
         Op::DeallocPd(p) => destroy(kal, ctx, cmd::DEALLOC_PD, &mut m.pds, p),
-        Op::CreateCq { dev, cqe, short_ring } => {
+        Op::CreateCq {
+            dev,
+            cqe,
+            short_ring,
+        } => {
             let cap = ring_capacity((cqe as u32).max(1)).unwrap();
             let len = ring_bytes::<Cqe>(cap) - if short_ring { 64 } else { 0 };
             let mem = SharedMem::create("fuzz-cq", len).unwrap();
             let mut a = abi::CreateCq::zeroed();
-            (a.dev, a.cqe, a.memfd) = (dev as u32 % (DEVICES + 1), cqe as u32, mem.fd().as_raw_fd());
+            (a.dev, a.cqe, a.memfd) =
+                (dev as u32 % (DEVICES + 1), cqe as u32, mem.fd().as_raw_fd());
             if let Ok(a) = call(kal, ctx, cmd::CREATE_CQ, a) {
                 m.cqs.push(a.handle);
             }
             m.rings.push(mem);
         }
         Op::DestroyCq(p) => destroy(kal, ctx, cmd::DESTROY_CQ, &mut m.cqs, p),
-        Op::CreateQp { pd, scq, rcq, srq, sq, rq, ud } => {
-            let (sq, rq) = (sq as u32 % 64 + 1, if srq.is_some() { 0 } else { rq as u32 % 64 + 1 });
-            let Some(layout) = QpRingLayout::new(sq, rq) else { return };
+        Op::CreateQp {
+            pd,
+            scq,
+            rcq,
+            srq,
+            sq,
+            rq,
+            ud,
+        } => {
+            let (sq, rq) = (
+                sq as u32 % 64 + 1,
+                if srq.is_some() { 0 } else { rq as u32 % 64 + 1 },
+            );
+            let Some(layout) = QpRingLayout::new(sq, rq) else {
+                return;
+            };
             let mem = SharedMem::create("fuzz-qp", layout.total).unwrap();
             let mut a = abi::CreateQp::zeroed();
             (a.pd, a.send_cq, a.recv_cq) = (pick(&m.pds, pd), pick(&m.cqs, scq), pick(&m.cqs, rcq));
@@ -176,12 +258,24 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             }
             m.rings.push(mem);
         }
-        Op::ModifyQp { qp, state, mask, mtu, dest_qpn, psn } => {
+        Op::ModifyQp {
+            qp,
+            state,
+            mask,
+            mtu,
+            dest_qpn,
+            psn,
+        } => {
             let mut a = abi::QpAttrs::zeroed();
             (a.handle, a.mask, a.state) = (pick(&m.qps, qp), mask & 0x3fff, state % 8);
             a.path_mtu = 256 << (mtu % 5);
             (a.dest_qpn, a.rq_psn, a.sq_psn) = (dest_qpn, psn, psn);
-            (a.max_rd_atomic, a.max_dest_rd_atomic, a.retry_cnt, a.timeout) = (1, 1, 1, 8);
+            (
+                a.max_rd_atomic,
+                a.max_dest_rd_atomic,
+                a.retry_cnt,
+                a.timeout,
+            ) = (1, 1, 1, 8);
             a.dgid = rnicpi::ip_to_gid(std::net::IpAddr::from([127, 0, 0, 1]));
             let _ = call(kal, ctx, cmd::MODIFY_QP, a);
         }
@@ -191,7 +285,13 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             let _ = call(kal, ctx, cmd::QUERY_QP, a);
         }
         Op::DestroyQp(p) => destroy(kal, ctx, cmd::DESTROY_QP, &mut m.qps, p),
-        Op::RegMr { pd, buf, offset, len, access } => {
+        Op::RegMr {
+            pd,
+            buf,
+            offset,
+            len,
+            access,
+        } => {
             let b = &w.bufs[buf as usize % BUFS];
             let mut a = abi::RegMr::zeroed();
             a.pd = pick(&m.pds, pd);
@@ -219,7 +319,11 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             let mut a = abi::Connect::zeroed();
             a.qp = pick(&m.qps, qp);
             (a.ird, a.ord, a.pdata_len, a.port) = (1, 1, pdata as u32 % 64, port);
-            a.addr = rnicpi::ip_to_gid(if rxe { rxe_addr() } else { [127, 0, 0, 1].into() });
+            a.addr = rnicpi::ip_to_gid(if rxe {
+                rxe_addr()
+            } else {
+                [127, 0, 0, 1].into()
+            });
             let _ = call(kal, ctx, cmd::CONNECT, a);
         }
         Op::Accept { listener, qp, conn } => {
@@ -234,14 +338,18 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             let _ = call(kal, ctx, cmd::REJECT, a);
         }
         Op::Disconnect { qp, abortive } => {
-            let a = abi::Disconnect { qp: pick(&m.qps, qp), abortive: abortive as u32 };
+            let a = abi::Disconnect {
+                qp: pick(&m.qps, qp),
+                abortive: abortive as u32,
+            };
             let _ = call(kal, ctx, cmd::DISCONNECT, a);
         }
         Op::CreateSrq { pd, max_wr, limit } => {
             let cap = ring_capacity((max_wr as u32).max(1)).unwrap();
             let mem = SharedMem::create("fuzz-srq", ring_bytes::<Wqe>(cap)).unwrap();
             let mut a = abi::CreateSrq::zeroed();
-            (a.pd, a.max_wr, a.max_sge, a.limit) = (pick(&m.pds, pd), max_wr as u32, 2, limit as u32);
+            (a.pd, a.max_wr, a.max_sge, a.limit) =
+                (pick(&m.pds, pd), max_wr as u32, 2, limit as u32);
             a.memfd = mem.fd().as_raw_fd();
             if let Ok(a) = call(kal, ctx, cmd::CREATE_SRQ, a) {
                 m.srqs.push(a.handle);
@@ -300,12 +408,36 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
 /// created objects the model cannot see: then the model adopts the kAL's counts).
 fn consistent(kal: &Kal, ctx: u32, m: &Model, raw_seen: bool) {
     let mut s = abi::StatContexts::zeroed();
-    kal.ioctl(ctx, cmd::STAT_CONTEXTS, bytemuck::bytes_of_mut(&mut s)).unwrap();
-    let row = s.rows[..s.count as usize].iter().find(|r| r.id == ctx).expect("own row");
-    let model = [m.pds.len(), m.cqs.len(), m.qps.len(), m.mrs.len(), m.listeners.len(), m.srqs.len(), m.mws.len()];
-    let kal_view = [row.pds, row.cqs, row.qps, row.mrs, row.listeners, row.srqs, row.mws].map(|v| v as usize);
+    kal.ioctl(ctx, cmd::STAT_CONTEXTS, bytemuck::bytes_of_mut(&mut s))
+        .unwrap();
+    let row = s.rows[..s.count as usize]
+        .iter()
+        .find(|r| r.id == ctx)
+        .expect("own row");
+    let model = [
+        m.pds.len(),
+        m.cqs.len(),
+        m.qps.len(),
+        m.mrs.len(),
+        m.listeners.len(),
+        m.srqs.len(),
+        m.mws.len(),
+    ];
+    let kal_view = [
+        row.pds,
+        row.cqs,
+        row.qps,
+        row.mrs,
+        row.listeners,
+        row.srqs,
+        row.mws,
+    ]
+    .map(|v| v as usize);
     if !raw_seen {
-        assert_eq!(model, kal_view, "the kAL counts other objects than were made");
+        assert_eq!(
+            model, kal_view,
+            "the kAL counts other objects than were made"
+        );
     }
 }
 
@@ -320,7 +452,11 @@ fn live(kal: &Kal) -> u64 {
 
 fuzz_target!(|ops: Vec<Op>| {
     let w = world();
-    let me = Caller { pid: std::process::id(), uid: 0, gid: 0 };
+    let me = Caller {
+        pid: std::process::id(),
+        uid: 0,
+        gid: 0,
+    };
     let ctx = w.kal.open(me, Arc::new(EmbeddedPeer)).unwrap();
     let mut m = Model::default();
     let mut raw_seen = false;
@@ -331,6 +467,10 @@ fuzz_target!(|ops: Vec<Op>| {
     }
     w.kal.release(ctx);
     assert_eq!(w.kal.context_count(), 0, "a context outlived its release");
-    assert_eq!(live(&w.kal), 0, "registrations, windows or QPs outlived their context");
+    assert_eq!(
+        live(&w.kal),
+        0,
+        "registrations, windows or QPs outlived their context"
+    );
     assert_eq!(w.kal.pinned_total(), 0, "pins outlived their context");
 });

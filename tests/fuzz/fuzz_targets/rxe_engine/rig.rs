@@ -47,11 +47,7 @@ impl KalServices for NoHostServices {
     fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
         None
     }
-    fn tcp_connect(
-        &self,
-        _peer: SocketAddr,
-        _timeout: std::time::Duration,
-    ) -> Result<std::net::TcpStream> {
+    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
         Err(VerbsError::Unsupported)
     }
     fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
@@ -185,11 +181,12 @@ impl World {
         let cq = dev
             .create_cq(CqInit {
                 depth: 64,
-                ring: ring(&mem, 0, 64),
+                ring: ring::<Cqe>(&mem, 0, 64).producer(),
                 sink: Arc::new(NullSink),
+                stats: Arc::new(RingStats::default()),
             })
             .expect("cq");
-        let user_cq = UserCq::new(ring(&mem, 0, 64));
+        let user_cq = UserCq::new(ring::<Cqe>(&mem, 0, 64).consumer());
         let requests = Arc::new(Requests::default());
         let listener = dev
             .listen(
@@ -246,17 +243,18 @@ impl World {
                 send_cq: self.cq.clone(),
                 recv_cq: self.cq.clone(),
                 caps,
-                sq: ring(&mem, sq, layout.sq_depth),
-                rq: ring(&mem, rq, layout.rq_depth),
+                sq: ring::<Wqe>(&mem, sq, layout.sq_depth).consumer(),
+                rq: ring::<Wqe>(&mem, rq, layout.rq_depth).consumer(),
                 srq: None,
                 sink: Arc::new(NullSink),
+                stats: Arc::new(RingStats::default()),
             })
             .expect("qp");
         let user = UserQp::new(
             engine.qp_num(),
             caps,
-            ring(&mem, sq, layout.sq_depth),
-            ring(&mem, rq, layout.rq_depth),
+            ring::<Wqe>(&mem, sq, layout.sq_depth).producer(),
+            ring::<Wqe>(&mem, rq, layout.rq_depth).producer(),
             Arc::new(Bell(engine.clone())),
         );
         TestQp { engine, user }
