@@ -287,8 +287,10 @@ fn role_forker() {
             assert_eq!(hear(), "check");
             v.check();
             assert_eq!(hear(), "exit");
-            drop(w);
+            // EXITING before the child can hear the pipe close: the test reads the
+            // child's CHILD2 after our EXITING, never before it.
             say("EXITING", "");
+            drop(w);
         }
     }
 }

@@ -332,7 +332,10 @@ fn killed_mid_zcopy(door: &FrontDoor, o: &Options) {
     let t = Instant::now();
     let err = loop {
         match s.write(&big) {
-            Ok(_) => assert!(t.elapsed() < Duration::from_secs(90), "writes never failed"),
+            Ok(n) => assert!(
+                n > 0 && t.elapsed() < Duration::from_secs(90),
+                "writes never failed"
+            ),
             Err(e) => break e,
         }
     };

@@ -282,7 +282,7 @@ impl SiwQp {
         self.sink.deliver(established);
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
         // a fresh connection's empty send buffer, never a wait on the peer.
-        let sent = reply.map_or(Ok(()), |r| (&rx).write_all(r));
+        let sent = reply.map_or(Ok(()), |r| rx.write_all(r));
         let started = sent.and_then(|_| rx.set_nonblocking(false)).and_then(|_| {
             let (a, b) = (self.clone(), self.clone());
             let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {

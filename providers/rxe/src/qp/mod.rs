@@ -518,6 +518,11 @@ impl ProviderQp for RxeQp {
             a.sgid_index = attr.sgid_index;
             a.hop_limit = attr.hop_limit;
         }
+        if need(QpAttrMask::RETRY_CNT) || need(QpAttrMask::RNR_RETRY) {
+            // A QP already sending takes new budgets at once, not at its next RTR→RTS.
+            let a = st.attr;
+            st.req.set_retry_budgets(a.retry_cnt, a.rnr_retry);
+        }
         if mask.contains(QpAttrMask::STATE) {
             match to {
                 QpState::Reset => {

@@ -118,6 +118,12 @@ impl Requester {
         }
     }
 
+    /// New retry budgets (a Modify QP in RTS): they count from now, full.
+    pub fn set_retry_budgets(&mut self, retry_cnt: u8, rnr_retry: u8) {
+        (self.retry_cnt, self.retry_left) = (retry_cnt, retry_cnt);
+        (self.rnr_retry, self.rnr_left) = (rnr_retry, rnr_retry);
+    }
+
     /// Requests taken off the ring and not yet completed.
     pub fn busy(&self) -> bool {
         !self.wqes.is_empty()
@@ -880,6 +886,14 @@ impl RxeQp {
         }
     }
 
+    /// The retransmission timer: the QP's ACK timeout, doubled for each timeout in a row
+    /// without progress (up to 8×). A peer that is only slow, on a loaded host or behind a
+    /// lossy link, gets time to answer before `retry_cnt` runs out; progress resets it.
+    fn retry_timeout(st: &State) -> Option<Duration> {
+        let in_a_row = st.req.retry_cnt.saturating_sub(st.req.retry_left).min(3);
+        Self::ack_timeout(st).map(|t| t * (1u32 << in_a_row))
+    }
+
     /// The QP timer fired: the RNR wait is over, or nothing was acknowledged in time.
     pub(super) fn requester_timeout(&self, st: &mut State) {
         if st.qp == QpState::Error {
@@ -887,7 +901,7 @@ impl RxeQp {
         }
         if st.req.rnr_wait {
             st.req.rnr_wait = false;
-            if let Some(t) = Self::ack_timeout(st) {
+            if let Some(t) = Self::retry_timeout(st) {
                 self.arm_timer(st, t);
             }
             return;
@@ -906,7 +920,7 @@ impl RxeQp {
         if st.qp == QpState::Error {
             return;
         }
-        if let Some(t) = Self::ack_timeout(st) {
+        if let Some(t) = Self::retry_timeout(st) {
             self.arm_timer(st, t);
         }
     }
