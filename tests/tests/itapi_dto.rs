@@ -140,6 +140,38 @@ itapi_tests! {
         assert_eq!(c.ep.outstanding(), (0, 0));
     }
 
+    fn itapi_suppressed_completions_take_no_room(case) {
+        // A request EVD of 8 events, never looked at while 400 requests without a
+        // completion go out: they must not fill it (verbs writes no completion for them),
+        // and the one signaled request after them is the only event.
+        let cfg = Cfg { dto_queue: 8, buf_len: 8192, ..Cfg::default() };
+        let (s, c) = pair_cfg(case, &cfg, &cfg);
+        const N: u64 = 400;
+        for i in 0..N {
+            c.buf().write((i % 512) as usize * 8, &i.to_le_bytes());
+            let remote = c.remote(4096 + (i % 512) * 8);
+            loop {
+                match c.ep.post_rdma_write(&[c.seg((i % 512) * 8, 8)], i, DtoFlags::empty(), remote) {
+                    Err(Error::TooManyPosts) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                    other => break other.unwrap(),
+                }
+            }
+        }
+        c.ep.post_rdma_write(&[c.seg(0, 8)], N, DtoFlags::SIGNALED, c.remote(0)).unwrap();
+        c.expect(DtoKind::RdmaWrite, N);
+        assert!(c.dto.dequeue().is_err(), "nothing else");
+        assert_eq!(c.ep.outstanding(), (0, 0));
+        // Read back what the last silent write put there (a read completes after the
+        // writes before it are placed, on both transports).
+        let last = 4096 + (N - 1) % 512 * 8;
+        c.ep.post_rdma_read(&[c.seg(6000, 8)], N + 1, DtoFlags::SIGNALED, c.remote(last)).unwrap();
+        c.expect(DtoKind::RdmaRead, N + 1);
+        let mut b = [0u8; 8];
+        c.buf().read(6000, &mut b);
+        assert_eq!(u64::from_le_bytes(b), N - 1, "the last silent write landed");
+        drop(s);
+    }
+
     fn itapi_atomics_where_the_device_has_them(case) {
         let (s, c) = pair(case, EpAttributes::default(), 4096);
         let info = c.ia.query();

@@ -89,14 +89,14 @@ impl Endpoint {
         tracing::info!(ep = self.id(), abortive, "disconnecting");
         self.0.local_close.store(true, Ordering::Release);
         let ep = &self.0;
-        if !abortive && ep.sends.lock().len() > 0 {
+        if !abortive && ep.sends.lock().awaited() > 0 {
             if !ep.close_pending.swap(true, Ordering::AcqRel) {
                 ep.request_evd.0.closing(1);
             }
             // Completions already in the ring may drain the queue now; if the last one
             // was taken before the mark was set, nobody else will close: do it here.
             ep.request_evd.0.on_completions();
-            if ep.sends.lock().len() > 0 || !ep.close_pending.swap(false, Ordering::AcqRel) {
+            if ep.sends.lock().awaited() > 0 || !ep.close_pending.swap(false, Ordering::AcqRel) {
                 return Ok(());
             }
             ep.request_evd.0.closing(-1);

@@ -405,7 +405,7 @@ impl EpInner {
         let (info, sends_left) = match queue {
             Queue::Send => {
                 let mut t = self.sends.lock();
-                (t.remove(c.wr_id), t.len())
+                (t.retire_through(c.wr_id), t.awaited())
             }
             Queue::Recv => (self.recvs.lock().remove(c.wr_id), usize::MAX),
             Queue::Srq => match &self.srq {

@@ -55,9 +55,9 @@ impl DtoFlags {
         .union(DtoFlags::SOLICITED_WAIT)
         .union(DtoFlags::COALESCE);
 
-    /// The verbs send flags (the engine always signals: completions are filtered here).
-    fn wire(self) -> u8 {
-        let mut f = send_flags::SIGNALED;
+    /// The verbs send flags; `signaled` when the engine is to write a completion.
+    fn wire(self, signaled: bool) -> u8 {
+        let mut f = if signaled { send_flags::SIGNALED } else { 0 };
         if self.contains(DtoFlags::SOLICITED_WAIT) {
             f |= send_flags::SOLICITED;
         }
@@ -120,6 +120,7 @@ pub(crate) fn post_receive(
         kind: DtoKind::Recv,
         flags,
         length: total,
+        signaled: true,
     };
     post_with(table, queue, Wqe::recv(0, &list), info, post)
 }
@@ -266,9 +267,11 @@ impl Endpoint {
         self.0.post_sq(wqe, kind, cookie, flags, 8)
     }
 
-    /// Work requests posted and not yet completed (send queue, receive queue).
+    /// Work requests posted and not yet completed (send queue, receive queue). Sends
+    /// posted without a completion are not counted: the engine says nothing when they
+    /// are done (the engine's own orderly close still waits for them).
     pub fn outstanding(&self) -> (usize, usize) {
-        (self.0.sends.lock().len(), self.0.recvs.lock().len())
+        (self.0.sends.lock().awaited(), self.0.recvs.lock().len())
     }
 }
 
@@ -293,13 +296,19 @@ impl EpInner {
         if !matches!(state, EpState::Connected | EpState::NonOperational) {
             return Err(Error::InvalidEpState);
         }
+        // Unsignaled on the wire when the consumer wants no completion, except one in
+        // every `max_request_dtos` (see `WrTable::must_signal`); its completion is
+        // dropped here.
+        let limit = self.attrs.lock().max_request_dtos;
+        let signaled = flags.contains(DtoFlags::COMPLETION) || self.sends.lock().must_signal(limit);
         let info = WrInfo {
             cookie,
             kind,
             flags,
             length,
+            signaled,
         };
-        let wqe = wqe.with_flags(flags.wire() | (wqe.flags & send_flags::INLINE));
+        let wqe = wqe.with_flags(flags.wire(signaled) | (wqe.flags & send_flags::INLINE));
         post_with(&self.sends, Queue::Send, wqe, info, |w| {
             self.qp.post_send(w)
         })
