@@ -4,8 +4,8 @@
 //! Read test runs because the provider reports `DAT_IB_RDMA_READ`), `dtestcm -c 1000`
 //! (its connection rate reported), `dtestsrq` (with and without SRQ), and `dapltest`
 //! (a server, transaction clients with several threads and endpoints, performance RW
-//! and RR, limit and quit) — over siw0 and rxe0, each through the embedded kAL and a
-//! private `krdmad`.
+//! and RR, limit and quit), `dtestx` (the IB extension: rxe0 runs it, siw0 refuses it)
+//! — over siw0 and rxe0, each through the embedded kAL and a private `krdmad`.
 //!
 //! The programs are not optional: `scripts/test.sh` installs `dapl2-utils`, and a
 //! missing one fails the test. They use fixed ports (dtest's and dtestcm's TCP 15828
@@ -127,8 +127,8 @@ impl Case {
 
 /// The fixed ports of the programs: dtest's and dtestcm's rendezvous, the connection
 /// qualifier dtest, dtestcm and dtestsrq listen on, and the ports of dapltest's limit
-/// test (qualifiers from 0xAffab1e: 43806 on).
-const FIXED_PORTS: [&str; 3] = ["15828", "45248", "43806-43815"];
+/// test (qualifiers from 0xAffab1e: 43806 on), and dtestx's connection qualifiers.
+const FIXED_PORTS: [&str; 4] = ["15828", "45248", "43806-43815", "31111-31112"];
 
 /// Keep the programs' fixed ports out of the ephemeral range: a connection elsewhere on
 /// this host (any other test's) that picked one as its source port would make the
@@ -453,6 +453,49 @@ fn dtestsrq(case: &Case) {
     }
 }
 
+/// dtestx: the IB extension (RDMA Write with immediate data both ways, compare and
+/// swap, fetch and add, their values checked by both sides). rxe0 has it; siw0 (iWARP:
+/// no immediate data, no atomics) reports no IB extension, and dtestx says so and stops.
+fn dtestx(case: &Case) {
+    if case.dev == "siw0" {
+        let out = case
+            .command("dtestx", 1)
+            .args(["-P", &case.provider(), "-h", &case.server_addr()])
+            .output()
+            .expect("run dtestx");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && text.contains("IB extension not supported"),
+            "dtestx over siw0 through {}:\n{text}",
+            case.door()
+        );
+        return;
+    }
+    let (cout, sout) = server_client(
+        case,
+        "dtestx",
+        &[],
+        Ready::Listening(15828),
+        "immed/atomic test PASSED",
+        "immed/atomic test PASSED",
+    );
+    for out in [&cout, &sout] {
+        for test in ["RDMA_WRITE_WITH_IMMEDIATE_DATA", "CMP_SWAP", "FETCH_ADD"] {
+            assert!(
+                out.contains(&format!("{test} test - PASSED")),
+                "{test}:\n{out}"
+            );
+        }
+    }
+    eprintln!(
+        "dtestx over rxe0 through {}: {} | {}",
+        case.door(),
+        line(&sout, "received immed_data"),
+        line(&cout, "received immed_data")
+    );
+}
+
 /// Wait for a line of a running program's stdout that contains `what`.
 fn wait_line(child: &mut Child, what: &str) -> BufReader<std::process::ChildStdout> {
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -572,5 +615,6 @@ per_device! {
     dapl_dtest_spin => dtest_spin;
     dapl_dtestcm => dtestcm;
     dapl_dtestsrq => dtestsrq;
+    dapl_dtestx => dtestx;
     dapl_dapltest => dapltest;
 }

@@ -172,6 +172,41 @@ itapi_tests! {
         drop(s);
     }
 
+    fn itapi_rdma_write_with_immediate(case) {
+        let (s, c) = pair(case, EpAttributes::default(), 8192);
+        if case.iwarp() {
+            assert_eq!(
+                c.ep.post_rdma_write_imm(&[c.seg(0, 8)], 1, DtoFlags::SIGNALED, c.remote(0), 7),
+                Err(Error::OpNotSupported),
+                "RDMAP has no immediate data"
+            );
+            return;
+        }
+        let mut v = vec![0u8; 5000];
+        fill_pattern(&mut v, 9);
+        c.buf().write(0, &v);
+        // The write consumes the peer's next receive, which holds none of its bytes.
+        s.ep.post_recv(&[s.seg(0, 16)], 10, DtoFlags::SIGNALED).unwrap();
+        c.ep.post_rdma_write_imm(&[c.seg(0, 5000)], 11, DtoFlags::SIGNALED, c.remote(3000), 0xfeed_0001)
+            .unwrap();
+        let d = s.expect(DtoKind::Recv, 10);
+        assert_eq!(d.immediate, Some(Immediate::RdmaWrite(0xfeed_0001)));
+        assert_eq!(d.transferred_length, 5000, "the write's length");
+        let w = c.expect(DtoKind::RdmaWriteImm, 11);
+        assert_eq!((w.transferred_length, w.immediate), (5000, None));
+        let mut got = vec![0u8; 5000];
+        s.buf().read(3000, &mut got);
+        assert_eq!(crc(&got), crc(&v));
+        let mut first = [0u8; 16];
+        s.buf().read(0, &mut first);
+        assert_eq!(first, [0u8; 16], "nothing lands in the receive");
+        // A plain Send reports no immediate data.
+        s.ep.post_recv(&[s.seg(0, 16)], 12, DtoFlags::SIGNALED).unwrap();
+        c.ep.post_send(&[c.seg(0, 4)], 13, DtoFlags::SIGNALED).unwrap();
+        assert_eq!(s.expect(DtoKind::Recv, 12).immediate, None);
+        c.expect(DtoKind::Send, 13);
+    }
+
     fn itapi_atomics_where_the_device_has_them(case) {
         let (s, c) = pair(case, EpAttributes::default(), 4096);
         let info = c.ia.query();

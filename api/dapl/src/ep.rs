@@ -433,6 +433,23 @@ impl Ep {
             .map_err(post_error)
     }
 
+    /// Write `iov` to the peer's memory at `remote`, with `imm` for the completion of
+    /// the peer's next receive (IB extension `dat_ib_post_rdma_write_immed`; where the
+    /// transport has it: rxe0, not siw0).
+    pub fn post_rdma_write_immed(
+        &self,
+        iov: &[LmrTriplet],
+        cookie: u64,
+        remote: &RmrTriplet,
+        imm: u32,
+        flags: Completion,
+    ) -> Result<()> {
+        let segs = segments(&self.0.pz, iov)?;
+        self.core()
+            .post_rdma_write_imm(&segs, cookie, flags.core(), rdma_addr(remote), imm)
+            .map_err(post_error)
+    }
+
     /// Read the peer's memory at `remote` into `iov`.
     pub fn post_rdma_read(
         &self,

@@ -322,6 +322,7 @@ impl EvdInner {
                     status,
                     transferred_length: d.transferred_length,
                     op: DtoOp::of(d.kind),
+                    immediate: d.immediate,
                 }))
             }
             it::Event::ConnRequest(r) => Cr::arrived(&self.ia, r).map(Event::ConnRequest),

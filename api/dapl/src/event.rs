@@ -18,6 +18,8 @@ pub enum DtoOp {
     CmpAndSwap,
     /// IB extension: fetch and add (`DAT_IB_FETCH_AND_ADD`).
     FetchAndAdd,
+    /// IB extension: RDMA Write with immediate data (`DAT_IB_RDMA_WRITE_IMMED`).
+    RdmaWriteImmed,
 }
 
 impl DtoOp {
@@ -30,6 +32,7 @@ impl DtoOp {
             it::DtoKind::RmrLink => DtoOp::BindMw,
             it::DtoKind::FetchAdd => DtoOp::FetchAndAdd,
             it::DtoKind::CmpSwap => DtoOp::CmpAndSwap,
+            it::DtoKind::RdmaWriteImm => DtoOp::RdmaWriteImmed,
         }
     }
 }
@@ -83,6 +86,8 @@ pub struct DtoEvent {
     /// Bytes received (receives) or posted (the rest).
     pub transferred_length: u32,
     pub op: DtoOp,
+    /// A receive consumed by a message with immediate data (IB extension).
+    pub immediate: Option<it::Immediate>,
 }
 
 /// An RMR bind (or unbind) completed (`DAT_RMR_BIND_COMPLETION_EVENT`).

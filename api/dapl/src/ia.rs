@@ -73,7 +73,8 @@ pub struct ProviderAttr {
     pub srq_supported: bool,
     /// Named attributes consumers look for: `DAT_IB_RDMA_READ` (`"TRUE"`: RDMA Read is
     /// there; dtest runs its read test then), `DAT_IB_TRANSPORT_MTU` (the port's MTU; dtestsrq sizes
-    /// its messages by it), and what the transport is.
+    /// its messages by it), `DAT_IB_CMP_AND_SWAP` and `DAT_IB_FETCH_AND_ADD` where the
+    /// device has atomics, and what the transport is.
     pub specific: Vec<(String, String)>,
 }
 
@@ -221,19 +222,26 @@ impl Ia {
             it::Transport::InfiniBand => "RoCEv2",
         };
         let mtu = info.spigots.first().map_or(1024, |s| s.mtu);
+        let mut specific: Vec<(String, String)> = [
+            ("DAT_IB_RDMA_READ", "TRUE".to_string()),
+            ("DAT_IB_TRANSPORT_MTU", mtu.to_string()),
+            ("KRDMA_TRANSPORT", transport.to_string()),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+        if info.atomic_support {
+            // dtestx runs its atomic tests only where these say so.
+            for name in ["DAT_IB_CMP_AND_SWAP", "DAT_IB_FETCH_AND_ADD"] {
+                specific.push((name.to_string(), "TRUE".to_string()));
+            }
+        }
         ProviderAttr {
             provider_name: format!("{NAME_PREFIX}{}", info.name),
             dapl_version: DAT_VERSION,
             max_private_data_size: info.connect_private_data_len,
             srq_supported: info.srq_support,
-            specific: [
-                ("DAT_IB_RDMA_READ", "TRUE".to_string()),
-                ("DAT_IB_TRANSPORT_MTU", mtu.to_string()),
-                ("KRDMA_TRANSPORT", transport.to_string()),
-            ]
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v))
-            .collect(),
+            specific,
         }
     }
 

@@ -111,7 +111,7 @@ pub use event::{
     RmrBindEvent,
 };
 pub use ia::{Extension, Ia, IaAttr, ProviderAttr, DAT_VERSION, IB_EXTENSION_VERSION, NAME_PREFIX};
-pub use krdma_itapi::AtomicOp;
+pub use krdma_itapi::{AtomicOp, Immediate};
 pub use mem::{Lmr, LmrTriplet, MemPriv, Rmr, RmrParam, RmrTriplet};
 pub use pz::Pz;
 pub use sp::{Cr, Psp, Rsp};

@@ -144,6 +144,9 @@ pub enum DtoKind {
     FetchAdd,
     /// An atomic Compare and Swap.
     CmpSwap,
+    /// An RDMA Write with immediate data ([`Endpoint::post_rdma_write_imm`]): an
+    /// extension of IT-API's DTOs for the InfiniBand transport.
+    RdmaWriteImm,
 }
 
 impl DtoKind {
@@ -156,6 +159,7 @@ impl DtoKind {
             DtoKind::RmrLink => EventNumber::RmrLinkCmpl,
             DtoKind::FetchAdd => EventNumber::DtoFetchAddCmpl,
             DtoKind::CmpSwap => EventNumber::DtoCmpSwapCmpl,
+            DtoKind::RdmaWriteImm => EventNumber::DtoRdmaWriteCmpl,
         }
     }
 }
@@ -214,6 +218,18 @@ pub struct DtoEvent {
     pub transferred_length: u32,
     /// The received message carried the solicited-event bit.
     pub solicited: bool,
+    /// A receive consumed by a message with immediate data (InfiniBand transport).
+    pub immediate: Option<Immediate>,
+}
+
+/// Immediate data a receive completed with, and what carried it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Immediate {
+    /// An RDMA Write with immediate data: its bytes went to the peer's chosen memory,
+    /// the receive holds none (its length is the write's).
+    RdmaWrite(u32),
+    /// A Send with immediate data.
+    Send(u32),
 }
 
 /// A connection request arrived at a listener (`it_conn_request_event_t`).

@@ -88,7 +88,7 @@ pub use evd::{Aevd, Callback, Evd, EvdFlags, EvdParams, MAX_QUEUE_SIZE};
 pub use event::{
     AevdNotification, AffiliatedCause, AffiliatedEvent, ConnEventKind, ConnRequestEvent,
     ConnectionEvent, DtoEvent, DtoKind, DtoStatus, EpRef, EvdRef, Event, EventNumber, EventStream,
-    ObjRef, RejectReason, SoftwareEvent, UnaffiliatedEvent, EVENT_STREAM_MASK,
+    Immediate, ObjRef, RejectReason, SoftwareEvent, UnaffiliatedEvent, EVENT_STREAM_MASK,
 };
 pub use ia::{
     interface_list, interface_list_on, Ia, IaInfo, Interface, Limits, SpigotInfo, Transport,

@@ -23,14 +23,35 @@ fn to_c(
     c.evd_handle = evd_h;
     match ev {
         dapl::Event::Dto(d) => {
+            // IB extension events carry `DAT_IB_EXTENSION_EVENT_DATA` in the extension
+            // data: its type (first 4 bytes), status (next 4, success), immediate data.
+            let ext = match (d.op, d.immediate) {
+                (dapl::DtoOp::CmpAndSwap, _) => Some((DAT_IB_DTO_CMP_SWAP, DAT_IB_CMP_AND_SWAP, 0)),
+                (dapl::DtoOp::FetchAndAdd, _) => {
+                    Some((DAT_IB_DTO_FETCH_ADD, DAT_IB_FETCH_AND_ADD, 0))
+                }
+                (dapl::DtoOp::RdmaWriteImmed, _) => {
+                    Some((DAT_IB_DTO_RDMA_WRITE_IMMED, DAT_IB_RDMA_WRITE_IMMED, 0))
+                }
+                (_, Some(dapl::Immediate::RdmaWrite(v))) => {
+                    Some((DAT_IB_DTO_RECV_IMMED, DAT_IB_RDMA_WRITE_IMMED_DATA, v))
+                }
+                (_, Some(dapl::Immediate::Send(v))) => {
+                    Some((DAT_IB_DTO_RECV_MSG_IMMED, DAT_IB_RECV_IMMED_DATA, v))
+                }
+                _ => None,
+            };
             let (number, operation) = match d.op {
                 dapl::DtoOp::Send => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_SEND),
                 dapl::DtoOp::RdmaWrite => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RDMA_WRITE),
                 dapl::DtoOp::RdmaRead => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RDMA_READ),
                 dapl::DtoOp::Receive => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RECEIVE),
                 dapl::DtoOp::BindMw => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_BIND_MW),
-                dapl::DtoOp::CmpAndSwap => (DAT_IB_DTO_EVENT, DAT_DTO_EXTENSION_BASE),
-                dapl::DtoOp::FetchAndAdd => (DAT_IB_DTO_EVENT, DAT_DTO_EXTENSION_BASE),
+                _ => (DAT_DTO_COMPLETION_EVENT, 0),
+            };
+            let (number, operation) = match ext {
+                Some((operation, _, _)) => (DAT_IB_DTO_EVENT, operation),
+                None => (number, operation),
             };
             c.event_number = number;
             c.event_data.dto = DAT_DTO_COMPLETION_EVENT_DATA {
@@ -41,11 +62,9 @@ fn to_c(
                 operation,
                 rmr_context: 0,
             };
-            // The IB extension's event data (`DAT_IB_EXTENSION_EVENT_DATA`): its type.
-            match d.op {
-                dapl::DtoOp::CmpAndSwap => c.event_extension_data[0] = DAT_IB_CMP_AND_SWAP as u64,
-                dapl::DtoOp::FetchAndAdd => c.event_extension_data[0] = DAT_IB_FETCH_AND_ADD as u64,
-                _ => {}
+            if let Some((_, kind, imm)) = ext {
+                c.event_extension_data[0] = u64::from(kind);
+                c.event_extension_data[1] = u64::from(imm);
             }
         }
         dapl::Event::RmrBind(b) => {

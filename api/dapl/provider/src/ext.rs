@@ -1,10 +1,11 @@
 //! The IB extension (`dat_ib_extensions.h`) through `dat_extension_op`: libdat2 hands
 //! the provider the operation and the rest of the caller's arguments as a `va_list`.
 //!
-//! Atomics (fetch-and-add, compare-and-swap) where the device has them (rxe0). RDMA
-//! Write with immediate data, UD and counters answer `DAT_NOT_IMPLEMENTED`.
+//! Atomics (fetch-and-add, compare-and-swap) and RDMA Write with immediate data where
+//! the device has them (rxe0). UD and counters answer `DAT_NOT_IMPLEMENTED`.
 
-use crate::boundary::{call, get};
+use crate::boundary::call;
+use crate::ep::{flags, triplets};
 use crate::handles;
 use crate::sys::*;
 use krdma_dapl as dapl;
@@ -58,22 +59,13 @@ impl Args {
     }
 }
 
+/// One local triplet (an atomic's result buffer).
 fn local(p: u64) -> dapl::Result<dapl::LmrTriplet> {
-    let t = get(p as usize as *const DAT_LMR_TRIPLET, 4)?;
-    Ok(dapl::LmrTriplet {
-        lmr_context: t.lmr_context,
-        address: t.virtual_address,
-        length: t.segment_length,
-    })
+    Ok(triplets(p as usize as *const DAT_LMR_TRIPLET, 1, 4)?.remove(0))
 }
 
 fn remote(p: u64) -> dapl::Result<dapl::RmrTriplet> {
-    let t = get(p as usize as *const DAT_RMR_TRIPLET, 6)?;
-    Ok(dapl::RmrTriplet {
-        rmr_context: t.rmr_context,
-        address: t.virtual_address,
-        length: t.segment_length,
-    })
+    crate::ep::remote(p as usize as *const DAT_RMR_TRIPLET)
 }
 
 pub unsafe extern "C" fn handle_extendedop(
@@ -114,6 +106,16 @@ pub unsafe extern "C" fn handle_extendedop(
                     &rbuf,
                     flags,
                 )
+            }
+            DAT_IB_RDMA_WRITE_IMMED_OP => {
+                let (_, ep) = handles::ep(h)?;
+                let n = a.next()? as DAT_COUNT;
+                let iov = triplets(a.next()? as usize as *const DAT_LMR_TRIPLET, n, 4)?;
+                let cookie = a.next()?;
+                let rbuf = remote(a.next()?)?;
+                let imm = a.next()? as u32;
+                let flags = flags(a.next()? as u32)?;
+                ep.post_rdma_write_immed(&iov, cookie, &rbuf, imm, flags)
             }
             _ => {
                 handles::get(h).ok_or(Error::of(dapl::Major::InvalidHandle))?;

@@ -409,8 +409,19 @@ pub const DAT_SRQ_STATE_OPERATIONAL: u32 = 1;
 // IB extension operations (`DAT_IB_OP`) and what their events report.
 pub const DAT_IB_FETCH_AND_ADD_OP: c_int = 0;
 pub const DAT_IB_CMP_AND_SWAP_OP: c_int = 1;
+pub const DAT_IB_RDMA_WRITE_IMMED_OP: c_int = 2;
+// `DAT_IB_EXT_TYPE`: what an extension event's data holds.
 pub const DAT_IB_FETCH_AND_ADD: u32 = 0;
 pub const DAT_IB_CMP_AND_SWAP: u32 = 1;
+pub const DAT_IB_RDMA_WRITE_IMMED: u32 = 2;
+pub const DAT_IB_RDMA_WRITE_IMMED_DATA: u32 = 3;
+pub const DAT_IB_RECV_IMMED_DATA: u32 = 4;
+// `DAT_IB_DTOS`: the operation of an extended DTO event.
+pub const DAT_IB_DTO_RDMA_WRITE_IMMED: u32 = DAT_DTO_EXTENSION_BASE;
+pub const DAT_IB_DTO_RECV_IMMED: u32 = DAT_DTO_EXTENSION_BASE + 1;
+pub const DAT_IB_DTO_FETCH_ADD: u32 = DAT_DTO_EXTENSION_BASE + 2;
+pub const DAT_IB_DTO_CMP_SWAP: u32 = DAT_DTO_EXTENSION_BASE + 3;
+pub const DAT_IB_DTO_RECV_MSG_IMMED: u32 = DAT_DTO_EXTENSION_BASE + 4;
 
 pub type DAT_IA_HANDLE = DAT_HANDLE;
 

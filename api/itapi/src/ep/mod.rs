@@ -180,6 +180,7 @@ pub(crate) struct Completion {
     /// message landing in a receive posted with `SOLICITED_WAIT`).
     pub wakes: bool,
     pub solicited: bool,
+    pub immediate: Option<crate::event::Immediate>,
 }
 
 impl Endpoint {
@@ -460,9 +461,23 @@ impl EpInner {
             notify,
             wakes,
             solicited,
+            immediate: immediate_of(c),
         };
         (Some(done), action)
     }
+}
+
+/// The immediate data of a receive's completion (carried in network byte order).
+fn immediate_of(c: &Cqe) -> Option<crate::event::Immediate> {
+    use crate::event::Immediate;
+    if c.flags & wc_flags::WITH_IMM == 0 {
+        return None;
+    }
+    let data = u32::from_be(c.imm_or_inv);
+    Some(match c.opcode() {
+        Some(rnicpi::WcOpcode::RecvRdmaWithImm) => Immediate::RdmaWrite(data),
+        _ => Immediate::Send(data),
+    })
 }
 
 impl Drop for EpInner {

@@ -191,6 +191,33 @@ impl Endpoint {
         self.post_rdma(DtoKind::RdmaWrite, segs, cookie, flags, remote)
     }
 
+    /// Write the bytes of `segs` to the peer's memory at `remote` and hand the peer
+    /// `imm` (host order) with a completion of its next posted receive, as InfiniBand's
+    /// RDMA Write with immediate data does (an extension: IT-API itself has no
+    /// immediate data). `OpNotSupported` on iWARP (siw0), whose RDMAP has none.
+    pub fn post_rdma_write_imm(
+        &self,
+        segs: &[Segment],
+        cookie: u64,
+        flags: DtoFlags,
+        remote: RdmaAddr,
+        imm: u32,
+    ) -> Result<()> {
+        if self.ia().transport() != crate::Transport::InfiniBand {
+            return Err(Error::OpNotSupported);
+        }
+        let a = self.attributes();
+        if !a.rdma_write_enable {
+            return Err(Error::InvalidEpState);
+        }
+        let (list, total) = sges(segs, a.max_rdma_write_segments)?;
+        let wqe = Wqe::new(0, WrOpcode::RdmaWriteWithImm, &list)
+            .with_remote(remote.addr, remote.rkey()?)
+            .with_imm(imm.to_be());
+        self.0
+            .post_sq(wqe, DtoKind::RdmaWriteImm, cookie, flags, total)
+    }
+
     /// Read the peer's memory at `remote` into `segs`.
     pub fn post_rdma_read(
         &self,

@@ -164,6 +164,7 @@ impl DtoSource {
             status: done.status,
             transferred_length: done.length,
             solicited: done.solicited,
+            immediate: done.immediate,
         };
         Some((Event::Dto(ev), done.notify, done.wakes))
     }
