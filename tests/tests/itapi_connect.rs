@@ -85,21 +85,9 @@ itapi_tests! {
             .port();
         c.ep.connect(addr_of(&c.ia, port), b"anyone?").unwrap();
         let ce = c.conn_event();
-        if case.iwarp() {
-            // siw cannot tell a refused TCP connection from a consumer's reject without
-            // private data: either reject kind is right here, never Established.
-            assert!(
-                matches!(
-                    ce.kind,
-                    ConnEventKind::PeerReject | ConnEventKind::NonPeerReject
-                ),
-                "{ce:?}"
-            );
-        } else {
-            // The IB CM answers a REQ for an unknown service with a REJ of its own
-            // (invalid service ID), not the consumer's.
-            assert_eq!(ce.kind, ConnEventKind::NonPeerReject, "{ce:?}");
-        }
+        // No consumer answered: a non-peer reject on both transports (siw: the TCP
+        // connection is refused; rxe: the IB CM's REJ "invalid service ID").
+        assert_eq!(ce.kind, ConnEventKind::NonPeerReject, "{ce:?}");
         assert!(ce.private_data.is_empty());
         assert_eq!(c.ep.state(), EpState::NonOperational);
         assert_eq!(

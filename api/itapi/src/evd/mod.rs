@@ -148,7 +148,15 @@ struct State {
     in_aevd: bool,
     fd_set: bool,
     dead: bool,
+    /// Dequeues in a row that found nothing (see [`POLL_YIELD_EVERY`]).
+    empty_polls: u32,
 }
+
+/// A consumer polling an empty SEVD gives up its CPU once in this many empty dequeues:
+/// the threads that would fill it (the embedded engine's, the uAL's event thread) may be
+/// waiting for that CPU — on a two-core host two polling processes otherwise keep them
+/// off both cores until the scheduler preempts a poller.
+const POLL_YIELD_EVERY: u32 = 16;
 
 impl State {
     fn ready(&self) -> bool {
@@ -227,6 +235,7 @@ impl Evd {
                 in_aevd: false,
                 fd_set: false,
                 dead: false,
+                empty_polls: 0,
             }),
             cv: Condvar::new(),
             signal,
@@ -551,11 +560,22 @@ impl SevdInner {
         let notified = self.refill(&mut st, false);
         let ev = self.pop(&mut st);
         let dead = st.dead;
+        st.empty_polls = if ev.is_some() {
+            0
+        } else {
+            st.empty_polls.wrapping_add(1)
+        };
+        let give_way = st.empty_polls.is_multiple_of(POLL_YIELD_EVERY) && ev.is_none();
         self.finish(st, notified);
         match ev {
             Some(ev) => Ok(ev),
             None if dead => Err(Error::IaCatastrophe),
-            None => Err(Error::QueueEmpty),
+            None => {
+                if give_way {
+                    std::thread::yield_now();
+                }
+                Err(Error::QueueEmpty)
+            }
         }
     }
 

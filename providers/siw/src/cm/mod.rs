@@ -54,12 +54,9 @@ pub(crate) fn connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam) -> Res
     let stream = match dev.services.tcp_connect_start(peer) {
         Ok(s) => s,
         Err(e) => {
-            let ev = match e {
-                VerbsError::Refused => {
-                    Event::new(EventKind::Rejected).with_status(libc::ECONNREFUSED)
-                }
-                e => Event::new(EventKind::Unreachable).with_status(e.errno()),
-            };
+            // Refused (nothing listens: a TCP reset) or not reachable: no consumer
+            // answered, so not a reject of theirs (as the IB CM's "invalid service ID").
+            let ev = Event::new(EventKind::Unreachable).with_status(e.errno());
             qp.connect_done(ev);
             return Ok(());
         }
@@ -135,7 +132,8 @@ fn active_done(
             }
         }
         Err(HandshakeError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            Event::new(EventKind::Rejected).with_status(libc::ECONNREFUSED)
+            // Nothing listens there: no consumer rejected us.
+            Event::new(EventKind::Unreachable).with_status(libc::ECONNREFUSED)
         }
         Err(HandshakeError::BadFrame(e)) => {
             tracing::info!(%peer, error = %e, "siw bad MPA reply");
