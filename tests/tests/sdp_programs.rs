@@ -56,6 +56,20 @@ struct End {
     front: String,
     /// This end's rxe0 address (embedded front door).
     rxe_addr: IpAddr,
+    /// Both ends are offloaded: every connect must go over SDP, however slow the machine.
+    both: bool,
+}
+
+/// The policy of cases with both ends offloaded: the default rules, and a connect timeout
+/// far beyond the default 2 s, so a machine loaded by other work (CI runs the suite next
+/// to anything) does not turn a slow SDP connect into a TCP fallback the test would count.
+fn patient_policy() -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("krdma-sdp-patient-{}.conf", std::process::id()));
+        std::fs::write(&p, "connect_timeout 30000\n").unwrap();
+        p
+    })
 }
 
 impl End {
@@ -80,7 +94,14 @@ impl End {
                 .env("KRDMA_DEVICE", &self.front)
                 .env("KRDMA_SDP_DEVICE", self.device)
                 .env("KRDMA_RXE_ADDR", self.rxe_addr.to_string())
-                .env("KRDMA_SDP_CONFIG", "/nonexistent");
+                .env(
+                    "KRDMA_SDP_CONFIG",
+                    if self.both {
+                        patient_policy()
+                    } else {
+                        Path::new("/nonexistent")
+                    },
+                );
         }
         c.stdin(Stdio::null());
         c
@@ -177,6 +198,7 @@ fn ends(
         device,
         front,
         rxe_addr: IpAddr::V4(s_addr),
+        both: server_off && client_off,
     };
     let c = End {
         offload: client_off,
