@@ -18,6 +18,7 @@ use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 /// A completion queue of the siw device.
 pub struct SiwCq(pub EngineCq);
@@ -113,7 +114,18 @@ struct State {
     /// Local side asked for the close (Disconnected rather than ConnectionBroken).
     local_close: bool,
     events_sent: bool,
+    /// As MPA Responder: no FPDU goes out before the Initiator's first one has arrived
+    /// (RFC 5044 §7.1.2) or, at the latest, this instant (see [`RESPONDER_WAIT`]).
+    hold_until: Option<Instant>,
 }
+
+/// How long an MPA Responder holds its first FPDU for the Initiator's. RFC 5044 makes
+/// the Responder wait for it; an Initiator whose consumer waits for the Responder to
+/// speak first would then wait for ever unless both sides negotiate RFC 6581's
+/// ready-to-receive message, which krdma does not yet: the wait is bounded instead.
+/// Kernel siw as Initiator resets the connection when an FPDU is already in its socket
+/// as it reads the Reply; it has read it well within this time.
+const RESPONDER_WAIT: Duration = Duration::from_millis(50);
 
 /// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
 struct Tx {
@@ -246,6 +258,7 @@ impl SiwQp {
                 fin_sent: false,
                 local_close: false,
                 events_sent: false,
+                hold_until: None,
             }),
             cv: Condvar::new(),
             tx: Mutex::new(None),
@@ -279,6 +292,10 @@ impl SiwQp {
         let mss = llp::tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
         self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
+        if reply.is_some() {
+            // We answer the MPA Request: the Initiator speaks first (RFC 5044 §7.1.2).
+            self.st.lock().hold_until = Some(Instant::now() + RESPONDER_WAIT);
+        }
         self.sink.deliver(established);
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
         // a fresh connection's empty send buffer, never a wait on the peer.
@@ -388,12 +405,22 @@ impl SiwQp {
         loop {
             {
                 let mut st = self.st.lock();
-                while !st.kick
-                    && st.terminate.is_none()
-                    && st.responses.is_empty()
-                    && !st.closing
-                    && st.qp == QpState::Rts
-                {
+                loop {
+                    let busy = st.terminate.is_some() || st.closing || st.qp != QpState::Rts;
+                    if let Some(t) = st.hold_until.filter(|_| !busy) {
+                        // Holding our first FPDU: the first FPDU received (it kicks us)
+                        // or the end of the wait lets it go.
+                        if Instant::now() >= t {
+                            st.hold_until = None;
+                            tracing::debug!(qpn = self.qpn, "siw responder wait over");
+                            break;
+                        }
+                        self.cv.wait_until(&mut st, t);
+                        continue;
+                    }
+                    if st.kick || busy || !st.responses.is_empty() {
+                        break;
+                    }
                     self.cv.wait(&mut st);
                 }
                 st.kick = false;
@@ -571,6 +598,9 @@ impl SiwQp {
             } else {
                 Work::Idle
             };
+        }
+        if st.hold_until.is_some_and(|t| Instant::now() < t) && !st.closing {
+            return Work::Idle; // the tx thread sends it when the wait is over
         }
         let (crc, mtu) = (st.crc, st.max_ulpdu);
         if let Some(rr) = st.responses.pop_front() {
@@ -1216,14 +1246,19 @@ impl SiwQp {
             self.fail(code, Some(&u[..u.len().min(wire::UNTAGGED_HDR)]));
             return false;
         }
-        self.st.lock().qp != QpState::Error
+        let mut st = self.st.lock();
+        if st.hold_until.take().is_some() {
+            // The Initiator's first FPDU: ours may follow now.
+            st.kick = true;
+            self.cv.notify_all();
+        }
+        st.qp != QpState::Error
     }
 
     /// After a local Terminate: keep reading (so the peer never stalls on a full window)
     /// until the tx side has written the Terminate, then half a second more so the peer
     /// can take it, then close. Bounded: a peer that reads nothing cannot hold us.
     fn finish_rx(&self, sock: TcpStream) {
-        use std::time::{Duration, Instant};
         let deadline = Instant::now() + Duration::from_secs(5);
         let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
         let mut sink = [0u8; 4096];
