@@ -23,35 +23,40 @@ fn to_c(
     c.evd_handle = evd_h;
     match ev {
         dapl::Event::Dto(d) => {
+            use dapl::{DtoOp as Op, Immediate as Imm};
             // IB extension events carry `DAT_IB_EXTENSION_EVENT_DATA` in the extension
             // data: its type (first 4 bytes), status (next 4, success), immediate data.
-            let ext = match (d.op, d.immediate) {
-                (dapl::DtoOp::CmpAndSwap, _) => Some((DAT_IB_DTO_CMP_SWAP, DAT_IB_CMP_AND_SWAP, 0)),
-                (dapl::DtoOp::FetchAndAdd, _) => {
-                    Some((DAT_IB_DTO_FETCH_ADD, DAT_IB_FETCH_AND_ADD, 0))
-                }
-                (dapl::DtoOp::RdmaWriteImmed, _) => {
-                    Some((DAT_IB_DTO_RDMA_WRITE_IMMED, DAT_IB_RDMA_WRITE_IMMED, 0))
-                }
-                (_, Some(dapl::Immediate::RdmaWrite(v))) => {
-                    Some((DAT_IB_DTO_RECV_IMMED, DAT_IB_RDMA_WRITE_IMMED_DATA, v))
-                }
-                (_, Some(dapl::Immediate::Send(v))) => {
-                    Some((DAT_IB_DTO_RECV_MSG_IMMED, DAT_IB_RECV_IMMED_DATA, v))
-                }
-                _ => None,
-            };
-            let (number, operation) = match d.op {
-                dapl::DtoOp::Send => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_SEND),
-                dapl::DtoOp::RdmaWrite => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RDMA_WRITE),
-                dapl::DtoOp::RdmaRead => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RDMA_READ),
-                dapl::DtoOp::Receive => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RECEIVE),
-                dapl::DtoOp::BindMw => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_BIND_MW),
-                _ => (DAT_DTO_COMPLETION_EVENT, 0),
-            };
-            let (number, operation) = match ext {
-                Some((operation, _, _)) => (DAT_IB_DTO_EVENT, operation),
-                None => (number, operation),
+            let (number, operation, ext) = match (d.op, d.immediate) {
+                (Op::CmpAndSwap, _) => (
+                    DAT_IB_DTO_EVENT,
+                    DAT_IB_DTO_CMP_SWAP,
+                    Some((DAT_IB_CMP_AND_SWAP, 0)),
+                ),
+                (Op::FetchAndAdd, _) => (
+                    DAT_IB_DTO_EVENT,
+                    DAT_IB_DTO_FETCH_ADD,
+                    Some((DAT_IB_FETCH_AND_ADD, 0)),
+                ),
+                (Op::RdmaWriteImmed, _) => (
+                    DAT_IB_DTO_EVENT,
+                    DAT_IB_DTO_RDMA_WRITE_IMMED,
+                    Some((DAT_IB_RDMA_WRITE_IMMED, 0)),
+                ),
+                (Op::Receive, Some(Imm::RdmaWrite(v))) => (
+                    DAT_IB_DTO_EVENT,
+                    DAT_IB_DTO_RECV_IMMED,
+                    Some((DAT_IB_RDMA_WRITE_IMMED_DATA, v)),
+                ),
+                (Op::Receive, Some(Imm::Send(v))) => (
+                    DAT_IB_DTO_EVENT,
+                    DAT_IB_DTO_RECV_MSG_IMMED,
+                    Some((DAT_IB_RECV_IMMED_DATA, v)),
+                ),
+                (Op::Receive, None) => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RECEIVE, None),
+                (Op::Send, _) => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_SEND, None),
+                (Op::RdmaWrite, _) => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RDMA_WRITE, None),
+                (Op::RdmaRead, _) => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_RDMA_READ, None),
+                (Op::BindMw, _) => (DAT_DTO_COMPLETION_EVENT, DAT_DTO_BIND_MW, None),
             };
             c.event_number = number;
             c.event_data.dto = DAT_DTO_COMPLETION_EVENT_DATA {
@@ -62,7 +67,7 @@ fn to_c(
                 operation,
                 rmr_context: 0,
             };
-            if let Some((_, kind, imm)) = ext {
+            if let Some((kind, imm)) = ext {
                 c.event_extension_data[0] = u64::from(kind);
                 c.event_extension_data[1] = u64::from(imm);
             }

@@ -188,7 +188,7 @@ impl Endpoint {
         flags: DtoFlags,
         remote: RdmaAddr,
     ) -> Result<()> {
-        self.post_rdma(DtoKind::RdmaWrite, segs, cookie, flags, remote)
+        self.post_rdma(DtoKind::RdmaWrite, segs, cookie, flags, remote, None)
     }
 
     /// Write the bytes of `segs` to the peer's memory at `remote` and hand the peer
@@ -206,16 +206,14 @@ impl Endpoint {
         if self.ia().transport() != crate::Transport::InfiniBand {
             return Err(Error::OpNotSupported);
         }
-        let a = self.attributes();
-        if !a.rdma_write_enable {
-            return Err(Error::InvalidEpState);
-        }
-        let (list, total) = sges(segs, a.max_rdma_write_segments)?;
-        let wqe = Wqe::new(0, WrOpcode::RdmaWriteWithImm, &list)
-            .with_remote(remote.addr, remote.rkey()?)
-            .with_imm(imm.to_be());
-        self.0
-            .post_sq(wqe, DtoKind::RdmaWriteImm, cookie, flags, total)
+        self.post_rdma(
+            DtoKind::RdmaWriteImm,
+            segs,
+            cookie,
+            flags,
+            remote,
+            Some(imm),
+        )
     }
 
     /// Read the peer's memory at `remote` into `segs`.
@@ -226,7 +224,7 @@ impl Endpoint {
         flags: DtoFlags,
         remote: RdmaAddr,
     ) -> Result<()> {
-        self.post_rdma(DtoKind::RdmaRead, segs, cookie, flags, remote)
+        self.post_rdma(DtoKind::RdmaRead, segs, cookie, flags, remote, None)
     }
 
     fn post_rdma(
@@ -236,26 +234,34 @@ impl Endpoint {
         cookie: u64,
         flags: DtoFlags,
         remote: RdmaAddr,
+        imm: Option<u32>,
     ) -> Result<()> {
         let a = self.attributes();
-        let (enabled, max, opcode) = if kind == DtoKind::RdmaRead {
-            (
+        let (enabled, max, opcode) = match kind {
+            DtoKind::RdmaRead => (
                 a.rdma_read_enable,
                 a.max_rdma_read_segments,
                 WrOpcode::RdmaRead,
-            )
-        } else {
-            (
+            ),
+            DtoKind::RdmaWriteImm => (
+                a.rdma_write_enable,
+                a.max_rdma_write_segments,
+                WrOpcode::RdmaWriteWithImm,
+            ),
+            _ => (
                 a.rdma_write_enable,
                 a.max_rdma_write_segments,
                 WrOpcode::RdmaWrite,
-            )
+            ),
         };
         if !enabled {
             return Err(Error::InvalidEpState);
         }
         let (list, total) = sges(segs, max)?;
-        let wqe = Wqe::new(0, opcode, &list).with_remote(remote.addr, remote.rkey()?);
+        let mut wqe = Wqe::new(0, opcode, &list).with_remote(remote.addr, remote.rkey()?);
+        if let Some(imm) = imm {
+            wqe = wqe.with_imm(imm.to_be()); // immediate data travels in network order
+        }
         self.0.post_sq(wqe, kind, cookie, flags, total)
     }
 

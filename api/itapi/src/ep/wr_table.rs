@@ -76,16 +76,23 @@ impl WrTable {
         self.silent_run + 1 >= limit.max(1)
     }
 
+    /// Empty `slot` and give it back (its place in `order` is the caller's business).
+    fn take(&mut self, slot: u32) -> Option<WrInfo> {
+        let info = self.slots.get_mut(slot as usize)?.take()?;
+        self.free.push(slot);
+        if info.signaled {
+            self.signaled -= 1;
+        }
+        Some(info)
+    }
+
     /// Take the request `wr_id` names (`None` when it names nothing).
     pub fn remove(&mut self, wr_id: u64) -> Option<WrInfo> {
         let slot = wr_id as u32;
-        let info = self.slots.get_mut(slot as usize)?.take()?;
-        self.free.push(slot);
+        let info = self.take(slot)?;
+        // A failed post is the newest request: look from the back.
         if let Some(i) = self.order.iter().rposition(|&s| s == slot) {
             self.order.remove(i);
-        }
-        if info.signaled {
-            self.signaled -= 1;
         }
         Some(info)
     }
@@ -97,14 +104,14 @@ impl WrTable {
         self.slots.get(slot as usize)?.as_ref()?;
         while let Some(&front) = self.order.front() {
             if front == slot {
-                break;
+                self.order.pop_front();
+                return self.take(slot);
             }
             if self.slots[front as usize].is_some_and(|i| i.signaled) {
                 break; // its own completion is still to come: not ours to retire
             }
             self.order.pop_front();
-            self.slots[front as usize] = None;
-            self.free.push(front);
+            self.take(front);
         }
         self.remove(wr_id)
     }

@@ -560,12 +560,13 @@ impl SevdInner {
         let notified = self.refill(&mut st, false);
         let ev = self.pop(&mut st);
         let dead = st.dead;
-        st.empty_polls = if ev.is_some() {
-            0
+        let give_way = if ev.is_some() {
+            st.empty_polls = 0;
+            false
         } else {
-            st.empty_polls.wrapping_add(1)
+            st.empty_polls = st.empty_polls.wrapping_add(1);
+            st.empty_polls.is_multiple_of(POLL_YIELD_EVERY)
         };
-        let give_way = st.empty_polls.is_multiple_of(POLL_YIELD_EVERY) && ev.is_none();
         self.finish(st, notified);
         match ev {
             Some(ev) => Ok(ev),
