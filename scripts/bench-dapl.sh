@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v dtest >/dev/null || { apt-get update -qq && apt-get install -y -qq dapl2-utils libdapl2 >/dev/null; }
-cargo build --release -q -p krdma-dapl-provider -p krdma-kal -p krdma-ual
+cargo build --release -q -p krdma-dapl-provider -p krdma-stack -p krdma-tools
 T=$(mktemp -d)
 trap 'kill $DAEMON 2>/dev/null || true; umount -l $T/krdma 2>/dev/null || true; rm -rf $T' EXIT
 DAEMON=

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-release}
-cargo build -q --profile "$profile" -p krdma-sdp-preload -p krdma-kal --bin krdmad
+cargo build -q --profile "$profile" -p krdma-sdp-preload -p krdma-stack --bin krdmad
 dir=target/$profile
 [ "$profile" = dev ] && dir=target/debug
 PRELOAD=$PWD/$dir/libkrdma_sdp_preload.so

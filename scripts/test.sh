@@ -37,6 +37,9 @@ if [ "$(id -u)" = 0 ] && [ ! -e /dev/fuse ]; then
 fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
+# The crates follow the layers (no provider in the kAL, none in a daemon-only uAL).
+bash scripts/check-layers.sh
+
 # `ci` profile: optimised (the data path is exercised with real traffic) but with debug
 # assertions and overflow checks on.
 cargo test --workspace --doc --profile ci

@@ -15,10 +15,13 @@
 //!
 //! Front doors: [`fuse`] serves the kAL as `/dev/krdma`, where every request is checked
 //! against the process that opened the context ([`opener`]); embedded mode calls
-//! [`Kal::ioctl`] directly with an [`EmbeddedPeer`], refused in a fork child ([`fork`]).
+//! [`Kal::ioctl`] directly with an [`EmbeddedPeer`], refused in a fork child ([`rnicpi::fork`]).
 //! Both pass the same command structs.
+//!
+//! The kAL names no provider: `krdma-stack` assembles it with siw0 and rxe0, for the
+//! `krdmad` daemon and for the uAL's embedded mode alike.
 
-pub mod abi;
+pub use abi;
 pub mod backing;
 pub mod context;
 pub mod counters;
@@ -26,7 +29,6 @@ pub mod creds;
 mod dispatch;
 pub mod doorbell;
 pub mod events;
-pub mod fork;
 pub mod fuse;
 pub mod mapped;
 pub mod opener;
@@ -36,7 +38,6 @@ pub mod process;
 pub mod procmem;
 pub mod quota;
 pub mod services;
-pub mod stack;
 pub mod watch;
 
 pub use context::Limits;
@@ -116,7 +117,7 @@ pub struct Kal {
     /// Doorbells served by the contexts' doorbell threads.
     doorbells_rung: Arc<AtomicU64>,
     /// The process the kAL was created in: a fork child's copy refuses every call.
-    lineage: fork::Lineage,
+    lineage: rnicpi::fork::Lineage,
     /// What the checks of who asks and of registered memory refused.
     checks: counters::Counters,
 }
@@ -133,7 +134,7 @@ impl Kal {
             ring_stats: Arc::default(),
             refusals: Refusals::default(),
             doorbells_rung: Arc::default(),
-            lineage: fork::Lineage::here(),
+            lineage: rnicpi::fork::Lineage::here(),
             checks: counters::Counters::default(),
         })
     }
@@ -367,7 +368,7 @@ impl Kal {
 
 /// Embedded mode's doorbell: a call into the provider, never from a fork child (the
 /// provider's threads are not there).
-struct DirectDoorbell(Weak<dyn rnicpi::ProviderQp>, fork::Lineage);
+struct DirectDoorbell(Weak<dyn rnicpi::ProviderQp>, rnicpi::fork::Lineage);
 
 impl Doorbell for DirectDoorbell {
     fn ring(&self) {

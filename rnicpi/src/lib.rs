@@ -69,6 +69,7 @@
 pub mod error;
 pub mod event;
 pub mod fastpath;
+pub mod fork;
 pub mod ids;
 pub mod memory;
 pub mod provider;

@@ -8,7 +8,7 @@
 //! `cargo bench -p krdma-tests --bench memory_path`
 
 use krdma_tests::{connected_pair, daemon_possible, Daemon, FrontDoor};
-use ual::perf::{bandwidth, tcp_bandwidth, Endpoint, Op};
+use tools::perf::{bandwidth, tcp_bandwidth, Endpoint, Op};
 use ual::Access;
 
 const MSG: u32 = 1 << 20;

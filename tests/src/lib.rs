@@ -33,9 +33,9 @@ pub fn init_logging() {
 
 /// Give this process's embedded kAL its own rxe0 address (idempotent).
 pub fn setup_embedded() {
-    ual::channel::configure_embedded(kal::stack::StackOptions {
+    ual::configure_embedded(stack::StackOptions {
         rxe_addr: Some(private_loopback(0)),
-        ..kal::stack::StackOptions::from_env()
+        ..stack::StackOptions::from_env()
     });
 }
 
@@ -312,7 +312,7 @@ pub fn crc(buf: &[u8]) -> u32 {
 }
 
 /// Fill an endpoint's buffer with [`fill_pattern`]; returns its checksum.
-pub fn fill_endpoint(ep: &ual::perf::Endpoint, seed: u32) -> u32 {
+pub fn fill_endpoint(ep: &tools::perf::Endpoint, seed: u32) -> u32 {
     let mut v = vec![0u8; ep.buf.len()];
     fill_pattern(&mut v, seed);
     ep.buf.write(0, &v);
@@ -328,11 +328,11 @@ pub fn connected_pair(
 ) -> (
     Arc<Context>,
     Arc<Context>,
-    ual::perf::Endpoint,
-    ual::perf::Endpoint,
+    tools::perf::Endpoint,
+    tools::perf::Endpoint,
 ) {
     let (a, b) = (door.open(), door.open());
-    let (s, c) = ual::perf::connect_pair(&a, &b, device, len, 64)
+    let (s, c) = tools::perf::connect_pair(&a, &b, device, len, 64)
         .unwrap_or_else(|e| panic!("connect over {device}: {e:?}"));
     (a, b, s, c)
 }

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 use ual::abi::{self, cmd};
-use ual::perf::{connect_endpoint, connect_pair, new_endpoint};
+use tools::perf::{connect_endpoint, connect_pair, new_endpoint};
 use ual::{Access, Context, RegBuf, Target};
 
 /// Another context's numbers, as its owner reveals them (one line of text).
@@ -260,10 +260,10 @@ pub struct Victim {
     pub known: Known,
     /// The address of the victim's device.
     pub addr: std::net::IpAddr,
-    pub ends: (ual::perf::Endpoint, ual::perf::Endpoint),
+    pub ends: (tools::perf::Endpoint, tools::perf::Endpoint),
     listener: Arc<ual::Listener>,
     /// The partner's connect to `listener`, waiting for its answer.
-    pending: std::thread::JoinHandle<ual::Result<ual::perf::Endpoint>>,
+    pending: std::thread::JoinHandle<ual::Result<tools::perf::Endpoint>>,
     _extra: (Arc<ual::Srq>, Arc<ual::Mw>),
 }
 
@@ -273,7 +273,7 @@ impl Victim {
         let partner = Context::open_target(target).unwrap();
         let (s, c) = connect_pair(&ctx, &partner, device, 4096, 8).unwrap();
         let dev = ctx.device(device).unwrap().index;
-        let ip = ual::perf::loopback_of(&ctx, dev).unwrap();
+        let ip = tools::perf::loopback_of(&ctx, dev).unwrap();
         let listener = ctx
             .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
             .unwrap();

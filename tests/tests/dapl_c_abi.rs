@@ -65,7 +65,7 @@ fn cc(src: &Path, out: &Path) {
 
 fn dat_conf(dir: &Path) -> PathBuf {
     let conf = dir.join("dat.conf");
-    let lines = ual::datconf::lines(
+    let lines = tools::datconf::lines(
         &["siw0".into(), "rxe0".into()],
         &lib_dir().join("libdaplkrdma.so"),
     );

@@ -563,13 +563,13 @@ fn a_peer_that_stops_reading_stalls_only_its_tenant() {
         let bystander = Bystander::start(door, "siw0");
         let tenant = door.open();
         let dev = tenant.device("siw0").unwrap().index;
-        let ip = ual::perf::loopback_of(&tenant, dev).unwrap();
+        let ip = tools::perf::loopback_of(&tenant, dev).unwrap();
         let listener = tenant
             .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
             .unwrap();
         let peer_addr = std::net::SocketAddr::new(ip, listener.port);
         let peer = std::thread::spawn(move || mpa_peer_that_never_reads(peer_addr));
-        let ep = ual::perf::accept_endpoint(&tenant, dev, &listener, 16 << 10, DEPTH).unwrap();
+        let ep = tools::perf::accept_endpoint(&tenant, dev, &listener, 16 << 10, DEPTH).unwrap();
         let peer = peer.join().unwrap();
 
         // Keep posting 16 KiB sends from a thread of the tenant's own: once the socket is
@@ -613,7 +613,7 @@ fn a_peer_that_stops_reading_stalls_only_its_tenant() {
 }
 
 /// Connect to `addr` as an iWARP initiator, complete MPA (with the 20 bytes of private
-/// data `ual::perf` endpoints exchange), and return the stream without ever reading it.
+/// data `tools::perf` endpoints exchange), and return the stream without ever reading it.
 fn mpa_peer_that_never_reads(addr: std::net::SocketAddr) -> std::net::TcpStream {
     use siw::wire::MpaFrame;
     use std::io::{Read, Write};

@@ -4,7 +4,7 @@
 
 use krdma_tests::{crc, daemon_possible, fill_pattern, Daemon};
 use std::process::Command;
-use ual::perf::connect_pair;
+use tools::perf::connect_pair;
 use ual::{send_flags, Context, Target};
 
 const NOBODY: u32 = 65534;

@@ -7,7 +7,7 @@
 use krdma_tests::{each_front_door, FrontDoor};
 use std::io::{Read, Write};
 use std::time::Duration;
-use ual::perftest::{self, BwReport, Options, PerfError, Summary, Test};
+use tools::perftest::{self, BwReport, Options, PerfError, Summary, Test};
 use ual::{send_flags, ConnParam};
 
 /// One side's result and what it printed.
@@ -34,7 +34,7 @@ fn run_pair(door: &FrontDoor, o: &Options) -> (Side, Side) {
     });
     let dev = cctx.device(&o.device).expect("device").index;
     let co = Options {
-        server: Some(ual::perf::loopback_of(&cctx, dev).expect("device address")),
+        server: Some(tools::perf::loopback_of(&cctx, dev).expect("device address")),
         port,
         ..o.clone()
     };
@@ -227,7 +227,7 @@ fn server_meets(first_message: &[u8]) -> PerfError {
     let port = server.port();
     let srv = std::thread::spawn(move || server.run(&mut std::io::sink()));
     let dev = cctx.device("siw0").unwrap().index;
-    let ep = ual::perf::new_endpoint(&cctx, dev, 128, 4).unwrap();
+    let ep = tools::perf::new_endpoint(&cctx, dev, 128, 4).unwrap();
     ep.post_recv(2, 64, 64).unwrap(); // room for the server's answer
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     ep.qp

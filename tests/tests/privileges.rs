@@ -29,7 +29,7 @@ fn privileged_port() -> u16 {
 
 fn listen_errno(ctx: &std::sync::Arc<Context>, device: &str, port: u16) -> i32 {
     let dev = ctx.device(device).unwrap().index;
-    let ip = ual::perf::loopback_of(ctx, dev).unwrap();
+    let ip = tools::perf::loopback_of(ctx, dev).unwrap();
     match ctx.listen(dev, SocketAddr::new(ip, port), 4) {
         Ok(_) => 0,
         Err(e) => e.errno(),

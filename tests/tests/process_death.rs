@@ -107,7 +107,7 @@ fn hold_connected_traffic() {
     let ctx = Context::open_target(&Target::from_env()).unwrap();
     let dev_name = std::env::var("KRDMA_TEST_DEV").unwrap();
     let dev = ctx.device(&dev_name).unwrap().index;
-    let ep = ual::perf::connect_endpoint(&ctx, dev, peer.parse().unwrap(), 1 << 20, 16).unwrap();
+    let ep = tools::perf::connect_endpoint(&ctx, dev, peer.parse().unwrap(), 1 << 20, 16).unwrap();
     for i in 0..8 {
         ep.post_recv(i, i * 64, 64).unwrap();
     }
@@ -136,7 +136,7 @@ fn killed_mid_traffic(door: &krdma_tests::FrontDoor, dev_name: &str) -> Survivor
     use ual::{send_flags, EventKind, WcStatus};
     let ctx = door.open();
     let dev = ctx.device(dev_name).unwrap().index;
-    let ip = ual::perf::loopback_of(&ctx, dev).unwrap();
+    let ip = tools::perf::loopback_of(&ctx, dev).unwrap();
     let listener = ctx
         .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
         .unwrap();
@@ -160,7 +160,7 @@ fn killed_mid_traffic(door: &krdma_tests::FrontDoor, dev_name: &str) -> Survivor
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let s = ual::perf::accept_endpoint(&ctx, dev, &listener, 1 << 20, 16).unwrap();
+    let s = tools::perf::accept_endpoint(&ctx, dev, &listener, 1 << 20, 16).unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let child_ctx: u32 = loop {
         let l = lines.next().expect("child output").unwrap();

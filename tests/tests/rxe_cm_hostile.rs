@@ -14,7 +14,7 @@ use rxe::wire::cm::{self, CmMad, CmMessage};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
-use ual::perf::{loopback_of, new_endpoint, Endpoint};
+use tools::perf::{loopback_of, new_endpoint, Endpoint};
 use ual::{send_flags, ConnParam, Context, EventKind, VerbsError};
 
 const T: Duration = Duration::from_secs(10);

@@ -6,7 +6,7 @@ use krdma_tests::{
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ual::perf::Endpoint;
+use tools::perf::Endpoint;
 use ual::{
     send_flags, wc_flags, Access, ConnParam, Context, Cq, EventKind, Mr, Pd, Qp, QpAttr,
     QpAttrMask, QpCaps, QpConfig, QpState, RegBuf, WcOpcode, WcStatus, Wqe, WrOpcode,
@@ -442,7 +442,7 @@ fn reject_and_disconnect_with_private_data() {
     each_front_door(|door| {
         let (a, b) = (door.open(), door.open());
         let dev = a.device("rxe0").unwrap().index;
-        let ip = ual::perf::loopback_of(&a, dev).unwrap();
+        let ip = tools::perf::loopback_of(&a, dev).unwrap();
         let l = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
         let peer = std::net::SocketAddr::new(ip, l.port);
         let m = manual(&b, 64);

@@ -4,7 +4,7 @@
 
 use krdma_tests::FrontDoor;
 use std::time::Duration;
-use ual::perf::connect_pair;
+use tools::perf::connect_pair;
 use ual::{send_flags, WcStatus};
 
 #[test]

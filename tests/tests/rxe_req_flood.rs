@@ -11,7 +11,7 @@ use rxe::wire::cm::{self, CmMad, CmMessage, CmPath};
 use rxe::wire::cma;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
-use ual::perf::{loopback_of, new_endpoint};
+use tools::perf::{loopback_of, new_endpoint};
 use ual::{send_flags, ConnParam, EventKind};
 
 const T: Duration = Duration::from_secs(20);

@@ -6,7 +6,7 @@
 
 use krdma_tests::{connected_pair, each_front_door, Bystander};
 use std::time::{Duration, Instant};
-use ual::perf::Endpoint;
+use tools::perf::Endpoint;
 use ual::{send_flags, EventKind, QpState, VerbsError, WcStatus};
 
 const BYSTANDER_BOUND: Duration = Duration::from_secs(2);
@@ -97,7 +97,7 @@ fn cq_overflow_moves_the_qp_to_error() {
         let by = Bystander::start(door, "siw0");
         // Send and receive queues of 8, a CQ of 8 * 2 + 8 = 24 (32 slots in the ring).
         let (a, b) = (door.open(), door.open());
-        let (s, c) = ual::perf::connect_pair(&a, &b, "siw0", 4096, 8).expect("connect");
+        let (s, c) = tools::perf::connect_pair(&a, &b, "siw0", 4096, 8).expect("connect");
         let before = cq_overflows(&a);
         // Signaled RDMA Writes, never polled: the 33rd completion finds no room.
         let deadline = Instant::now() + Duration::from_secs(20);

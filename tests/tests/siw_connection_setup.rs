@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ual::perf::{accept_endpoint, connect_endpoint};
+use tools::perf::{accept_endpoint, connect_endpoint};
 use ual::{Context, Listener};
 
 const BACKLOG: u32 = 16;

@@ -4,7 +4,7 @@
 use krdma_tests::{connected_pair, crc, each_front_door, fill_endpoint as fill, FrontDoor};
 use std::sync::Arc;
 use std::time::Duration;
-use ual::perf::{connect_pair, Endpoint};
+use tools::perf::{connect_pair, Endpoint};
 use ual::{
     send_flags, wc_flags, Access, Context, EventKind, Sge, VerbsError, WcOpcode, WcStatus, Wqe,
     WrOpcode,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use ual::abi::{self, cmd};
-use ual::perf::{connect_endpoint, Endpoint};
+use tools::perf::{connect_endpoint, Endpoint};
 use ual::{
     send_flags, wc_flags, Access, ConnParam, Context, Cq, EventKind, Listener, Mr, Pd, Qp, QpCaps,
     QpConfig, RegBuf, Srq, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,

@@ -16,7 +16,7 @@ use krdma_tests::{
 use std::net::SocketAddr;
 use std::time::Duration;
 use ual::oob::{to_init, to_rtr, to_rts, RcPath, RcPeer};
-use ual::perf::connect_pair;
+use tools::perf::connect_pair;
 use ual::{send_flags, Access, Context, QpConfig, Target, VerbsError, WcStatus, Wqe, WrOpcode};
 
 const VICTIM: u32 = 65534;
@@ -163,9 +163,9 @@ fn role_prober() {
     }
     // 4. The victim's connection request, through a listener of our own.
     let dev = p.device(&device).unwrap().index;
-    let ip = ual::perf::loopback_of(&p, dev).unwrap();
+    let ip = tools::perf::loopback_of(&p, dev).unwrap();
     let listener = p.listen(dev, SocketAddr::new(ip, 0), 4).unwrap();
-    let ep = ual::perf::new_endpoint(&p, dev, 4096, 8).unwrap();
+    let ep = tools::perf::new_endpoint(&p, dev, 4096, 8).unwrap();
     let accept = listener.accept(k.conn_id, &ep.qp, &ep.offer());
     say(
         "CONN",

@@ -19,7 +19,7 @@ impl std::fmt::Debug for RegBuf {
 impl RegBuf {
     /// Page-aligned memory of `len` bytes, zero-filled. It is a shared mapping of a
     /// memfd sealed against shrinking, so `krdmad` can map the same pages and move data
-    /// with one copy instead of `process_vm_*` (`kal::mapped`); any memory can be
+    /// with one copy instead of `process_vm_*` (the kAL's `mapped` module); any memory can be
     /// registered, this is only the fast kind.
     pub fn new(len: usize) -> std::io::Result<Arc<RegBuf>> {
         let len = len.max(1);

@@ -2,11 +2,9 @@
 //! or an in-process kAL (embedded mode). Both carry the same command structs.
 
 use crate::device::DeviceFile;
-use kal::{abi, ContextId, EmbeddedPeer, Kal};
-use parking_lot::{Condvar, Mutex};
 use rnicpi::{Result, VerbsError};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a uAL context reaches the kAL.
@@ -15,38 +13,8 @@ pub enum Channel {
         file: DeviceFile,
         path: PathBuf,
     },
-    Embedded {
-        kal: Arc<Kal>,
-        ctx: ContextId,
-        signal: Arc<(Mutex<bool>, Condvar)>,
-        stopped: std::sync::atomic::AtomicBool,
-    },
-}
-
-static EMBEDDED_OPTIONS: OnceLock<kal::stack::StackOptions> = OnceLock::new();
-
-/// Provider options for this process's embedded kAL, instead of the environment's
-/// (tests give each process its own rxe0 address). Must come before the first use;
-/// returns false when the options were already fixed.
-pub fn configure_embedded(opts: kal::stack::StackOptions) -> bool {
-    EMBEDDED_OPTIONS.set(opts).is_ok()
-}
-
-/// The process-wide embedded kAL, started with the default providers on first use.
-pub fn embedded_kal() -> Result<Arc<Kal>> {
-    static KAL: OnceLock<Arc<Kal>> = OnceLock::new();
-    static START: Mutex<()> = Mutex::new(());
-    if let Some(k) = KAL.get() {
-        return Ok(k.clone());
-    }
-    let _one_at_a_time = START.lock();
-    if let Some(k) = KAL.get() {
-        return Ok(k.clone());
-    }
-    let opts = EMBEDDED_OPTIONS.get_or_init(kal::stack::StackOptions::from_env);
-    let kal = Kal::new(kal::Config::default());
-    kal::stack::start_default(&kal, opts)?;
-    Ok(KAL.get_or_init(|| kal).clone())
+    #[cfg(feature = "embedded")]
+    Embedded(crate::embedded::Door),
 }
 
 /// Which front door `KRDMA_DEVICE` (or the default `/dev/krdma`) selects.
@@ -60,12 +28,15 @@ pub const DEFAULT_DEVICE: &str = "/dev/krdma";
 
 impl Target {
     /// `KRDMA_DEVICE=embedded` or a path; unset means `/dev/krdma` when a daemon serves it,
-    /// embedded otherwise.
+    /// embedded otherwise (a uAL built without the `embedded` feature always takes the
+    /// device file).
     pub fn from_env() -> Target {
         match std::env::var("KRDMA_DEVICE") {
             Ok(v) if v == "embedded" => Target::Embedded,
             Ok(v) if !v.is_empty() => Target::Device(v.into()),
-            _ if is_served(Path::new(DEFAULT_DEVICE)) => Target::Device(DEFAULT_DEVICE.into()),
+            _ if !cfg!(feature = "embedded") || is_served(Path::new(DEFAULT_DEVICE)) => {
+                Target::Device(DEFAULT_DEVICE.into())
+            }
             _ => Target::Embedded,
         }
     }
@@ -97,49 +68,34 @@ impl Channel {
                 file: DeviceFile::open(path)?,
                 path: path.clone(),
             }),
+            #[cfg(feature = "embedded")]
+            Target::Embedded => Ok(Channel::Embedded(crate::embedded::Door::open()?)),
+            #[cfg(not(feature = "embedded"))]
             Target::Embedded => {
-                let kal = embedded_kal()?;
-                let me = kal::Caller {
-                    pid: std::process::id(),
-                    uid: nix::unistd::geteuid().as_raw(),
-                    gid: nix::unistd::getegid().as_raw(),
-                };
-                let ctx = kal.open(me, Arc::new(EmbeddedPeer))?;
-                let signal = Arc::new((Mutex::new(false), Condvar::new()));
-                let s = signal.clone();
-                kal.set_waker(
-                    ctx,
-                    Some(Arc::new(move || {
-                        *s.0.lock() = true;
-                        s.1.notify_all();
-                    })),
-                );
-                Ok(Channel::Embedded {
-                    kal,
-                    ctx,
-                    signal,
-                    stopped: false.into(),
-                })
+                tracing::warn!("KRDMA_DEVICE=embedded, but this uAL was built without its embedded kAL");
+                Err(VerbsError::Unsupported)
             }
         }
     }
 
     pub fn is_embedded(&self) -> bool {
-        matches!(self, Channel::Embedded { .. })
+        !matches!(self, Channel::Device { .. })
     }
 
     /// The device file, in daemon mode.
     pub fn device_file(&self) -> Option<&DeviceFile> {
         match self {
             Channel::Device { file, .. } => Some(file),
-            Channel::Embedded { .. } => None,
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(_) => None,
         }
     }
 
     /// The embedded kAL and this context's id in it, in embedded mode.
-    pub fn embedded(&self) -> Option<(&Arc<Kal>, ContextId)> {
+    #[cfg(feature = "embedded")]
+    pub fn embedded(&self) -> Option<(&Arc<kal::Kal>, kal::ContextId)> {
         match self {
-            Channel::Embedded { kal, ctx, .. } => Some((kal, *ctx)),
+            Channel::Embedded(door) => Some(door.kal()),
             Channel::Device { .. } => None,
         }
     }
@@ -147,7 +103,8 @@ impl Channel {
     pub fn target(&self) -> Target {
         match self {
             Channel::Device { path, .. } => Target::Device(path.clone()),
-            Channel::Embedded { .. } => Target::Embedded,
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(_) => Target::Embedded,
         }
     }
 
@@ -157,11 +114,7 @@ impl Channel {
             abi::decode(cmd).map(|d| d.2),
             Some(std::mem::size_of::<T>())
         );
-        let bytes = bytemuck::bytes_of_mut(arg);
-        match self {
-            Channel::Device { file, .. } => file.ioctl(cmd, bytes),
-            Channel::Embedded { kal, ctx, .. } => kal.ioctl(*ctx, cmd, bytes),
-        }
+        self.call_raw(cmd, bytemuck::bytes_of_mut(arg))
     }
 
     /// Raw call with arbitrary bytes (tests of hostile input). Through the device file
@@ -170,7 +123,8 @@ impl Channel {
     pub fn call_raw(&self, cmd: u32, arg: &mut [u8]) -> Result<()> {
         match self {
             Channel::Device { file, .. } => file.ioctl(cmd, arg),
-            Channel::Embedded { kal, ctx, .. } => kal.ioctl(*ctx, cmd, arg),
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(door) => door.ioctl(cmd, arg),
         }
     }
 
@@ -186,24 +140,8 @@ impl Channel {
                     n
                 }
             }
-            Channel::Embedded {
-                kal,
-                ctx,
-                signal,
-                stopped,
-            } => {
-                let mut n = kal.read_events(*ctx, &mut buf)?;
-                if n == 0 {
-                    let mut ready = signal.0.lock();
-                    if !*ready && !stopped.load(std::sync::atomic::Ordering::Acquire) {
-                        signal.1.wait_for(&mut ready, timeout);
-                    }
-                    *ready = false;
-                    drop(ready);
-                    n = kal.read_events(*ctx, &mut buf)?;
-                }
-                n
-            }
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(door) => door.wait_events(&mut buf, timeout)?,
         };
         Ok(buf[..n]
             .chunks_exact(abi::EVENT_SIZE)
@@ -215,13 +153,8 @@ impl Channel {
     pub fn stop_waiters(&self) {
         match self {
             Channel::Device { file, .. } => file.stop(),
-            Channel::Embedded {
-                signal, stopped, ..
-            } => {
-                stopped.store(true, std::sync::atomic::Ordering::Release);
-                *signal.0.lock() = true;
-                signal.1.notify_all();
-            }
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(door) => door.stop(),
         }
     }
 
@@ -229,23 +162,20 @@ impl Channel {
     pub fn is_stopped(&self) -> bool {
         match self {
             Channel::Device { file, .. } => file.is_stopped(),
-            Channel::Embedded { stopped, .. } => stopped.load(std::sync::atomic::Ordering::Acquire),
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(door) => door.is_stopped(),
         }
     }
 
     /// Embedded mode: a doorbell straight into the provider.
     pub fn direct_doorbell(&self, qp: u32) -> Result<Arc<dyn rnicpi::Doorbell>> {
         match self {
-            Channel::Embedded { kal, ctx, .. } => kal.doorbell_for(*ctx, qp),
-            Channel::Device { .. } => Err(VerbsError::Unsupported),
-        }
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        if let Channel::Embedded { kal, ctx, .. } = self {
-            kal.release(*ctx);
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(door) => door.doorbell(qp),
+            Channel::Device { .. } => {
+                let _ = qp;
+                Err(VerbsError::Unsupported)
+            }
         }
     }
 }

@@ -63,8 +63,8 @@ impl DeviceFile {
     /// out of `arg`, and claims some numbers for itself (`FIOQSIZE` writes 8 bytes), so
     /// any other command could write past `arg`.
     pub fn ioctl(&self, cmd: u32, arg: &mut [u8]) -> Result<()> {
-        match kal::abi::decode(cmd) {
-            Some((t, _, size)) if t == kal::abi::IOC_TYPE && size == arg.len() => {}
+        match abi::decode(cmd) {
+            Some((t, _, size)) if t == abi::IOC_TYPE && size == arg.len() => {}
             _ => return Err(VerbsError::Invalid),
         }
         // SAFETY: `arg` is a live, writable buffer of exactly the size encoded in `cmd`
@@ -144,7 +144,6 @@ impl DeviceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kal::abi;
 
     #[test]
     fn only_krdma_commands_of_the_buffer_size_leave_the_process() {

@@ -14,27 +14,30 @@
 //! object's handle ([`Context::subscribe`]); events of one object stay in order.
 //!
 //! Every object frees itself on drop, children before parents (a QP holds its PD and CQs).
+//!
+//! The uAL needs only the ABI crate to reach a daemon; the embedded kAL (and with it the
+//! providers, through `krdma-stack`) comes with the default `embedded` feature. Programs
+//! built on the uAL (the `krdma` CLI, perftest, rping) live in `krdma-tools`.
 
 mod buffer;
 pub mod channel;
-pub mod datconf;
 mod device;
+#[cfg(feature = "embedded")]
+pub mod embedded;
 mod events;
 pub mod oob;
-pub mod perf;
-pub mod perftest;
 pub mod pin;
-pub mod pingpong;
-pub mod rping;
 mod verbs;
 
 pub use buffer::RegBuf;
-pub use channel::{embedded_kal, Channel, Target};
+pub use channel::{Channel, Target};
+#[cfg(feature = "embedded")]
+pub use embedded::{configure_embedded, embedded_kal};
 pub use device::DeviceFile;
 pub use events::Handler;
 pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq};
 
-pub use kal::abi;
+pub use abi;
 pub use rnicpi::{
     send_flags, wc_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps,
     QpState, QpType, Result, Sge, Transport, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,

@@ -8,8 +8,8 @@ use crate::events::{channel_handler, Dispatcher, Handler};
 use crate::pin;
 use bytemuck::Zeroable;
 use crossbeam_channel::Receiver;
-use kal::abi::{self, cmd};
-use kal::fork::Lineage;
+use abi::cmd;
+use rnicpi::fork::Lineage;
 use parking_lot::Mutex;
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{

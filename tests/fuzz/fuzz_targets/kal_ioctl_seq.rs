@@ -138,13 +138,13 @@ fn world() -> &'static World {
         let std::net::IpAddr::V4(rxe) = rxe_addr() else {
             unreachable!()
         };
-        let opts = kal::stack::StackOptions {
+        let opts = stack::StackOptions {
             rxe_addr: Some(rxe),
             rxe_no_raw: true,
             ..Default::default()
         };
         let kal = Kal::new(kal::Config::default());
-        kal::stack::start_default(&kal, &opts).expect("providers");
+        stack::start_default(&kal, &opts).expect("providers");
         assert_eq!(kal.devices().len() as u32, DEVICES, "siw0 and rxe0");
         let bufs = (0..BUFS)
             .map(|_| memmap2::MmapMut::map_anon(BUF_LEN).unwrap())

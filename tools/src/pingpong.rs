@@ -9,9 +9,9 @@
 //! `size` bytes; each side, once its last Send and a Receive have completed, sends again,
 //! `iters` times.
 
-use crate::oob::{self, RcPath, RcPeer};
-use crate::verbs::{Context, Qp, QpConfig};
-use crate::RegBuf;
+use ual::oob::{self, RcPath, RcPeer};
+use ual::{Context, Qp, QpConfig};
+use ual::RegBuf;
 use rnicpi::{send_flags, Access, Cqe, QpCaps, Result, VerbsError, Wqe, WrOpcode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -257,7 +257,7 @@ fn server_exchange(
 /// The ping-pong loop of `ibv_rc_pingpong` (polling).
 fn exchange(
     qp: &Qp,
-    cq: &crate::Cq,
+    cq: &ual::Cq,
     send: &Wqe,
     recv: &Wqe,
     o: &Options,

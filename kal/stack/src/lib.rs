@@ -1,7 +1,7 @@
 //! The default set of providers a kAL starts with (daemon and embedded mode alike).
 
-use crate::services::HostServices;
-use crate::Kal;
+use kal::services::HostServices;
+use kal::Kal;
 use rnicpi::Result;
 use std::sync::Arc;
 

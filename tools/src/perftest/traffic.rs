@@ -15,9 +15,9 @@ use super::params::{Cycle, Params};
 use super::report::{bw_result, lat_result, BwTimes, LatReport};
 use super::wire::{self, BwReport, Dest};
 use super::{PerfError, Test};
-use crate::oob::{self, RcPath, RcPeer};
+use ual::oob::{self, RcPath, RcPeer};
 use crate::perf::{new_endpoint, Endpoint};
-use crate::{Context, Cqe};
+use ual::{Context, Cqe};
 use rnicpi::{send_flags, Access, WcOpcode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ pub struct DataQp {
 impl DataQp {
     /// A data QP's verbs objects, its buffer filled with this side's pattern; without
     /// rdma_cm the QP is in INIT with perftest's access rights (`ctx_modify_qp_to_init`).
-    pub fn endpoint(ctx: &Arc<Context>, dev: u32, p: &Params) -> crate::Result<Endpoint> {
+    pub fn endpoint(ctx: &Arc<Context>, dev: u32, p: &Params) -> ual::Result<Endpoint> {
         let half = p.half();
         let depth = p.tx_depth.max(p.rx_depth) + 8;
         let ep = new_endpoint(ctx, dev, (2 * half + CREDIT_AREA) as usize, depth)?;

@@ -2,8 +2,8 @@
 //! a connected pair of endpoints, bandwidth and ping-pong latency runs over RDMA, and
 //! the raw-TCP baseline the same run is compared against.
 
-use crate::buffer::RegBuf;
-use crate::verbs::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
+use ual::RegBuf;
+use ual::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
 use rnicpi::{
     send_flags, Access, ConnParam, Cqe, QpCaps, Result, VerbsError, WcStatus, Wqe, WrOpcode,
 };

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
 use std::sync::Arc;
-use ual::perf::{self, Op};
+use tools::perf::{self, Op};
 use ual::{Context, Target};
 
 #[derive(Parser)]
@@ -67,7 +67,7 @@ enum Cmd {
 #[derive(clap::Args)]
 struct PingpongArgs {
     /// Listen on / connect to this TCP port.
-    #[arg(short = 'p', long = "port", default_value_t = ual::pingpong::DEFAULT_PORT)]
+    #[arg(short = 'p', long = "port", default_value_t = tools::pingpong::DEFAULT_PORT)]
     port: u16,
     /// Device (default rxe0).
     #[arg(short = 'd', long = "ib-dev", default_value = "rxe0")]
@@ -115,7 +115,7 @@ struct PerfArgs {
     #[arg(short = 'd', long = "ib-dev", default_value = "siw0")]
     device: String,
     /// Port of the rdma_cm connections, or of the TCP socket without -R.
-    #[arg(short = 'p', long = "port", default_value_t = ual::perftest::DEF_PORT)]
+    #[arg(short = 'p', long = "port", default_value_t = tools::perftest::DEF_PORT)]
     port: u16,
     /// Message size (default 65536 for bandwidth tests, 2 for latency).
     #[arg(short = 's', long = "size")]
@@ -179,7 +179,7 @@ struct RpingArgs {
     /// Address to listen on (server; default any) or connect to (client).
     #[arg(short = 'a')]
     addr: Option<std::net::IpAddr>,
-    #[arg(short = 'p', default_value_t = ual::rping::DEFAULT_PORT)]
+    #[arg(short = 'p', default_value_t = tools::rping::DEFAULT_PORT)]
     port: u16,
     /// Pings to run (client; 0 = until interrupted).
     #[arg(short = 'C', default_value_t = 0)]
@@ -234,7 +234,7 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
         } => demo(target, &device, bytes, iters),
         Cmd::Rping(a) => rping(target, a),
         Cmd::Pingpong(a) => {
-            let o = ual::pingpong::Options {
+            let o = tools::pingpong::Options {
                 server: a.servername,
                 port: a.port,
                 device: a.device,
@@ -246,7 +246,7 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
                 gid_index: a.gid_index,
             };
             let ctx = Context::open_target(target)?;
-            ual::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
+            tools::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
             Ok(())
         }
         Cmd::Perf(t) => perftest(target, t),
@@ -255,7 +255,7 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Error>> {
-    use ual::perftest::{Options, Test};
+    use tools::perftest::{Options, Test};
     let (test, a) = match cmd {
         PerfCmd::WriteBw(a) => (Test::WriteBw, a),
         PerfCmd::ReadBw(a) => (Test::ReadBw, a),
@@ -283,7 +283,7 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
     };
     let ctx = Context::open_target(target)?;
     let mut out = std::io::stdout();
-    ual::perftest::run(&ctx, &opts, &mut out)?;
+    tools::perftest::run(&ctx, &opts, &mut out)?;
     Ok(())
 }
 
@@ -293,7 +293,7 @@ fn rping(target: &Target, a: RpingArgs) -> Result<(), Box<dyn std::error::Error>
         (None, true) => std::net::Ipv4Addr::UNSPECIFIED.into(),
         (None, false) => return Err("rping: the client needs -a ADDR".into()),
     };
-    let opts = ual::rping::Options {
+    let opts = tools::rping::Options {
         server: a.server,
         addr,
         port: a.port,
@@ -304,7 +304,7 @@ fn rping(target: &Target, a: RpingArgs) -> Result<(), Box<dyn std::error::Error>
         device: a.device,
     };
     let ctx = Context::open_target(target)?;
-    let pings = ual::rping::run(&ctx, &opts, &mut std::io::stdout())?;
+    let pings = tools::rping::run(&ctx, &opts, &mut std::io::stdout())?;
     eprintln!("krdma rping: {pings} pings done");
     Ok(())
 }
@@ -340,9 +340,9 @@ fn dat_conf(
         .into_iter()
         .map(|d| d.name)
         .collect();
-    let lines = ual::datconf::lines(&names, &lib);
+    let lines = tools::datconf::lines(&names, &lib);
     if install {
-        let changed = ual::datconf::install(conf, &lines)?;
+        let changed = tools::datconf::install(conf, &lines)?;
         let what = if changed {
             "installed into"
         } else {

@@ -99,14 +99,14 @@ fn run(args: Args) -> Result<(), String> {
     let mounted = kal::fuse::mount(kal.clone(), &args.device)
         .map_err(|e| format!("mounting {}: {e}", args.device.display()))?;
     kal::creds::keep_only(KEEP).map_err(|e| format!("dropping capabilities: {e}"))?;
-    let opts = kal::stack::StackOptions {
+    let opts = stack::StackOptions {
         siw_netdev: args.siw_netdev,
         siw_crc_required: args.siw_crc_required
-            || kal::stack::StackOptions::from_env().siw_crc_required,
+            || stack::StackOptions::from_env().siw_crc_required,
         rxe_addr: args.rxe_addr,
-        ..kal::stack::StackOptions::from_env()
+        ..stack::StackOptions::from_env()
     };
-    kal::stack::start_default(&kal, &opts).map_err(|e| format!("starting providers: {e}"))?;
+    stack::start_default(&kal, &opts).map_err(|e| format!("starting providers: {e}"))?;
     let handle = mounted
         .serve()
         .map_err(|e| format!("serving {}: {e}", args.device.display()))?;

@@ -53,7 +53,7 @@ pub use params::DEF_PORT;
 pub use report::LatReport;
 pub use wire::BwReport;
 
-use crate::{Context, Listener};
+use ual::{Context, Listener};
 use control::{
     accept, conn_param, connect_retry, next_request, CmControl, Control, CONNECT_PATIENCE,
 };

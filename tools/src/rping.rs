@@ -11,7 +11,7 @@
 //! The client disconnects after `count` pings; the server ends when the connection closes.
 //! Both sides ask for IRD = ORD = 1, as rping does.
 
-use crate::{Context, Cq, Mr, Qp, QpCaps, QpConfig, RegBuf};
+use ual::{Context, Cq, Mr, Qp, QpCaps, QpConfig, RegBuf};
 use rnicpi::{
     send_flags, Access, ConnParam, EventKind, Result, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
 };

@@ -10,7 +10,7 @@ use super::sockets::SocketControl;
 use super::wire::Dest;
 use super::PerfError;
 use crate::perf::{new_endpoint, Endpoint};
-use crate::{Context, Cqe, Listener};
+use ual::{Context, Cqe, Listener};
 use rnicpi::{send_flags, ConnParam, Event, EventKind, VerbsError, WcOpcode, WcStatus};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -157,7 +157,7 @@ pub fn accept(
 /// Connect a fresh endpoint from `make` to `peer`, retrying while the peer refuses: the
 /// perftest server opens its data listener only after answering the handshake before it.
 pub fn connect_retry(
-    mut make: impl FnMut() -> crate::Result<Endpoint>,
+    mut make: impl FnMut() -> ual::Result<Endpoint>,
     peer: SocketAddr,
     param: &ConnParam,
     patience: Duration,
@@ -256,7 +256,7 @@ enum Ctl {
 
 impl CmControl {
     /// The control QP's verbs objects, with its receives posted.
-    pub fn endpoint(ctx: &Arc<Context>, dev: u32) -> crate::Result<Endpoint> {
+    pub fn endpoint(ctx: &Arc<Context>, dev: u32) -> ual::Result<Endpoint> {
         let ep = new_endpoint(ctx, dev, (SEND_OFF + SLOT) as usize, 8)?;
         for slot in 0..RECV_SLOTS {
             ep.post_recv(slot, slot * SLOT, SLOT as u32)?;
