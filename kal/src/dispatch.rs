@@ -10,8 +10,8 @@ use crate::{peer, pin, Kal};
 use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
-    Access, ConnParam, CqInit, Cqe, QpAttr, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpState,
-    QpType, Result, Ring, SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
+    Access, ConnParam, CqInit, Cqe, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpType, Result, Ring,
+    SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
 };
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
@@ -122,13 +122,13 @@ pub fn ioctl(
         cmd::CREATE_CQ => with(arg, |a: &mut abi::CreateCq| create_cq(kal, c, a)),
         cmd::CREATE_QP => with(arg, |a: &mut abi::CreateQp| create_qp(kal, c, a)),
         cmd::MODIFY_QP => with(arg, |a: &mut abi::QpAttrs| {
-            let (attr, mask) = qp_attr_in(a)?;
+            let (attr, mask) = a.decode().ok_or(VerbsError::Invalid)?;
             let (_, qp) = c.objects.lock().qp(a.handle)?;
             qp.modify(&attr, mask)
         }),
         cmd::QUERY_QP => with(arg, |a: &mut abi::QpAttrs| {
             let (_, qp) = c.objects.lock().qp(a.handle)?;
-            qp_attr_out(&qp.query(), a);
+            *a = abi::QpAttrs::encode(a.handle, &qp.query(), QpAttrMask::empty());
             Ok(())
         }),
         cmd::REG_MR => with(arg, |a: &mut abi::RegMr| reg_mr(kal, c, a)),
@@ -257,31 +257,7 @@ pub fn ioctl(
 
 fn query_device(kal: &Kal, a: &mut abi::QueryDevice) -> Result<()> {
     let dev = kal.device(a.dev)?;
-    let d = dev.attr();
-    *a = abi::QueryDevice {
-        dev: a.dev,
-        transport: d.transport as u8,
-        atomics: d.atomics as u8,
-        memory_windows: d.memory_windows as u8,
-        phys_port_cnt: d.phys_port_cnt,
-        node_guid: d.node_guid,
-        vendor_id: d.vendor_id,
-        max_qp: d.max_qp,
-        max_qp_wr: d.max_qp_wr,
-        max_sge: d.max_sge,
-        max_inline: d.max_inline,
-        max_cq: d.max_cq,
-        max_cqe: d.max_cqe,
-        max_mr: d.max_mr,
-        max_pd: d.max_pd,
-        max_srq: d.max_srq,
-        max_srq_wr: d.max_srq_wr,
-        max_ird: d.max_ird,
-        max_ord: d.max_ord,
-        _pad: 0,
-        max_mr_size: d.max_mr_size,
-        name: abi::str_to_name(&d.name),
-    };
+    *a = abi::QueryDevice::encode(a.dev, dev.attr());
     Ok(())
 }
 
@@ -290,15 +266,7 @@ fn query_port(kal: &Kal, a: &mut abi::QueryPort) -> Result<()> {
     if a.port == 0 || a.port > dev.attr().phys_port_cnt {
         return Err(VerbsError::Invalid);
     }
-    let p = dev.port(a.port)?;
-    a.state = p.state as u8;
-    a.active_mtu = p.active_mtu;
-    a.gid_count = p.gids.len().min(abi::MAX_GIDS) as u32;
-    a.gids = [[0; 16]; abi::MAX_GIDS];
-    for (slot, g) in a.gids.iter_mut().zip(&p.gids) {
-        *slot = *g;
-    }
-    a.netdev = abi::str_to_name(&p.netdev);
+    a.set(&dev.port(a.port)?);
     Ok(())
 }
 
@@ -593,60 +561,6 @@ fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
     kal.destroy(c, &obj);
     drop(charges); // given back once the object is really gone
     Ok(())
-}
-
-fn qp_attr_in(a: &abi::QpAttrs) -> Result<(QpAttr, QpAttrMask)> {
-    let mask = QpAttrMask::from_bits(a.mask).ok_or(VerbsError::Invalid)?;
-    let state = if mask.contains(QpAttrMask::STATE) {
-        QpState::from_u8(a.state).ok_or(VerbsError::Invalid)?
-    } else {
-        QpState::Reset
-    };
-    let access = Access::from_bits(a.access).ok_or(VerbsError::Invalid)?;
-    if mask.contains(QpAttrMask::PATH_MTU) && ![256, 512, 1024, 2048, 4096].contains(&a.path_mtu) {
-        return Err(VerbsError::Invalid);
-    }
-    let attr = QpAttr {
-        state,
-        access,
-        path_mtu: a.path_mtu,
-        dest_qpn: a.dest_qpn & 0xff_ffff,
-        rq_psn: a.rq_psn & 0xff_ffff,
-        sq_psn: a.sq_psn & 0xff_ffff,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        min_rnr_timer: a.min_rnr_timer,
-        pkey_index: a.pkey_index,
-        qkey: a.qkey,
-        dgid: a.dgid,
-        sgid_index: a.sgid_index,
-        hop_limit: a.hop_limit,
-    };
-    Ok((attr, mask))
-}
-
-fn qp_attr_out(q: &QpAttr, a: &mut abi::QpAttrs) {
-    a.mask = 0;
-    a.state = q.state as u8;
-    a.access = q.access.bits();
-    a.path_mtu = q.path_mtu;
-    a.dest_qpn = q.dest_qpn;
-    a.rq_psn = q.rq_psn;
-    a.sq_psn = q.sq_psn;
-    a.max_rd_atomic = q.max_rd_atomic;
-    a.max_dest_rd_atomic = q.max_dest_rd_atomic;
-    a.timeout = q.timeout;
-    a.retry_cnt = q.retry_cnt;
-    a.rnr_retry = q.rnr_retry;
-    a.min_rnr_timer = q.min_rnr_timer;
-    a.pkey_index = q.pkey_index;
-    a.qkey = q.qkey;
-    a.dgid = q.dgid;
-    a.sgid_index = q.sgid_index;
-    a.hop_limit = q.hop_limit;
 }
 
 /// A LISTEN on a privileged port needs the requester's `CAP_NET_BIND_SERVICE`, as a bind

@@ -471,6 +471,11 @@ mod tests {
             atomics: false,
             memory_windows: true,
             phys_port_cnt: 1,
+            private_data: rnicpi::PrivateDataLimits {
+                connect: 56,
+                accept: 196,
+                reject: 148,
+            },
         }
     }
 

@@ -142,6 +142,11 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
         atomics: false,
         memory_windows: false,
         phys_port_cnt: 1,
+        private_data: PrivateDataLimits {
+            connect: 56,
+            accept: 196,
+            reject: 148,
+        },
     };
     kal.register(Arc::new(TestDev {
         attr,

@@ -55,6 +55,18 @@ pub struct DeviceAttr {
     pub atomics: bool,
     pub memory_windows: bool,
     pub phys_port_cnt: u8,
+    /// How much private data this device's connection messages carry.
+    pub private_data: PrivateDataLimits,
+}
+
+/// The largest private data (bytes) a consumer may pass in a connect, an accept and a
+/// reject: a fact of the device's wire (MPA frames for iWARP, IB CM messages for IB),
+/// reported by the provider so no layer above has to know its transport's formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrivateDataLimits {
+    pub connect: u16,
+    pub accept: u16,
+    pub reject: u16,
 }
 
 /// Logical state of a port.

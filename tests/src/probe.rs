@@ -8,8 +8,8 @@ use bytemuck::Zeroable;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
-use ual::abi::{self, cmd};
 use tools::perf::{connect_endpoint, connect_pair, new_endpoint};
+use ual::abi::{self, cmd};
 use ual::{Access, Context, RegBuf, Target};
 
 /// Another context's numbers, as its owner reveals them (one line of text).

@@ -25,7 +25,7 @@ fn rxe0_is_listed_beside_siw0() {
         let ctx = door.open();
         let d = ctx.device("rxe0").expect("rxe0 registered");
         assert_eq!(d.transport, ual::Transport::Ib);
-        assert!(d.raw.atomics != 0);
+        assert!(d.attr.atomics);
         ctx.device("siw0").expect("siw0 beside it");
         let p = ctx.query_port(d.index, 1).unwrap();
         assert_eq!(p.state, rnicpi::PortState::Active);

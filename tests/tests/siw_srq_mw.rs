@@ -4,8 +4,8 @@ use krdma_tests::{each_front_door, FrontDoor};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use ual::abi::{self, cmd};
 use tools::perf::{connect_endpoint, Endpoint};
+use ual::abi::{self, cmd};
 use ual::{
     send_flags, wc_flags, Access, ConnParam, Context, Cq, EventKind, Listener, Mr, Pd, Qp, QpCaps,
     QpConfig, RegBuf, Srq, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,

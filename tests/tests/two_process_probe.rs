@@ -15,8 +15,8 @@ use krdma_tests::{
 };
 use std::net::SocketAddr;
 use std::time::Duration;
-use ual::oob::{to_init, to_rtr, to_rts, RcPath, RcPeer};
 use tools::perf::connect_pair;
+use ual::oob::{to_init, to_rtr, to_rts, RcPath, RcPeer};
 use ual::{send_flags, Access, Context, QpConfig, Target, VerbsError, WcStatus, Wqe, WrOpcode};
 
 const VICTIM: u32 = 65534;

@@ -2,8 +2,6 @@
 //! a connected pair of endpoints, bandwidth and ping-pong latency runs over RDMA, and
 //! the raw-TCP baseline the same run is compared against.
 
-use ual::RegBuf;
-use ual::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
 use rnicpi::{
     send_flags, Access, ConnParam, Cqe, QpCaps, Result, VerbsError, WcStatus, Wqe, WrOpcode,
 };
@@ -11,6 +9,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ual::RegBuf;
+use ual::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 /// wr_id of the receiver's "all receives posted" message.

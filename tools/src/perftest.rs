@@ -53,7 +53,6 @@ pub use params::DEF_PORT;
 pub use report::LatReport;
 pub use wire::BwReport;
 
-use ual::{Context, Listener};
 use control::{
     accept, conn_param, connect_retry, next_request, CmControl, Control, CONNECT_PATIENCE,
 };
@@ -66,6 +65,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 use traffic::DataQp;
+use ual::{Context, Listener};
 use wire::Dest;
 
 /// How long a server waits for its client.
@@ -373,7 +373,7 @@ fn resolve(ctx: &Arc<Context>, dev: u32, o: &Options) -> Result<Params, PerfErro
     let port = ctx.query_port(dev, 1)?;
     let mut p = Params::resolve(
         o,
-        info.raw.max_ord,
+        info.attr.max_ord,
         wire::mtu_enum(port.active_mtu),
         info.transport,
     )?;

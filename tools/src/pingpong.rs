@@ -9,14 +9,14 @@
 //! `size` bytes; each side, once its last Send and a Receive have completed, sends again,
 //! `iters` times.
 
-use ual::oob::{self, RcPath, RcPeer};
-use ual::{Context, Qp, QpConfig};
-use ual::RegBuf;
 use rnicpi::{send_flags, Access, Cqe, QpCaps, Result, VerbsError, Wqe, WrOpcode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ual::oob::{self, RcPath, RcPeer};
+use ual::RegBuf;
+use ual::{Context, Qp, QpConfig};
 
 pub const DEFAULT_PORT: u16 = 18515;
 const RECV_WRID: u64 = 1;

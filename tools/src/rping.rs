@@ -11,7 +11,6 @@
 //! The client disconnects after `count` pings; the server ends when the connection closes.
 //! Both sides ask for IRD = ORD = 1, as rping does.
 
-use ual::{Context, Cq, Mr, Qp, QpCaps, QpConfig, RegBuf};
 use rnicpi::{
     send_flags, Access, ConnParam, EventKind, Result, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
 };
@@ -19,6 +18,7 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ual::{Context, Cq, Mr, Qp, QpCaps, QpConfig, RegBuf};
 
 pub const DEFAULT_PORT: u16 = 7174;
 /// rping's bounds on `-S`: room for "rdma-ping-2147483647: " plus a NUL, and below 64 KiB.

@@ -72,7 +72,9 @@ impl Channel {
             Target::Embedded => Ok(Channel::Embedded(crate::embedded::Door::open()?)),
             #[cfg(not(feature = "embedded"))]
             Target::Embedded => {
-                tracing::warn!("KRDMA_DEVICE=embedded, but this uAL was built without its embedded kAL");
+                tracing::warn!(
+                    "KRDMA_DEVICE=embedded, but this uAL was built without its embedded kAL"
+                );
                 Err(VerbsError::Unsupported)
             }
         }

@@ -31,9 +31,9 @@ mod verbs;
 
 pub use buffer::RegBuf;
 pub use channel::{Channel, Target};
+pub use device::DeviceFile;
 #[cfg(feature = "embedded")]
 pub use embedded::{configure_embedded, embedded_kal};
-pub use device::DeviceFile;
 pub use events::Handler;
 pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq};
 

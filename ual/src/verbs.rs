@@ -6,14 +6,14 @@ use crate::channel::{Channel, Target};
 use crate::device::eventfd;
 use crate::events::{channel_handler, Dispatcher, Handler};
 use crate::pin;
+use abi::cmd;
 use bytemuck::Zeroable;
 use crossbeam_channel::Receiver;
-use abi::cmd;
-use rnicpi::fork::Lineage;
 use parking_lot::Mutex;
+use rnicpi::fork::Lineage;
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
-    Access, ConnParam, Cqe, Doorbell, Event, PortState, QpAttr, QpAttrMask, QpCaps, QpRingLayout,
+    Access, ConnParam, Cqe, DeviceAttr, Doorbell, Event, QpAttr, QpAttrMask, QpCaps, QpRingLayout,
     QpState, QpType, Result, Ring, SharedMem, SrqAttr, Transport, UserCq, UserQp, UserSrq,
     VerbsError, Wqe,
 };
@@ -37,24 +37,19 @@ pub struct Context {
     home: Lineage,
 }
 
-/// What `QUERY_DEVICE` reports, decoded.
+/// What `QUERY_DEVICE` reports, decoded (name, transport and GUID also at hand on top).
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
     pub index: u32,
     pub name: String,
     pub transport: Transport,
     pub node_guid: u64,
-    pub raw: abi::QueryDevice,
+    /// Everything `QUERY_DEVICE` reports.
+    pub attr: DeviceAttr,
 }
 
-/// What `QUERY_PORT` reports, decoded.
-#[derive(Debug, Clone)]
-pub struct PortInfo {
-    pub state: PortState,
-    pub active_mtu: u32,
-    pub gids: Vec<[u8; 16]>,
-    pub netdev: String,
-}
+/// What `QUERY_PORT` reports.
+pub type PortInfo = rnicpi::PortAttr;
 
 impl Context {
     /// Open the front door `KRDMA_DEVICE` selects (see [`Target::from_env`]).
@@ -151,12 +146,13 @@ impl Context {
             ..Zeroable::zeroed()
         };
         self.call(cmd::QUERY_DEVICE, &mut q)?;
+        let attr = q.decode().ok_or(VerbsError::Io)?;
         Ok(DeviceInfo {
             index,
-            name: abi::name_to_str(&q.name).to_string(),
-            transport: Transport::from_u8(q.transport).ok_or(VerbsError::Io)?,
-            node_guid: q.node_guid,
-            raw: q,
+            name: attr.name.clone(),
+            transport: attr.transport,
+            node_guid: attr.node_guid,
+            attr,
         })
     }
 
@@ -175,12 +171,7 @@ impl Context {
             ..Zeroable::zeroed()
         };
         self.call(cmd::QUERY_PORT, &mut q)?;
-        Ok(PortInfo {
-            state: PortState::from_u8(q.state).ok_or(VerbsError::Io)?,
-            active_mtu: q.active_mtu,
-            gids: q.gids[..(q.gid_count as usize).min(abi::MAX_GIDS)].to_vec(),
-            netdev: abi::name_to_str(&q.netdev).to_string(),
-        })
+        q.decode().ok_or(VerbsError::Io)
     }
 
     pub fn alloc_pd(self: &Arc<Self>, dev: u32) -> Result<Arc<Pd>> {
@@ -708,7 +699,7 @@ impl Qp {
     }
 
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let mut a = qp_attrs(self.handle, attr, mask);
+        let mut a = abi::QpAttrs::encode(self.handle, attr, mask);
         self.ctx.call(cmd::MODIFY_QP, &mut a)
     }
 
@@ -781,31 +772,6 @@ fn fill_pdata(buf: &mut [u8; abi::MAX_PDATA], data: &[u8]) -> Result<u32> {
     }
     buf[..data.len()].copy_from_slice(data);
     Ok(data.len() as u32)
-}
-
-fn qp_attrs(handle: u32, q: &QpAttr, mask: QpAttrMask) -> abi::QpAttrs {
-    abi::QpAttrs {
-        handle,
-        mask: mask.bits(),
-        state: q.state as u8,
-        max_rd_atomic: q.max_rd_atomic,
-        max_dest_rd_atomic: q.max_dest_rd_atomic,
-        timeout: q.timeout,
-        retry_cnt: q.retry_cnt,
-        rnr_retry: q.rnr_retry,
-        min_rnr_timer: q.min_rnr_timer,
-        sgid_index: q.sgid_index,
-        access: q.access.bits(),
-        path_mtu: q.path_mtu,
-        dest_qpn: q.dest_qpn,
-        rq_psn: q.rq_psn,
-        sq_psn: q.sq_psn,
-        qkey: q.qkey,
-        pkey_index: q.pkey_index,
-        hop_limit: q.hop_limit,
-        _pad: 0,
-        dgid: q.dgid,
-    }
 }
 
 impl Drop for Qp {

@@ -255,16 +255,16 @@ impl Ia {
 
     /// The device has memory windows (RMRs).
     pub fn rmr_support(&self) -> bool {
-        self.0.dev.raw.memory_windows != 0
+        self.0.dev.attr.memory_windows
     }
 
     /// The device implements atomics (rxe0 does; iWARP, and so siw0, has none).
     pub fn atomic_support(&self) -> bool {
-        self.0.dev.raw.atomics != 0
+        self.0.dev.attr.atomics
     }
 
     pub fn limits(&self) -> Limits {
-        let r = &self.0.dev.raw;
+        let r = &self.0.dev.attr;
         Limits {
             max_endpoints: r.max_qp,
             max_dtos: r.max_qp_wr,
@@ -281,17 +281,14 @@ impl Ia {
     }
 
     /// The largest private data of a connect, accept and reject on this transport.
+    /// The provider reports them (`rnicpi::PrivateDataLimits`): a fact of its wire.
     pub fn private_data_limits(&self) -> (usize, usize, usize) {
-        match self.transport() {
-            // MPA: 512 bytes, less the 4-byte IRD/ORD words of an enhanced request.
-            Transport::IwarpTcp => (508, 508, 508),
-            // IB CM REQ (less the RDMA CM header), REP, REJ.
-            Transport::InfiniBand => (56, 196, 148),
-        }
+        let l = self.0.dev.attr.private_data;
+        (l.connect.into(), l.accept.into(), l.reject.into())
     }
 
     pub fn query(&self) -> IaInfo {
-        let r = &self.0.dev.raw;
+        let r = &self.0.dev.attr;
         let (connect, accept, reject) = self.private_data_limits();
         let evds = self.0.async_evds.lock();
         let live =
@@ -449,7 +446,7 @@ impl Drop for IaInner {
 }
 
 fn query_spigots(ctx: &Context, dev: &DeviceInfo) -> Result<Vec<SpigotInfo>> {
-    (1..=dev.raw.phys_port_cnt.max(1))
+    (1..=dev.attr.phys_port_cnt.max(1))
         .map(|port| {
             let p = ctx.query_port(dev.index, port).it(Error::InvalidSpigot)?;
             Ok(SpigotInfo {

@@ -8,8 +8,10 @@
 
 use bytemuck::{Pod, Zeroable};
 
+mod convert;
+
 /// Version of this ABI; bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 /// The ioctl type letter (a private one: the VFS claims some generic numbers).
 pub const IOC_TYPE: u8 = b'k';
 /// Most devices `LIST_DEVICES` reports.
@@ -102,7 +104,11 @@ pub struct QueryDevice {
     pub max_srq_wr: u32,
     pub max_ird: u32,
     pub max_ord: u32,
-    pub _pad: u32,
+    /// Largest private data of a connect, an accept and a reject on this device.
+    pub pdata_connect: u16,
+    pub pdata_accept: u16,
+    pub pdata_reject: u16,
+    pub _pad: [u8; 6],
     pub max_mr_size: u64,
     pub name: Name,
 }

@@ -280,6 +280,12 @@ impl RxeDevice {
             atomics: true,
             memory_windows: true,
             phys_port_cnt: 1,
+            // REQ's private data less the RDMA CM header in it; REP's; REJ's.
+            private_data: PrivateDataLimits {
+                connect: crate::cm::REQ_PDATA_MAX as u16,
+                accept: crate::wire::cm::REP_PRIVATE_DATA_LEN as u16,
+                reject: crate::wire::cm::REJ_PRIVATE_DATA_LEN as u16,
+            },
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {

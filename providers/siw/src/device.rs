@@ -170,6 +170,12 @@ impl SiwDevice {
             atomics: false,
             memory_windows: true,
             phys_port_cnt: 1,
+            // An MPA frame's private data, less the IRD/ORD words of MPA v2 in front.
+            private_data: PrivateDataLimits {
+                connect: (crate::wire::MPA_MAX_PDATA - 4) as u16,
+                accept: (crate::wire::MPA_MAX_PDATA - 4) as u16,
+                reject: (crate::wire::MPA_MAX_PDATA - 4) as u16,
+            },
         };
         let shared = Arc::new(Shared {
             mrs: MrTable::new(attr.max_mr),

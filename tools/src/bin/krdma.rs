@@ -360,7 +360,7 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
         println!("no devices");
     }
     for d in devs {
-        let q = d.raw;
+        let q = &d.attr;
         println!("hca_id: {}", d.name);
         println!(
             "\ttransport:\t\t{} ({})",
@@ -388,13 +388,17 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             q.max_pd,
             q.max_ird,
             q.max_ord,
-            if q.atomics != 0 { "yes" } else { "no" }
+            if q.atomics { "yes" } else { "no" }
         );
         println!(
             "\tmax_srq:\t\t{}\n\tmax_srq_wr:\t\t{}\n\tmemory_windows:\t\t{}",
             q.max_srq,
             q.max_srq_wr,
-            if q.memory_windows != 0 { "yes" } else { "no" }
+            if q.memory_windows { "yes" } else { "no" }
+        );
+        println!(
+            "\tprivate data:\t\tconnect {} / accept {} / reject {} bytes",
+            q.private_data.connect, q.private_data.accept, q.private_data.reject
         );
         println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
         for port in 1..=q.phys_port_cnt {

@@ -10,12 +10,12 @@ use super::sockets::SocketControl;
 use super::wire::Dest;
 use super::PerfError;
 use crate::perf::{new_endpoint, Endpoint};
-use ual::{Context, Cqe, Listener};
 use rnicpi::{send_flags, ConnParam, Event, EventKind, VerbsError, WcOpcode, WcStatus};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ual::{Context, Cqe, Listener};
 
 /// How long a peer may take to answer a control message (a server waits here while the
 /// client runs the whole test, `-a` included, on an emulated guest).

@@ -15,12 +15,12 @@ use super::params::{Cycle, Params};
 use super::report::{bw_result, lat_result, BwTimes, LatReport};
 use super::wire::{self, BwReport, Dest};
 use super::{PerfError, Test};
-use ual::oob::{self, RcPath, RcPeer};
 use crate::perf::{new_endpoint, Endpoint};
-use ual::{Context, Cqe};
 use rnicpi::{send_flags, Access, WcOpcode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ual::oob::{self, RcPath, RcPeer};
+use ual::{Context, Cqe};
 
 /// Bytes after the two halves: the credit word the peer writes (offset 0) and the one this
 /// side sends from (offset 8).

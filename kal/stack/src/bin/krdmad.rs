@@ -101,8 +101,7 @@ fn run(args: Args) -> Result<(), String> {
     kal::creds::keep_only(KEEP).map_err(|e| format!("dropping capabilities: {e}"))?;
     let opts = stack::StackOptions {
         siw_netdev: args.siw_netdev,
-        siw_crc_required: args.siw_crc_required
-            || stack::StackOptions::from_env().siw_crc_required,
+        siw_crc_required: args.siw_crc_required || stack::StackOptions::from_env().siw_crc_required,
         rxe_addr: args.rxe_addr,
         ..stack::StackOptions::from_env()
     };
