@@ -1,7 +1,7 @@
 //! LLP management and network-stack interface: the [`KalServices`] the kAL gives
 //! providers, answered from the host's own tables (routing, addresses, ARP/ND).
 
-use rnicpi::{KalServices, Result, Route, VerbsError};
+use rnicpi::{IfAddr, KalServices, Result, Route, VerbsError};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 
@@ -9,15 +9,8 @@ use std::os::fd::AsRawFd;
 #[derive(Debug, Default)]
 pub struct HostServices;
 
-/// One address of a host interface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IfAddr {
-    pub ifname: String,
-    pub addr: IpAddr,
-}
-
 /// Every IPv4/IPv6 address of every interface of the host (`getifaddrs`).
-pub fn host_addresses() -> Vec<IfAddr> {
+fn host_addresses() -> Vec<IfAddr> {
     let mut out = Vec::new();
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for a in addrs {
@@ -39,7 +32,7 @@ pub fn host_addresses() -> Vec<IfAddr> {
 }
 
 /// The link MTU of an interface, from sysfs.
-pub fn interface_mtu(ifname: &str) -> Option<u32> {
+fn interface_mtu(ifname: &str) -> Option<u32> {
     std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
         .ok()?
         .trim()
@@ -48,6 +41,14 @@ pub fn interface_mtu(ifname: &str) -> Option<u32> {
 }
 
 impl KalServices for HostServices {
+    fn addresses(&self) -> Vec<IfAddr> {
+        host_addresses()
+    }
+
+    fn link_mtu(&self, ifname: &str) -> Option<u32> {
+        interface_mtu(ifname)
+    }
+
     fn route(&self, peer: IpAddr) -> Result<Route> {
         // Asking the kernel to connect a UDP socket runs the routing lookup and picks the
         // source address without sending anything.

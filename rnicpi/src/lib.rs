@@ -85,8 +85,8 @@ pub use fastpath::{Doorbell, EngineCq, EngineSrq, RingStats, UserCq, UserQp, Use
 pub use ids::IdAllocator;
 pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region};
 pub use provider::{
-    Counter, CqInit, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp, ProviderSrq,
-    QpInit, Route, SrqInit,
+    Counter, CqInit, IfAddr, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp,
+    ProviderSrq, QpInit, Route, SrqInit,
 };
 pub use queue::{Consumer, Producer, QpRingLayout, Ring, RingCorrupt, RingMemError, SharedMem};
 pub use types::*;

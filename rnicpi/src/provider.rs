@@ -203,6 +203,13 @@ pub struct Route {
     pub mtu: u32,
 }
 
+/// One address of a host interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfAddr {
+    pub ifname: String,
+    pub addr: IpAddr,
+}
+
 /// Services the kAL offers providers (the RNIC-PI upcalls). Pinning is not here: the kAL
 /// pins consumer memory before it calls [`Provider::reg_mr`] and hands the provider the
 /// accessor, as the RNIC-PI separates registration from pinning.
@@ -211,6 +218,11 @@ pub trait KalServices: Send + Sync + 'static {
     fn route(&self, peer: IpAddr) -> Result<Route>;
     /// Link-layer neighbour (ARP/ND) entry of `ip`, when the host knows it.
     fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]>;
+    /// Every IPv4 and IPv6 address of every host interface (a device's GIDs, or the
+    /// addresses it listens on, come from here).
+    fn addresses(&self) -> Vec<IfAddr>;
+    /// The link MTU of interface `ifname`.
+    fn link_mtu(&self, ifname: &str) -> Option<u32>;
     /// Start an LLP (TCP) connection for an iWARP provider without waiting for it: the
     /// stream is non-blocking and its connect may still be under way (writable once it
     /// ends; `take_error` says how). A provider's connection manager never blocks on a

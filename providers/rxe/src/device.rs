@@ -143,7 +143,7 @@ impl Shared {
     pub fn addrs(&self) -> Vec<IpAddr> {
         match self.config.addr {
             Some(a) => vec![a.into()],
-            None => host_addrs(),
+            None => gid_table(self.services.addresses()),
         }
     }
 
@@ -157,7 +157,10 @@ impl Shared {
         }
         let mut cache = self.gid_cache.lock();
         if cache.0.elapsed() > std::time::Duration::from_secs(1) {
-            *cache = (std::time::Instant::now(), host_addrs());
+            *cache = (
+                std::time::Instant::now(),
+                gid_table(self.services.addresses()),
+            );
         }
         cache.1.contains(&dst)
     }
@@ -170,14 +173,25 @@ impl Shared {
             .config
             .addr
             .map(IpAddr::V4)
-            .or_else(|| host_addrs().first().copied())
-            .and_then(ifname_of)
-            .and_then(|n| link_mtu(&n))
+            .or_else(|| self.addrs().first().copied())
+            .and_then(|ip| self.ifname_of(ip))
+            .and_then(|n| self.services.link_mtu(&n))
             .unwrap_or(1500);
         [4096, 2048, 1024, 512, 256]
             .into_iter()
             .find(|m| m + 100 <= link)
             .unwrap_or(256)
+    }
+
+    /// The interface that holds `ip`.
+    fn ifname_of(&self, ip: IpAddr) -> Option<String> {
+        if ip.is_loopback() {
+            return Some("lo".into()); // all of 127/8 is on lo, listed or not
+        }
+        self.services
+            .addresses()
+            .into_iter()
+            .find_map(|a| (a.addr == ip).then_some(a.ifname))
     }
 
     /// Source address for traffic to `peer` (the host's route), if this device serves it.
@@ -196,44 +210,15 @@ impl Shared {
 /// The host's addresses as a GID table: IPv4 that reaches other hosts first (so GID index
 /// 0 is the address a peer elsewhere would use), then IPv6 (not link-local: it needs a
 /// scope), loopback last.
-pub(crate) fn host_addrs() -> Vec<IpAddr> {
-    let mut v: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
-        .map(|it| {
-            it.filter_map(|a| {
-                let sa = a.address?;
-                sa.as_sockaddr_in()
-                    .map(|s| IpAddr::V4(s.ip()))
-                    .or_else(|| sa.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))
-            })
-            .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
-            .collect()
-        })
-        .unwrap_or_default();
+fn gid_table(addrs: Vec<IfAddr>) -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = addrs
+        .into_iter()
+        .map(|a| a.addr)
+        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        .collect();
     v.sort_by_key(|a| (a.is_loopback(), a.is_ipv6()));
     v.dedup();
     v
-}
-
-fn ifname_of(ip: IpAddr) -> Option<String> {
-    if ip.is_loopback() {
-        return Some("lo".into()); // all of 127/8 is on lo, listed or not
-    }
-    nix::ifaddrs::getifaddrs().ok()?.find_map(|a| {
-        let sa = a.address?;
-        let this = sa
-            .as_sockaddr_in()
-            .map(|s| IpAddr::V4(s.ip()))
-            .or_else(|| sa.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))?;
-        (this == ip).then_some(a.interface_name)
-    })
-}
-
-fn link_mtu(ifname: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// A software RoCEv2 device.
@@ -252,10 +237,12 @@ impl RxeDevice {
         let guid_src = config
             .addr
             .or_else(|| {
-                host_addrs().into_iter().find_map(|a| match a {
-                    IpAddr::V4(v4) if !v4.is_loopback() => Some(v4),
-                    _ => None,
-                })
+                gid_table(services.addresses())
+                    .into_iter()
+                    .find_map(|a| match a {
+                        IpAddr::V4(v4) if !v4.is_loopback() => Some(v4),
+                        _ => None,
+                    })
             })
             .unwrap_or(Ipv4Addr::LOCALHOST);
         let node_guid = 0x0200_5eff_fe00_0000u64 | u32::from(guid_src) as u64 & 0xff_ffff;
@@ -288,6 +275,7 @@ impl RxeDevice {
             },
         };
         let (tx, rx) = crossbeam_channel::unbounded();
+        let gids = gid_table(services.addresses());
         let shared = Arc::new(Shared {
             mrs: MrTable::new(attr.max_mr),
             attr,
@@ -300,7 +288,7 @@ impl RxeDevice {
             cm: Cm::new(),
             tx_queue: tx,
             stop: AtomicBool::new(false),
-            gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), host_addrs())),
+            gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), gids)),
         });
         spawn("rxe-rx", {
             let s = Arc::downgrade(&shared);
@@ -442,7 +430,7 @@ impl Provider for RxeDevice {
             .shared
             .config
             .addr
-            .and_then(|a| ifname_of(IpAddr::V4(a)))
+            .and_then(|a| self.shared.ifname_of(IpAddr::V4(a)))
             .unwrap_or_else(|| "*".into());
         Ok(PortAttr {
             state: if addrs.is_empty() {

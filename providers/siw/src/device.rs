@@ -4,7 +4,7 @@ use crate::cm::reactor::CmReactor;
 use crate::cm::SiwListener;
 use crate::qp::{SiwCq, SiwQp, SiwSrq};
 use rnicpi::*;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -92,62 +92,15 @@ pub struct SiwDevice {
     pds: IdAllocator,
 }
 
-/// An IP address with the interface that holds it.
-#[derive(Debug, Clone)]
-pub struct HostAddr {
-    pub ifname: String,
-    pub ip: IpAddr,
-}
-
-/// Host addresses (`getifaddrs`).
-pub fn host_addrs() -> Vec<HostAddr> {
-    let mut out = Vec::new();
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs allocates a list we walk read-only and free with freeifaddrs.
-    unsafe {
-        if libc::getifaddrs(&mut ifap) != 0 {
-            return out;
-        }
-        let mut p = ifap;
-        while !p.is_null() {
-            let a = &*p;
-            if !a.ifa_addr.is_null() {
-                let name = std::ffi::CStr::from_ptr(a.ifa_name)
-                    .to_string_lossy()
-                    .into_owned();
-                match (*a.ifa_addr).sa_family as i32 {
-                    libc::AF_INET => {
-                        let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
-                        out.push(HostAddr {
-                            ifname: name,
-                            ip: IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()),
-                        });
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
-                        out.push(HostAddr {
-                            ifname: name,
-                            ip: IpAddr::from(sin6.sin6_addr.s6_addr),
-                        });
-                    }
-                    _ => {}
-                }
-            }
-            p = a.ifa_next;
-        }
-        libc::freeifaddrs(ifap);
-    }
-    out
-}
-
 impl SiwDevice {
     pub fn new(config: SiwConfig, services: Arc<dyn KalServices>) -> Arc<SiwDevice> {
-        let guid_src = host_addrs()
+        let guid_src = services
+            .addresses()
             .into_iter()
             .find(|a| Some(&a.ifname) == config.netdev.as_ref() || config.netdev.is_none());
         let mut guid = 0x0200_5e00_0000_0000u64;
         if let Some(a) = guid_src {
-            guid |= crc32c::crc32c(a.ip.to_string().as_bytes()) as u64;
+            guid |= crc32c::crc32c(a.addr.to_string().as_bytes()) as u64;
         }
         let attr = DeviceAttr {
             name: config.name.clone(),
@@ -194,8 +147,10 @@ impl SiwDevice {
         })
     }
 
-    fn addrs(&self) -> Vec<HostAddr> {
-        host_addrs()
+    fn addrs(&self) -> Vec<IfAddr> {
+        self.shared
+            .services
+            .addresses()
             .into_iter()
             .filter(|a| self.shared.netdev.as_ref().is_none_or(|n| *n == a.ifname))
             .collect()
@@ -228,7 +183,7 @@ impl Provider for SiwDevice {
         Ok(PortAttr {
             state,
             active_mtu: mtu,
-            gids: addrs.iter().map(|a| ip_to_gid(a.ip)).collect(),
+            gids: addrs.iter().map(|a| ip_to_gid(a.addr)).collect(),
             netdev,
         })
     }

@@ -192,6 +192,12 @@ impl Llp for MemoryLlp {
 struct NoNetwork;
 
 impl KalServices for NoNetwork {
+    fn addresses(&self) -> Vec<IfAddr> {
+        Vec::new()
+    }
+    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
+        None
+    }
     fn route(&self, _peer: IpAddr) -> Result<Route> {
         Err(VerbsError::Unreachable)
     }

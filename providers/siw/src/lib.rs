@@ -26,4 +26,4 @@ mod orq;
 mod qp;
 pub mod wire;
 
-pub use device::{host_addrs, HostAddr, SiwConfig, SiwDevice};
+pub use device::{SiwConfig, SiwDevice};

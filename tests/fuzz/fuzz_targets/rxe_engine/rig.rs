@@ -41,6 +41,12 @@ const MRS: [(u64, Access); 3] = [
 struct NoHostServices;
 
 impl KalServices for NoHostServices {
+    fn addresses(&self) -> Vec<IfAddr> {
+        Vec::new()
+    }
+    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
+        None
+    }
     fn route(&self, _peer: IpAddr) -> Result<Route> {
         Err(VerbsError::Unsupported)
     }
