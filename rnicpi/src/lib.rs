@@ -76,6 +76,7 @@ pub mod memory;
 pub mod provider;
 pub mod queue;
 pub mod ratelimit;
+pub mod soft;
 pub mod types;
 pub mod wr;
 
@@ -83,7 +84,7 @@ pub use error::{Result, VerbsError};
 pub use event::{Event, EventKind, EventSink, NullSink};
 pub use fastpath::{Doorbell, EngineCq, EngineSrq, RingStats, UserCq, UserQp, UserSrq};
 pub use ids::IdAllocator;
-pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region};
+pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region, Sgl};
 pub use provider::{
     Counter, CqInit, IfAddr, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp,
     ProviderSrq, QpInit, Route, SrqInit,

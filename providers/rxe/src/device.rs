@@ -4,7 +4,7 @@
 
 use crate::cm::Cm;
 use crate::net::{Datagram, Net, RxDrop};
-use crate::qp::{RxeCq, RxeQp, RxeSrq};
+use crate::qp::RxeQp;
 use crate::timer::Timers;
 use crate::wire::{self, RocePacket, RoceRepr};
 use parking_lot::RwLock;
@@ -89,7 +89,8 @@ counters!(
 
 pub(crate) struct Shared {
     pub attr: DeviceAttr,
-    pub mrs: MrTable,
+    /// PDs, CQs, SRQs and the key table (registrations, windows).
+    pub res: soft::SoftResources,
     pub counters: Counters,
     pub net: Net,
     pub services: Arc<dyn KalServices>,
@@ -224,7 +225,6 @@ fn gid_table(addrs: Vec<IfAddr>) -> Vec<IpAddr> {
 /// A software RoCEv2 device.
 pub struct RxeDevice {
     shared: Arc<Shared>,
-    pds: IdAllocator,
 }
 
 impl RxeDevice {
@@ -277,7 +277,7 @@ impl RxeDevice {
         let (tx, rx) = crossbeam_channel::unbounded();
         let gids = gid_table(services.addresses());
         let shared = Arc::new(Shared {
-            mrs: MrTable::new(attr.max_mr),
+            res: soft::SoftResources::new(attr.max_mr),
             attr,
             counters: Counters::default(),
             net,
@@ -303,10 +303,7 @@ impl RxeDevice {
             move || crate::timer::run(s)
         })?;
         tracing::info!(name = %shared.attr.name, port = shared.net.port(), raw = shared.net.is_raw(), "rxe device created");
-        Ok(Arc::new(RxeDevice {
-            shared,
-            pds: IdAllocator::default(),
-        }))
+        Ok(Arc::new(RxeDevice { shared }))
     }
 }
 
@@ -446,8 +443,7 @@ impl Provider for RxeDevice {
 
     fn counters(&self) -> Vec<Counter> {
         let mut v = self.shared.counters.rows();
-        v.push(("mrs_live", self.shared.mrs.live() as u64));
-        v.push(("mws_live", self.shared.mrs.windows() as u64));
+        v.extend(self.shared.res.counters());
         v.push(("qps_live", self.shared.qps.read().len() as u64));
         let (conns, pending) = self.shared.cm.sizes();
         v.push(("cm_conns", conns as u64));
@@ -456,35 +452,13 @@ impl Provider for RxeDevice {
         v
     }
 
-    fn alloc_pd(&self) -> Result<u32> {
-        // PD numbers are what keeps tenants' registrations apart: never one still live.
-        self.pds.alloc().ok_or(VerbsError::Exhausted)
-    }
-
-    fn dealloc_pd(&self, pd: u32) {
-        self.pds.free(pd);
-    }
-
-    fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
-        Ok(Arc::new(RxeCq(EngineCq::new(
-            init.ring, init.sink, init.stats,
-        ))))
-    }
+    rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
         if init.qp_type != QpType::Rc {
             return Err(VerbsError::Unsupported);
         }
-        for cq in [&init.send_cq, &init.recv_cq] {
-            if cq.as_any().downcast_ref::<RxeCq>().is_none() {
-                return Err(VerbsError::Invalid);
-            }
-        }
-        if let Some(srq) = &init.srq {
-            if srq.as_any().downcast_ref::<RxeSrq>().is_none() || srq.engine().pd != init.pd {
-                return Err(VerbsError::Invalid);
-            }
-        }
+        self.shared.res.check_qp_init(&init)?;
         // A random QP number (unpredictable to an off-path attacker), never 0 or 1 (the
         // special QPs) nor one in use; picked and taken under one lock.
         let mut qps = self.shared.qps.write();
@@ -499,35 +473,6 @@ impl Provider for RxeDevice {
         drop(qps);
         self.shared.count(&self.shared.counters.qps_created);
         Ok(qp)
-    }
-
-    fn create_srq(&self, init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
-        Ok(Arc::new(RxeSrq(EngineSrq::new(
-            init.pd, init.attr, init.rq, init.sink, init.stats,
-        ))))
-    }
-
-    fn alloc_mw(&self, pd: u32) -> Result<u32> {
-        self.shared.mrs.alloc_window(pd)
-    }
-
-    fn dealloc_mw(&self, key: u32) -> Result<()> {
-        self.shared.mrs.dealloc_window(key)
-    }
-
-    fn reg_mr(
-        &self,
-        pd: u32,
-        base: u64,
-        len: u64,
-        access: Access,
-        mem: Arc<dyn MemoryAccess>,
-    ) -> Result<Arc<Region>> {
-        self.shared.mrs.register(pd, base, len, access, mem)
-    }
-
-    fn dereg_mr(&self, stag: u32) -> Result<()> {
-        self.shared.mrs.deregister(stag)
     }
 
     fn listen(

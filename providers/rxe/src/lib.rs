@@ -23,4 +23,4 @@ mod timer;
 pub mod wire;
 
 pub use device::{RxeConfig, RxeDevice};
-pub use qp::{RxeCq, RxeQp, RxeSrq};
+pub use qp::RxeQp;

@@ -2,7 +2,7 @@
 
 use crate::cm::reactor::CmReactor;
 use crate::cm::SiwListener;
-use crate::qp::{SiwCq, SiwQp, SiwSrq};
+use crate::qp::SiwQp;
 use rnicpi::*;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -63,7 +63,8 @@ pub(crate) struct Counters {
 /// State shared by the device and its objects.
 pub(crate) struct Shared {
     pub attr: DeviceAttr,
-    pub mrs: MrTable,
+    /// PDs, CQs, SRQs and the key table (registrations, windows).
+    pub res: soft::SoftResources,
     pub services: Arc<dyn KalServices>,
     pub crc_required: bool,
     pub counters: Counters,
@@ -89,7 +90,6 @@ impl Shared {
 pub struct SiwDevice {
     pub(crate) shared: Arc<Shared>,
     next_qpn: AtomicU32,
-    pds: IdAllocator,
 }
 
 impl SiwDevice {
@@ -131,7 +131,7 @@ impl SiwDevice {
             },
         };
         let shared = Arc::new(Shared {
-            mrs: MrTable::new(attr.max_mr),
+            res: soft::SoftResources::new(attr.max_mr),
             attr,
             services,
             crc_required: config.crc_required,
@@ -143,7 +143,6 @@ impl SiwDevice {
         Arc::new(SiwDevice {
             shared,
             next_qpn: AtomicU32::new(1),
-            pds: IdAllocator::default(),
         })
     }
 
@@ -191,7 +190,7 @@ impl Provider for SiwDevice {
     fn counters(&self) -> Vec<Counter> {
         let c = &self.shared.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![
+        [
             ("tx_fpdus", g(&c.tx_fpdus)),
             ("rx_fpdus", g(&c.rx_fpdus)),
             ("tx_bytes", g(&c.tx_bytes)),
@@ -212,79 +211,29 @@ impl Provider for SiwDevice {
             ("requests_expired", g(&c.requests_expired)),
             ("accept_errors", g(&c.accept_errors)),
             ("bad_mpa", g(&c.bad_mpa)),
-            ("mrs_live", self.shared.mrs.live() as u64),
-            ("mws_live", self.shared.mrs.windows() as u64),
         ]
+        .into_iter()
+        .chain(self.shared.res.counters())
+        .collect()
     }
 
     fn threads_per_connection(&self) -> u32 {
         2 // a receive and a transmit thread per connected QP (setup runs on the CM reactor)
     }
 
-    fn alloc_pd(&self) -> Result<u32> {
-        // PD numbers are what keeps tenants' registrations apart: never one still live.
-        self.pds.alloc().ok_or(VerbsError::Exhausted)
-    }
-
-    fn dealloc_pd(&self, pd: u32) {
-        self.pds.free(pd);
-    }
-
-    fn create_cq(&self, init: CqInit) -> Result<Arc<dyn ProviderCq>> {
-        Ok(Arc::new(SiwCq(EngineCq::new(
-            init.ring, init.sink, init.stats,
-        ))))
-    }
+    rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
         if init.qp_type != QpType::Rc {
             return Err(VerbsError::Unsupported);
         }
-        for cq in [&init.send_cq, &init.recv_cq] {
-            if cq.as_any().downcast_ref::<SiwCq>().is_none() {
-                return Err(VerbsError::Invalid);
-            }
-        }
-        if let Some(srq) = &init.srq {
-            if srq.as_any().downcast_ref::<SiwSrq>().is_none() || srq.engine().pd != init.pd {
-                return Err(VerbsError::Invalid);
-            }
-        }
+        self.shared.res.check_qp_init(&init)?;
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         self.shared
             .counters
             .qps_created
             .fetch_add(1, Ordering::Relaxed);
         Ok(SiwQp::new(self.shared.clone(), qpn, init))
-    }
-
-    fn create_srq(&self, init: SrqInit) -> Result<Arc<dyn ProviderSrq>> {
-        Ok(Arc::new(SiwSrq(EngineSrq::new(
-            init.pd, init.attr, init.rq, init.sink, init.stats,
-        ))))
-    }
-
-    fn alloc_mw(&self, pd: u32) -> Result<u32> {
-        self.shared.mrs.alloc_window(pd)
-    }
-
-    fn dealloc_mw(&self, key: u32) -> Result<()> {
-        self.shared.mrs.dealloc_window(key)
-    }
-
-    fn reg_mr(
-        &self,
-        pd: u32,
-        base: u64,
-        len: u64,
-        access: Access,
-        mem: Arc<dyn MemoryAccess>,
-    ) -> Result<Arc<Region>> {
-        self.shared.mrs.register(pd, base, len, access, mem)
-    }
-
-    fn dereg_mr(&self, stag: u32) -> Result<()> {
-        self.shared.mrs.deregister(stag)
     }
 
     fn listen(

@@ -1131,6 +1131,7 @@ mod tests {
     fn valid(h: &Harness, mr: usize) -> bool {
         h._dev
             .shared
+            .res
             .mrs
             .lookup(h.mrs[mr].2)
             .is_ok_and(|r| r.is_valid())

@@ -20,31 +20,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// A completion queue of the siw device.
-pub struct SiwCq(pub EngineCq);
-
-impl ProviderCq for SiwCq {
-    fn engine(&self) -> &EngineCq {
-        &self.0
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// A shared receive queue of the siw device: QPs attached to it take their receives
-/// from its ring when a Send arrives.
-pub struct SiwSrq(pub EngineSrq);
-
-impl ProviderSrq for SiwSrq {
-    fn engine(&self) -> &EngineSrq {
-        &self.0
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 /// A send-queue request taken from the ring, until it completes.
 struct Inflight {
     wqe: Wqe,
@@ -749,6 +724,7 @@ impl SiwQp {
                     Some(s) => {
                         let r = self
                             .dev
+                            .res
                             .mrs
                             .lookup(s.lkey)
                             .map_err(|_| WcStatus::LocProtErr)?;
@@ -784,6 +760,7 @@ impl SiwQp {
             }
             WrOpcode::LocalInv => {
                 self.dev
+                    .res
                     .mrs
                     .invalidate(w.imm_or_inv, self.pd)
                     .map_err(|_| WcStatus::LocProtErr)?;
@@ -793,6 +770,7 @@ impl SiwQp {
                 let b = w.bind_args();
                 let access = b.access.ok_or(WcStatus::MwBindErr)?;
                 self.dev
+                    .res
                     .mrs
                     .bind_window(self.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, access)
                     .map_err(|e| {
@@ -828,24 +806,16 @@ impl SiwQp {
             return Err(WcStatus::LocLenErr);
         }
         // Validate the gather list once.
-        let mut regions = Vec::with_capacity(w.sges().len());
-        if !w.is_inline() {
-            for s in w.sges() {
-                if s.length == 0 {
-                    continue;
-                }
-                let r = self
-                    .dev
-                    .mrs
-                    .lookup(s.lkey)
-                    .map_err(|_| WcStatus::LocProtErr)?;
-                r.check(self.pd, s.addr, s.length as u64, Access::empty())
-                    .map_err(|_| WcStatus::LocProtErr)?;
-                regions.push((r, *s));
-            }
-        }
+        let regions = match w.is_inline() {
+            true => Sgl::default(),
+            false => self
+                .dev
+                .res
+                .mrs
+                .resolve_sgl(self.pd, w.sges(), Access::empty())
+                .map_err(|_| WcStatus::LocProtErr)?,
+        };
         let mut off = 0u64;
-        let (mut sge_i, mut sge_off) = (0usize, 0u64);
         loop {
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
@@ -860,24 +830,9 @@ impl SiwQp {
             if w.is_inline() {
                 out[p..].copy_from_slice(&w.inline_data[off as usize..(off + n) as usize]);
             } else {
-                let mut filled = 0usize;
-                while filled < n as usize {
-                    let (r, s) = &regions[sge_i];
-                    let take = ((s.length as u64 - sge_off) as usize).min(n as usize - filled);
-                    r.read(
-                        self.pd,
-                        s.addr + sge_off,
-                        &mut out[p + filled..p + filled + take],
-                        Access::empty(),
-                    )
+                regions
+                    .read_at(off, &mut out[p..], Access::empty())
                     .map_err(|_| WcStatus::LocProtErr)?;
-                    filled += take;
-                    sge_off += take as u64;
-                    if sge_off == s.length as u64 {
-                        sge_i += 1;
-                        sge_off = 0;
-                    }
-                }
             }
             wire::finish_fpdu(out, start, crc).map_err(|_| WcStatus::LocLenErr)?;
             self.dev.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
@@ -902,6 +857,7 @@ impl SiwQp {
         let region = if rr.size > 0 {
             Some(
                 self.dev
+                    .res
                     .mrs
                     .lookup(rr.src_stag)
                     .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?,
@@ -1367,6 +1323,7 @@ impl SiwQp {
         }
         let r = self
             .dev
+            .res
             .mrs
             .lookup(stag)
             .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
@@ -1440,27 +1397,11 @@ impl SiwQp {
         };
         let end = next_offset(rip, mo, data.len())?;
         // Scatter into the receive's SGEs starting at message offset `mo`.
-        let mut skip = mo as u64;
-        let mut left = data;
-        for s in rip.wqe.sges() {
-            if left.is_empty() {
-                break;
-            }
-            if skip >= s.length as u64 {
-                skip -= s.length as u64;
-                continue;
-            }
-            let take = ((s.length as u64 - skip) as usize).min(left.len());
-            let r = self
-                .dev
-                .mrs
-                .lookup(s.lkey)
-                .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
-            r.write(self.pd, s.addr + skip, &left[..take], Access::LOCAL_WRITE)
-                .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
-            left = &left[take..];
-            skip = 0;
-        }
+        self.dev
+            .res
+            .mrs
+            .scatter(self.pd, rip.wqe.sges(), mo.into(), data)
+            .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
         rip.received = end;
         if !last {
             return Ok(());
@@ -1497,7 +1438,7 @@ impl SiwQp {
             ecode: term::RDMAP_CANNOT_INVALIDATE,
         };
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        let r = self.dev.mrs.lookup(stag).map_err(|_| refused)?;
+        let r = self.dev.res.mrs.lookup(stag).map_err(|_| refused)?;
         if r.pd != self.pd || !(r.is_window() || r.access.intersects(remote)) {
             return Err(refused);
         }
@@ -1533,7 +1474,7 @@ impl SiwQp {
             });
         }
         if rr.size > 0 {
-            let r = self.dev.mrs.lookup(rr.src_stag).map_err(|_| TermCode {
+            let r = self.dev.res.mrs.lookup(rr.src_stag).map_err(|_| TermCode {
                 layer: term::LAYER_RDMAP,
                 etype: term::RDMAP_REMOTE_PROT,
                 ecode: term::RDMAP_INV_STAG,

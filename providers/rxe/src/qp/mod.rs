@@ -24,30 +24,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// A completion queue of the rxe device.
-pub struct RxeCq(pub EngineCq);
-
-impl ProviderCq for RxeCq {
-    fn engine(&self) -> &EngineCq {
-        &self.0
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// A shared receive queue of the rxe device.
-pub struct RxeSrq(pub EngineSrq);
-
-impl ProviderSrq for RxeSrq {
-    fn engine(&self) -> &EngineSrq {
-        &self.0
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 /// Where the QP's packets go: the address vector resolved at RTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Av {

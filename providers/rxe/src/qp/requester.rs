@@ -12,7 +12,6 @@ use crate::wire::{
 };
 use rnicpi::*;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Request packets between two that ask for an acknowledgement.
@@ -37,7 +36,7 @@ pub(crate) struct SendWqe {
     npkts: u32,
     len: u64,
     /// Gather/scatter list, validated when the request was taken.
-    regions: Vec<(Arc<Region>, Sge)>,
+    regions: Sgl,
     pub done: bool,
     /// Set when the request failed.
     pub status: Option<WcStatus>,
@@ -300,7 +299,7 @@ impl RxeQp {
             first_psn: st.req.psn,
             npkts: 0,
             len: 0,
-            regions: Vec::new(),
+            regions: Sgl::default(),
             done: true,
             status: Some(status),
             rcvd: 0,
@@ -327,7 +326,6 @@ impl RxeQp {
             return Err(WcStatus::LocLenErr);
         }
         let mtu = st.mtu as u64;
-        let mut regions = Vec::new();
         let (npkts, need) = match op {
             WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
                 (len.div_ceil(mtu).max(1) as u32, Access::empty())
@@ -353,21 +351,15 @@ impl RxeQp {
             WrOpcode::LocalInv | WrOpcode::BindMw => (0, Access::empty()),
             WrOpcode::Recv => return Err(WcStatus::LocQpOpErr),
         };
-        if !wqe.is_inline() && npkts > 0 {
-            for s in wqe.sges() {
-                if s.length == 0 {
-                    continue;
-                }
-                let r = self
-                    .dev
-                    .mrs
-                    .lookup(s.lkey)
-                    .map_err(|_| WcStatus::LocProtErr)?;
-                r.check(self.pd, s.addr, s.length as u64, need)
-                    .map_err(|_| WcStatus::LocProtErr)?;
-                regions.push((r, *s));
-            }
-        }
+        let regions = if !wqe.is_inline() && npkts > 0 {
+            self.dev
+                .res
+                .mrs
+                .resolve_sgl(self.pd, wqe.sges(), need)
+                .map_err(|_| WcStatus::LocProtErr)?
+        } else {
+            Sgl::default()
+        };
         Ok(SendWqe {
             wqe,
             op,
@@ -390,6 +382,7 @@ impl RxeQp {
         let r = match w.op {
             WrOpcode::LocalInv => self
                 .dev
+                .res
                 .mrs
                 .invalidate(w.wqe.imm_or_inv, self.pd)
                 .map_err(|_| WcStatus::LocProtErr),
@@ -398,6 +391,7 @@ impl RxeQp {
                 match b.access {
                     Some(a) => self
                         .dev
+                        .res
                         .mrs
                         .bind_window(self.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, a)
                         .map(|_| ())
@@ -419,27 +413,9 @@ impl RxeQp {
             return Ok(());
         }
         out.resize(n, 0);
-        let (mut skip, mut filled) = (off, 0usize);
-        for (r, s) in &w.regions {
-            if filled == n {
-                break;
-            }
-            if skip >= s.length as u64 {
-                skip -= s.length as u64;
-                continue;
-            }
-            let take = ((s.length as u64 - skip) as usize).min(n - filled);
-            r.read(
-                self.pd,
-                s.addr + skip,
-                &mut out[filled..filled + take],
-                Access::empty(),
-            )
-            .map_err(|_| WcStatus::LocProtErr)?;
-            filled += take;
-            skip = 0;
-        }
-        Ok(())
+        w.regions
+            .read_at(off, out, Access::empty())
+            .map_err(|_| WcStatus::LocProtErr)
     }
 
     /// Write `data` at offset `off` of a request's scatter list (read responses).
@@ -447,22 +423,9 @@ impl RxeQp {
         if off + data.len() as u64 > w.len {
             return Err(WcStatus::LocLenErr);
         }
-        let (mut skip, mut left) = (off, data);
-        for (r, s) in &w.regions {
-            if left.is_empty() {
-                break;
-            }
-            if skip >= s.length as u64 {
-                skip -= s.length as u64;
-                continue;
-            }
-            let take = ((s.length as u64 - skip) as usize).min(left.len());
-            r.write(self.pd, s.addr + skip, &left[..take], Access::LOCAL_WRITE)
-                .map_err(|_| WcStatus::LocProtErr)?;
-            left = &left[take..];
-            skip = 0;
-        }
-        Ok(())
+        w.regions
+            .write_at(off, data, Access::LOCAL_WRITE)
+            .map_err(|_| WcStatus::LocProtErr)
     }
 
     /// Transmit the packet at the transmit position of request `i`.

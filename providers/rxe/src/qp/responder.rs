@@ -399,8 +399,13 @@ impl RxeQp {
         if let Some(ieth) = p.ieth {
             // Only a memory window may be invalidated remotely (IBTA; kernel rxe refuses
             // user MRs): a registration ends when its consumer deregisters it.
-            let window = self.dev.mrs.lookup(ieth.rkey).is_ok_and(|r| r.is_window());
-            if !window || self.dev.mrs.invalidate(ieth.rkey, self.pd).is_err() {
+            let window = self
+                .dev
+                .res
+                .mrs
+                .lookup(ieth.rkey)
+                .is_ok_and(|r| r.is_window());
+            if !window || self.dev.res.mrs.invalidate(ieth.rkey, self.pd).is_err() {
                 self.dev.count(&self.dev.counters.remote_inv_refused);
                 self.post_cqe(
                     false,
@@ -418,27 +423,11 @@ impl RxeQp {
 
     /// Scatter `data` at message offset `off` of receive `w`.
     fn place_recv(&self, w: &Wqe, off: u64, data: &[u8]) -> Result<(), WcStatus> {
-        let (mut skip, mut left) = (off, data);
-        for s in w.sges() {
-            if left.is_empty() {
-                break;
-            }
-            if skip >= s.length as u64 {
-                skip -= s.length as u64;
-                continue;
-            }
-            let take = ((s.length as u64 - skip) as usize).min(left.len());
-            let r = self
-                .dev
-                .mrs
-                .lookup(s.lkey)
-                .map_err(|_| WcStatus::LocProtErr)?;
-            r.write(self.pd, s.addr + skip, &left[..take], Access::LOCAL_WRITE)
-                .map_err(|_| WcStatus::LocProtErr)?;
-            left = &left[take..];
-            skip = 0;
-        }
-        Ok(())
+        self.dev
+            .res
+            .mrs
+            .scatter(self.pd, w.sges(), off, data)
+            .map_err(|_| WcStatus::LocProtErr)
     }
 
     fn recv_write(&self, st: &mut State, p: &RoceRepr<'_>) -> Verdict {
@@ -455,7 +444,7 @@ impl RxeQp {
                 return invalid();
             }
             let region = if len > 0 {
-                match self.dev.mrs.lookup(reth.rkey) {
+                match self.dev.res.mrs.lookup(reth.rkey) {
                     Ok(r) if r.check(self.pd, reth.va, len, Access::REMOTE_WRITE).is_ok() => {
                         Some(r)
                     }
@@ -582,7 +571,7 @@ impl RxeQp {
         if len == 0 {
             return Ok(None);
         }
-        match self.dev.mrs.lookup(rkey) {
+        match self.dev.res.mrs.lookup(rkey) {
             Ok(r) if r.check(self.pd, va, len, Access::REMOTE_READ).is_ok() => Ok(Some(r)),
             _ => Err(access()),
         }
@@ -601,7 +590,7 @@ impl RxeQp {
         if !a.va.is_multiple_of(8) {
             return invalid();
         }
-        let Ok(region) = self.dev.mrs.lookup(a.rkey) else {
+        let Ok(region) = self.dev.res.mrs.lookup(a.rkey) else {
             return access();
         };
         let cmp = p.bth.opcode == Opcode::RcCompareSwap;
