@@ -250,6 +250,26 @@ bitflags! {
     }
 }
 
+impl QpAttrMask {
+    /// What an RC QP's move from INIT to RTR sets (IBTA 11.2.4.2: the address vector,
+    /// path MTU, destination QP, receive PSN, responder resources, RNR timer).
+    pub const RC_RTR: QpAttrMask = QpAttrMask::STATE
+        .union(QpAttrMask::AV)
+        .union(QpAttrMask::PATH_MTU)
+        .union(QpAttrMask::DEST_QPN)
+        .union(QpAttrMask::RQ_PSN)
+        .union(QpAttrMask::MAX_DEST_RD_ATOMIC)
+        .union(QpAttrMask::MIN_RNR_TIMER);
+    /// What an RC QP's move from RTR to RTS sets (send PSN, initiator depth, ACK timeout
+    /// and the two retry counts).
+    pub const RC_RTS: QpAttrMask = QpAttrMask::STATE
+        .union(QpAttrMask::SQ_PSN)
+        .union(QpAttrMask::MAX_RD_ATOMIC)
+        .union(QpAttrMask::TIMEOUT)
+        .union(QpAttrMask::RETRY_CNT)
+        .union(QpAttrMask::RNR_RETRY);
+}
+
 /// Attributes of a QP for Modify/Query QP. Fields not named in the mask are ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpAttr {

@@ -3,15 +3,15 @@
 //! have packets to send), and timers (retransmission, RNR back-off, CM retries).
 
 use crate::cm::Cm;
-use crate::net::{Datagram, Net, RxDrop};
+use crate::net::{Datagram, Net, RxDrop, Wire};
 use crate::qp::RxeQp;
-use crate::timer::Timers;
+use crate::timer::{Clock, Timers};
 use crate::wire::{self, RocePacket, RoceRepr};
 use parking_lot::RwLock;
 use rnicpi::*;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 /// How an rxe device is set up.
@@ -92,7 +92,14 @@ pub(crate) struct Shared {
     /// PDs, CQs, SRQs and the key table (registrations, windows).
     pub res: soft::SoftResources,
     pub counters: Counters,
-    pub net: Net,
+    /// Where transmitted datagrams go.
+    pub wire: Arc<dyn Wire>,
+    /// The receive side computes and checks ICRCs over real IP headers (raw sockets).
+    raw: bool,
+    /// The device's time: the host's, or a simulation's.
+    pub clock: Clock,
+    /// QP numbers: random, or one after the other in a simulation (reproducible runs).
+    qpns: QpnSource,
     pub services: Arc<dyn KalServices>,
     pub config: RxeConfig,
     pub qps: RwLock<HashMap<u32, Weak<RxeQp>>>,
@@ -121,7 +128,7 @@ impl Shared {
 
     /// Send one packet (`roce` has room for the ICRC, which is filled in).
     pub fn send(&self, src: IpAddr, dst: IpAddr, sport: u16, roce: &mut [u8]) {
-        match self.net.send(src, dst, sport, self.config.port, roce) {
+        match self.wire.send(src, dst, sport, self.config.port, roce) {
             Ok(()) => {
                 self.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
                 self.counters
@@ -201,7 +208,7 @@ impl Shared {
             Some(a) => IpAddr::V4(a),
             None => self.services.route(peer)?.source,
         };
-        if src.is_ipv4() != peer.is_ipv4() || (peer.is_ipv6() && !self.net.has_ipv6()) {
+        if src.is_ipv4() != peer.is_ipv4() || (peer.is_ipv6() && !self.wire.has_ipv6()) {
             return Err(VerbsError::Unreachable);
         }
         Ok(src)
@@ -230,10 +237,60 @@ pub struct RxeDevice {
 impl RxeDevice {
     /// Bind the device's UDP port and start its threads.
     pub fn new(config: RxeConfig, services: Arc<dyn KalServices>) -> Result<Arc<RxeDevice>> {
-        let net = Net::open(config.addr, config.port, config.raw).map_err(|e| {
-            tracing::warn!(port = config.port, error = %e, "rxe: cannot bind the RoCEv2 port");
-            VerbsError::from(e)
+        let net = Arc::new(
+            Net::open(config.addr, config.port, config.raw).map_err(|e| {
+                tracing::warn!(port = config.port, error = %e, "rxe: cannot bind the RoCEv2 port");
+                VerbsError::from(e)
+            })?,
+        );
+        let io = Io {
+            wire: net.clone(),
+            raw: net.is_raw(),
+            clock: Clock::Host,
+            qpns: QpnSource::Random,
+        };
+        let (shared, rx) = Self::assemble(config, services, io);
+        let port = net.port();
+        spawn("rxe-rx", {
+            let s = Arc::downgrade(&shared);
+            move || rx_loop(s, net)
         })?;
+        spawn("rxe-tx", {
+            let s = Arc::downgrade(&shared);
+            move || tx_loop(s, rx)
+        })?;
+        spawn("rxe-timer", {
+            let s = Arc::downgrade(&shared);
+            move || crate::timer::run(s)
+        })?;
+        tracing::info!(name = %shared.attr.name, port, raw = shared.raw, "rxe device created");
+        Ok(Arc::new(RxeDevice { shared }))
+    }
+
+    /// The device without threads or sockets: what it transmits goes to `wire`, time is
+    /// `clock`'s, and the returned driver runs its timers and transmit queue
+    /// (`crate::sim`).
+    pub(crate) fn assemble_driven(
+        config: RxeConfig,
+        services: Arc<dyn KalServices>,
+        wire: Arc<dyn Wire>,
+        clock: Clock,
+    ) -> (Arc<RxeDevice>, crossbeam_channel::Receiver<Weak<RxeQp>>) {
+        let io = Io {
+            wire,
+            raw: false,
+            clock,
+            qpns: QpnSource::Sequential(AtomicU32::new(2)),
+        };
+        let (shared, rx) = Self::assemble(config, services, io);
+        (Arc::new(RxeDevice { shared }), rx)
+    }
+
+    fn assemble(
+        config: RxeConfig,
+        services: Arc<dyn KalServices>,
+        io: Io,
+    ) -> (Arc<Shared>, crossbeam_channel::Receiver<Weak<RxeQp>>) {
         let guid_src = config
             .addr
             .or_else(|| {
@@ -280,7 +337,10 @@ impl RxeDevice {
             res: soft::SoftResources::new(attr.max_mr),
             attr,
             counters: Counters::default(),
-            net,
+            wire: io.wire,
+            raw: io.raw,
+            clock: io.clock,
+            qpns: io.qpns,
             services,
             config,
             qps: RwLock::new(HashMap::new()),
@@ -290,24 +350,31 @@ impl RxeDevice {
             stop: AtomicBool::new(false),
             gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), gids)),
         });
-        spawn("rxe-rx", {
-            let s = Arc::downgrade(&shared);
-            move || rx_loop(s)
-        })?;
-        spawn("rxe-tx", {
-            let s = Arc::downgrade(&shared);
-            move || tx_loop(s, rx)
-        })?;
-        spawn("rxe-timer", {
-            let s = Arc::downgrade(&shared);
-            move || crate::timer::run(s)
-        })?;
-        tracing::info!(name = %shared.attr.name, port = shared.net.port(), raw = shared.net.is_raw(), "rxe device created");
-        Ok(Arc::new(RxeDevice { shared }))
+        (shared, rx)
     }
 }
 
+/// What a device is assembled with besides its configuration.
+struct Io {
+    wire: Arc<dyn Wire>,
+    raw: bool,
+    clock: Clock,
+    qpns: QpnSource,
+}
+
+/// Where QP numbers come from.
+enum QpnSource {
+    /// Unpredictable to an off-path attacker.
+    Random,
+    /// One after the other (a simulation, which must replay exactly).
+    Sequential(AtomicU32),
+}
+
 impl RxeDevice {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Hand one RoCEv2 datagram (the UDP payload: BTH .. ICRC) from `src` to `dst` to the
     /// device exactly as its receive thread does once the ICRC has been verified:
     /// demultiplexed by destination QP, to the QP's engine or to the CM. This is the seam
@@ -341,14 +408,14 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
         .map_err(|_| VerbsError::Exhausted)
 }
 
-fn rx_loop(shared: Weak<Shared>) {
+fn rx_loop(shared: Weak<Shared>, net: Arc<Net>) {
     let mut buf = vec![0u8; 65536];
     loop {
         let Some(s) = shared.upgrade() else { return };
         if s.stop.load(Ordering::Acquire) {
             return;
         }
-        match s.net.recv(&mut buf) {
+        match net.recv(&mut buf) {
             Ok(None) => {}
             Ok(Some(Ok(d))) => deliver(&s, &d),
             Ok(Some(Err(drop))) => {
@@ -448,7 +515,7 @@ impl Provider for RxeDevice {
         let (conns, pending) = self.shared.cm.sizes();
         v.push(("cm_conns", conns as u64));
         v.push(("cm_requests_waiting", pending as u64));
-        v.push(("icrc_over_real_headers", self.shared.net.is_raw() as u64));
+        v.push(("icrc_over_real_headers", self.shared.raw as u64));
         v
     }
 
@@ -463,7 +530,10 @@ impl Provider for RxeDevice {
         // special QPs) nor one in use; picked and taken under one lock.
         let mut qps = self.shared.qps.write();
         let qpn = loop {
-            let n = crate::random::u32()? & 0xff_ffff;
+            let n = match &self.shared.qpns {
+                QpnSource::Random => crate::random::u32()?,
+                QpnSource::Sequential(next) => next.fetch_add(1, Ordering::Relaxed),
+            } & 0xff_ffff;
             if n > 1 && !qps.contains_key(&n) {
                 break n;
             }

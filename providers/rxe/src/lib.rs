@@ -19,6 +19,7 @@ mod device;
 mod net;
 mod qp;
 mod random;
+pub mod sim;
 mod timer;
 pub mod wire;
 

@@ -41,6 +41,40 @@ pub struct Datagram<'a> {
     pub roce: &'a [u8],
 }
 
+/// Where a device's datagrams leave: the host's network ([`Net`]) or a simulated link
+/// (`crate::sim`). The engine hands every packet it transmits to one of these.
+pub trait Wire: Send + Sync {
+    /// Send one RoCEv2 datagram from `src`:`sport` to `dst`:`dport` (`roce`: BTH .. ICRC
+    /// slot; a wire that computes ICRCs fills the slot).
+    fn send(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        dport: u16,
+        roce: &mut [u8],
+    ) -> io::Result<()>;
+    /// Whether IPv6 peers are reachable.
+    fn has_ipv6(&self) -> bool;
+}
+
+impl Wire for Net {
+    fn send(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        dport: u16,
+        roce: &mut [u8],
+    ) -> io::Result<()> {
+        Net::send(self, src, dst, sport, dport, roce)
+    }
+
+    fn has_ipv6(&self) -> bool {
+        Net::has_ipv6(self)
+    }
+}
+
 /// Why a datagram was dropped before the engine saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RxDrop {

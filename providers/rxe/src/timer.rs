@@ -9,8 +9,27 @@ use crate::device::Shared;
 use parking_lot::{Condvar, Mutex};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+/// Where a device's time comes from: the host's monotonic clock, or a simulated one that
+/// moves only when its driver says so (`crate::sim`). Nothing in the engine reads the
+/// wall clock but through this.
+#[derive(Clone, Default)]
+pub enum Clock {
+    #[default]
+    Host,
+    Sim(Arc<Mutex<Instant>>),
+}
+
+impl Clock {
+    pub fn now(&self) -> Instant {
+        match self {
+            Clock::Host => Instant::now(),
+            Clock::Sim(t) => *t.lock(),
+        }
+    }
+}
 
 /// What a deadline belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,6 +72,23 @@ impl Timers {
         self.cv.notify_all();
     }
 
+    /// The entry due at `now`, if any, taken off the heap (the simulated driver's step).
+    pub fn pop_due(&self, now: Instant) -> Option<(Target, u64, Instant)> {
+        let mut h = self.heap.lock();
+        match h.entries.peek() {
+            Some(Reverse((at, ..))) if *at <= now => {
+                let Reverse((at, t, g)) = h.entries.pop()?;
+                Some((t, g, at))
+            }
+            _ => None,
+        }
+    }
+
+    /// The earliest deadline queued.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.heap.lock().entries.peek().map(|Reverse((at, ..))| *at)
+    }
+
     /// Wait for the next due entry: (target, generation, deadline), or `None` when stopped.
     fn next(&self) -> Option<(Target, u64, Instant)> {
         let mut h = self.heap.lock();
@@ -85,14 +121,19 @@ pub fn run(shared: Weak<Shared>) {
         let Some((target, gen, at)) = s.timers.next() else {
             return;
         };
-        match target {
-            Target::Qp(qpn) => {
-                if let Some(qp) = s.qp(qpn) {
-                    qp.on_timer(at);
-                }
+        fire(&s, target, gen, at);
+    }
+}
+
+/// Run one entry that came due.
+pub fn fire(s: &Arc<Shared>, target: Target, gen: u64, at: Instant) {
+    match target {
+        Target::Qp(qpn) => {
+            if let Some(qp) = s.qp(qpn) {
+                qp.on_timer(at);
             }
-            Target::Cm(id) => s.cm.on_timer(&s, id, gen),
-            Target::CmSweep => s.cm.on_sweep(&s, gen),
         }
+        Target::Cm(id) => s.cm.on_timer(s, id, gen),
+        Target::CmSweep => s.cm.on_sweep(s, gen),
     }
 }

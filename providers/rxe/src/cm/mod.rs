@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use table::Conns;
 
 /// Time between retries of an unanswered REQ, REP or DREQ.
@@ -191,7 +191,7 @@ fn arm(s: &Shared, c: &mut table::Conn) {
 fn arm_after(s: &Shared, c: &mut table::Conn, after: Duration) {
     c.gen += 1;
     s.timers
-        .arm(Target::Cm(c.local_id), c.gen, Instant::now() + after);
+        .arm(Target::Cm(c.local_id), c.gen, s.clock.now() + after);
 }
 
 /// What a connection fixes for its QP.

@@ -27,7 +27,7 @@ use crate::wire::cma;
 use rnicpi::*;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Connection requests the device holds for consumers at most, over all listeners.
 pub const MAX_PENDING: usize = 4096;
@@ -301,7 +301,7 @@ impl Cm {
         let evicted = crowded
             .and_then(|scope| i.conns.oldest_pending(scope))
             .and_then(|old| i.conns.remove(old));
-        let expires = Instant::now() + request_ttl(&req);
+        let expires = s.clock.now() + request_ttl(&req);
         i.conns.insert(Conn::request(
             local_id, d.dst, d.src, req, listener, expires,
         ));
@@ -384,7 +384,7 @@ impl Cm {
         i.sweep = None;
         let expired: Vec<Conn> = i
             .conns
-            .expired(Instant::now(), SWEEP_BUDGET)
+            .expired(s.clock.now(), SWEEP_BUDGET)
             .into_iter()
             .filter_map(|id| i.conns.remove(id))
             .collect();
@@ -417,7 +417,7 @@ fn arm_sweep(s: &Shared, i: &mut super::Inner, after: Duration) {
     i.sweep_gen += 1;
     i.sweep = Some(i.sweep_gen);
     s.timers
-        .arm(Target::CmSweep, i.sweep_gen, Instant::now() + after);
+        .arm(Target::CmSweep, i.sweep_gen, s.clock.now() + after);
 }
 
 #[cfg(test)]

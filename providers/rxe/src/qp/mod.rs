@@ -172,7 +172,7 @@ impl RxeQp {
     // ---- timers -----------------------------------------------------------------------
 
     pub(crate) fn arm_timer(&self, st: &mut State, after: Duration) {
-        let at = Instant::now() + after;
+        let at = self.dev.clock.now() + after;
         st.timer_at = Some(at);
         self.queue_timer(st, at);
     }
@@ -205,7 +205,7 @@ impl RxeQp {
             }
             match st.timer_at {
                 None => return,
-                Some(at) if at > Instant::now() => {
+                Some(at) if at > self.dev.clock.now() => {
                     self.queue_timer(&mut st, at);
                     return;
                 }

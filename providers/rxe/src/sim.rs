@@ -1,0 +1,533 @@
+//! rxe devices on a simulated clock and a simulated link, in one thread: the engine's own
+//! test bed (no socket, no thread, no root), in the manner of quinn-proto's test pairs.
+//!
+//! A [`Sim`] holds the clock, the link and the devices on it. The devices are the real
+//! engine (QPs, requester, completer, responder, timers, transmit queue) assembled with
+//! the link as their [`Wire`] and the simulation's [`Clock`]; the simulation plays their
+//! three threads: [`Sim::step`] delivers the datagrams that are due, fires the timers that
+//! are due and runs the QPs queued for transmit, and [`Sim::run_until`] moves the clock
+//! to the next thing due when nothing is left to do now. The link loses, duplicates and
+//! delays (so reorders) datagrams as its [`Impairment`] says, drawing from one seeded
+//! generator in a fixed order, so a seed replays exactly. Datagrams carry no ICRC here:
+//! the engine is fed what the receive thread hands it after checking one (the framing has
+//! its own tests and fuzz target).
+//!
+//! [`SimQp`] is a QP with the consumer's ends of its rings and a registered buffer, for
+//! tests to post to and poll as a verbs consumer would.
+
+use crate::device::RxeDevice;
+use crate::net::Wire;
+use crate::qp::RxeQp;
+use crate::timer::Clock;
+use crate::RxeConfig;
+use parking_lot::Mutex;
+use rnicpi::queue::ring_bytes;
+use rnicpi::*;
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// What the link does to datagrams (probabilities in parts per million).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Impairment {
+    /// One-way delay of every datagram.
+    pub latency: Duration,
+    /// Extra delay drawn uniformly from `0..=jitter` per datagram (reorders them).
+    pub jitter: Duration,
+    pub loss_ppm: u32,
+    pub duplicate_ppm: u32,
+}
+
+impl Impairment {
+    /// A perfect link with 10 µs of delay.
+    pub const CLEAN: Impairment = Impairment {
+        latency: Duration::from_micros(10),
+        jitter: Duration::ZERO,
+        loss_ppm: 0,
+        duplicate_ppm: 0,
+    };
+    /// A link that carries nothing.
+    pub const CUT: Impairment = Impairment {
+        loss_ppm: 1_000_000,
+        ..Impairment::CLEAN
+    };
+}
+
+/// What the link did, for tests to check they exercised what they meant to.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStats {
+    pub sent: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub delivered: u64,
+}
+
+/// A small seeded generator (SplitMix64): reproducible, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, ppm: u32) -> bool {
+        ppm > 0 && self.next() % 1_000_000 < u64::from(ppm)
+    }
+
+    fn upto(&mut self, d: Duration) -> Duration {
+        match d.as_nanos() as u64 {
+            0 => Duration::ZERO,
+            n => Duration::from_nanos(self.next() % (n + 1)),
+        }
+    }
+}
+
+struct Datagram {
+    src: IpAddr,
+    dst: IpAddr,
+    sport: u16,
+    bytes: Vec<u8>,
+}
+
+struct LinkState {
+    rng: Rng,
+    impairment: Impairment,
+    /// In flight, by (delivery time, sequence number): delivered in that order.
+    in_flight: BTreeMap<(Instant, u64), Datagram>,
+    seq: u64,
+    stats: LinkStats,
+    /// Datagrams sent, by source address.
+    sent_from: BTreeMap<IpAddr, u64>,
+}
+
+/// The simulated link every device of a [`Sim`] transmits on.
+pub struct SimLink {
+    clock: Arc<Mutex<Instant>>,
+    state: Mutex<LinkState>,
+}
+
+impl Wire for SimLink {
+    fn send(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        _dport: u16,
+        roce: &mut [u8],
+    ) -> io::Result<()> {
+        let now = *self.clock.lock();
+        let mut st = self.state.lock();
+        st.stats.sent += 1;
+        *st.sent_from.entry(src).or_default() += 1;
+        let imp = st.impairment;
+        if st.rng.chance(imp.loss_ppm) {
+            st.stats.lost += 1;
+            return Ok(());
+        }
+        let copies = if st.rng.chance(imp.duplicate_ppm) {
+            st.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let at = now + imp.latency + st.rng.upto(imp.jitter);
+            st.seq += 1;
+            let key = (at, st.seq);
+            st.in_flight.insert(
+                key,
+                Datagram {
+                    src,
+                    dst,
+                    sport,
+                    bytes: roce.to_vec(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn has_ipv6(&self) -> bool {
+        false
+    }
+}
+
+/// A host without a network: the simulated devices serve fixed loopback addresses, so
+/// they ask for no route; links are loopback-sized.
+struct NoHost;
+
+impl KalServices for NoHost {
+    fn route(&self, _peer: IpAddr) -> Result<Route> {
+        Err(VerbsError::Unsupported)
+    }
+    fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
+        None
+    }
+    fn addresses(&self) -> Vec<IfAddr> {
+        Vec::new()
+    }
+    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
+        Some(65536)
+    }
+    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
+        Err(VerbsError::Unsupported)
+    }
+    fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
+        Err(VerbsError::Unsupported)
+    }
+}
+
+struct Node {
+    addr: IpAddr,
+    dev: Arc<RxeDevice>,
+    tx: crossbeam_channel::Receiver<Weak<RxeQp>>,
+}
+
+/// A simulated clock, a link and the devices on it.
+pub struct Sim {
+    clock: Arc<Mutex<Instant>>,
+    link: Arc<SimLink>,
+    nodes: Vec<Node>,
+    start: Instant,
+}
+
+impl Sim {
+    /// A simulation whose link draws from `seed`.
+    pub fn new(seed: u64, impairment: Impairment) -> Sim {
+        let start = Instant::now();
+        let clock = Arc::new(Mutex::new(start));
+        let link = Arc::new(SimLink {
+            clock: clock.clone(),
+            state: Mutex::new(LinkState {
+                rng: Rng(seed),
+                impairment,
+                in_flight: BTreeMap::new(),
+                seq: 0,
+                stats: LinkStats::default(),
+                sent_from: BTreeMap::new(),
+            }),
+        });
+        Sim {
+            clock,
+            link,
+            nodes: Vec::new(),
+            start,
+        }
+    }
+
+    /// A device serving `addr` on the link.
+    pub fn add_device(&mut self, name: &str, addr: Ipv4Addr) -> Arc<RxeDevice> {
+        let config = RxeConfig {
+            name: name.into(),
+            addr: Some(addr),
+            raw: false,
+            ..RxeConfig::default()
+        };
+        let (dev, tx) = RxeDevice::assemble_driven(
+            config,
+            Arc::new(NoHost),
+            self.link.clone(),
+            Clock::Sim(self.clock.clone()),
+        );
+        self.nodes.push(Node {
+            addr: addr.into(),
+            dev: dev.clone(),
+            tx,
+        });
+        dev
+    }
+
+    pub fn now(&self) -> Instant {
+        *self.clock.lock()
+    }
+
+    /// Simulated time since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.now() - self.start
+    }
+
+    pub fn set_impairment(&self, impairment: Impairment) {
+        self.link.state.lock().impairment = impairment;
+    }
+
+    pub fn link_stats(&self) -> LinkStats {
+        self.link.state.lock().stats
+    }
+
+    /// Datagrams the device serving `addr` has sent.
+    pub fn sent_from(&self, addr: Ipv4Addr) -> u64 {
+        let st = self.link.state.lock();
+        st.sent_from.get(&IpAddr::V4(addr)).copied().unwrap_or(0)
+    }
+
+    /// Do everything due now; false when nothing was.
+    pub fn step(&self) -> bool {
+        let now = self.now();
+        let mut progress = false;
+        // Datagrams that arrived.
+        loop {
+            let next = {
+                let mut st = self.link.state.lock();
+                match st.in_flight.first_key_value() {
+                    Some((&(at, _), _)) if at <= now => st.in_flight.pop_first(),
+                    _ => None,
+                }
+            };
+            let Some((_, d)) = next else { break };
+            progress = true;
+            match self.nodes.iter().find(|n| n.addr == d.dst) {
+                Some(n) => {
+                    self.link.state.lock().stats.delivered += 1;
+                    n.dev.receive(d.src, d.dst, d.sport, &d.bytes);
+                }
+                None => self.link.state.lock().stats.lost += 1,
+            }
+        }
+        for n in &self.nodes {
+            // Timers that came due.
+            while let Some((target, gen, at)) = n.dev.shared().timers.pop_due(now) {
+                progress = true;
+                crate::timer::fire(n.dev.shared(), target, gen, at);
+            }
+            // QPs queued for transmit (each step sends a paced burst and may queue again).
+            while let Ok(w) = n.tx.try_recv() {
+                progress = true;
+                if let Some(qp) = w.upgrade() {
+                    qp.tx_step();
+                }
+            }
+        }
+        progress
+    }
+
+    /// The next time anything is due: a datagram's arrival or a timer.
+    fn next_event(&self) -> Option<Instant> {
+        let arrival = self
+            .link
+            .state
+            .lock()
+            .in_flight
+            .first_key_value()
+            .map(|(&(at, _), _)| at);
+        self.nodes
+            .iter()
+            .filter_map(|n| n.dev.shared().timers.next_deadline())
+            .chain(arrival)
+            .min()
+    }
+
+    /// Run until `done` holds, moving the clock from one thing due to the next, for at
+    /// most `limit` of simulated time; whether `done` held.
+    pub fn run_until(&self, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let end = self.now() + limit;
+        loop {
+            while self.step() {}
+            if done() {
+                return true;
+            }
+            match self.next_event() {
+                Some(at) if at <= end => {
+                    let mut t = self.clock.lock();
+                    *t = (*t).max(at);
+                }
+                _ => return done(),
+            }
+        }
+    }
+
+    /// Run for `d` of simulated time.
+    pub fn run_for(&self, d: Duration) {
+        let end = self.now() + d;
+        self.run_until(d, || false);
+        let mut t = self.clock.lock();
+        *t = (*t).max(end);
+    }
+}
+
+/// Events delivered to a simulated QP, kept for the test to look at.
+#[derive(Default)]
+pub struct Events(Mutex<Vec<Event>>);
+
+impl Events {
+    pub fn kinds(&self) -> Vec<EventKind> {
+        self.0.lock().iter().map(|e| e.kind).collect()
+    }
+}
+
+impl EventSink for Events {
+    fn deliver(&self, ev: Event) {
+        self.0.lock().push(ev);
+    }
+}
+
+struct Bell(Weak<dyn ProviderQp>);
+
+impl Doorbell for Bell {
+    fn ring(&self) {
+        if let Some(q) = self.0.upgrade() {
+            q.doorbell();
+        }
+    }
+}
+
+/// A QP of a simulated device with what its consumer holds: the posting ends of its
+/// rings, its CQ's polling end, and one registered buffer.
+pub struct SimQp {
+    pub engine: Arc<dyn ProviderQp>,
+    pub user: UserQp,
+    pub cq: UserCq,
+    pub events: Arc<Events>,
+    pub mr: Arc<Region>,
+    pub buf: Vec<u8>,
+    _engine_cq: Arc<dyn ProviderCq>,
+}
+
+impl SimQp {
+    /// A QP on `dev` with a `len`-byte buffer registered for local and remote access.
+    pub fn new(dev: &RxeDevice, len: usize, depth: u32) -> SimQp {
+        let pd = dev.alloc_pd().expect("pd");
+        let cq_depth = (2 * depth).next_power_of_two();
+        let cq_mem =
+            Arc::new(SharedMem::create("sim-cq", ring_bytes::<Cqe>(cq_depth)).expect("cq"));
+        let events = Arc::new(Events::default());
+        let engine_cq = dev
+            .create_cq(CqInit {
+                depth: cq_depth,
+                ring: Ring::attach(cq_mem.clone(), 0, cq_depth)
+                    .expect("ring")
+                    .producer(),
+                sink: events.clone(),
+                stats: Arc::new(RingStats::default()),
+            })
+            .expect("cq");
+        let cq = UserCq::new(Ring::attach(cq_mem, 0, cq_depth).expect("ring").consumer());
+        let layout = QpRingLayout::new(depth, depth).expect("layout");
+        let mem = Arc::new(SharedMem::create("sim-qp", layout.total).expect("qp rings"));
+        let ring = |off, cap| Ring::<Wqe>::attach(mem.clone(), off, cap).expect("ring");
+        let caps = QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline: 64,
+        };
+        let engine = dev
+            .create_qp(QpInit {
+                qp_type: QpType::Rc,
+                pd,
+                send_cq: engine_cq.clone(),
+                recv_cq: engine_cq.clone(),
+                caps,
+                sq: ring(layout.sq_offset, layout.sq_depth).consumer(),
+                rq: ring(layout.rq_offset, layout.rq_depth).consumer(),
+                srq: None,
+                sink: events.clone(),
+                stats: Arc::new(RingStats::default()),
+            })
+            .expect("qp");
+        let user = UserQp::new(
+            engine.qp_num(),
+            caps,
+            ring(layout.sq_offset, layout.sq_depth).producer(),
+            ring(layout.rq_offset, layout.rq_depth).producer(),
+            Arc::new(Bell(Arc::downgrade(&engine))),
+        );
+        let mut buf = vec![0u8; len];
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mr = dev
+            .reg_mr(
+                pd,
+                buf.as_mut_ptr() as u64,
+                len as u64,
+                access,
+                Arc::new(LocalMemory),
+            )
+            .expect("registration");
+        SimQp {
+            engine,
+            user,
+            cq,
+            events,
+            mr,
+            buf,
+            _engine_cq: engine_cq,
+        }
+    }
+
+    /// `len` bytes of the buffer from `off`, as a gather/scatter element.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.mr.base + off,
+            length: len,
+            lkey: self.mr.stag,
+        }
+    }
+
+    /// Where a peer's RDMA reaches this buffer: (address, rkey).
+    pub fn remote(&self) -> (u64, u32) {
+        (self.mr.base, self.mr.stag)
+    }
+
+    /// Completions polled now.
+    pub fn poll(&self) -> Vec<Cqe> {
+        let mut out = vec![Cqe::default(); 64];
+        let n = self.cq.poll(&mut out);
+        out.truncate(n);
+        out
+    }
+}
+
+/// Connect `a` (on `a_addr`) and `b` (on `b_addr`) out of band, as `ibv_rc_pingpong`
+/// does: INIT, RTR towards the other's QP number and GID, RTS, with the PSNs given.
+pub fn connect(
+    a: &SimQp,
+    a_addr: Ipv4Addr,
+    b: &SimQp,
+    b_addr: Ipv4Addr,
+    mtu: u32,
+    (a_psn, b_psn): (u32, u32),
+    retry: QpAttr,
+) {
+    for (me, peer, peer_addr, rq_psn, sq_psn) in
+        [(a, b, b_addr, b_psn, a_psn), (b, a, a_addr, a_psn, b_psn)]
+    {
+        let q = &me.engine;
+        let rights = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        q.modify(
+            &QpAttr {
+                state: QpState::Init,
+                access: rights,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::ACCESS,
+        )
+        .expect("init");
+        let rtr = QpAttr {
+            state: QpState::Rtr,
+            path_mtu: mtu,
+            dest_qpn: peer.engine.qp_num(),
+            rq_psn,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: retry.min_rnr_timer,
+            dgid: ip_to_gid(peer_addr.into()),
+            ..QpAttr::default()
+        };
+        q.modify(&rtr, QpAttrMask::RC_RTR).expect("rtr");
+        let rts = QpAttr {
+            state: QpState::Rts,
+            sq_psn,
+            max_rd_atomic: 4,
+            timeout: retry.timeout,
+            retry_cnt: retry.retry_cnt,
+            rnr_retry: retry.rnr_retry,
+            ..QpAttr::default()
+        };
+        q.modify(&rts, QpAttrMask::RC_RTS).expect("rts");
+    }
+}
