@@ -233,13 +233,7 @@ fn bring_up(m: &Manual, peer_qpn: u32, peer_gid: [u8; 16], rq_psn: u32, sq_psn: 
         dgid: peer_gid,
         ..QpAttr::default()
     };
-    let m_rtr = QpAttrMask::STATE
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::DEST_QPN
-        | QpAttrMask::RQ_PSN
-        | QpAttrMask::MAX_DEST_RD_ATOMIC
-        | QpAttrMask::MIN_RNR_TIMER;
+    let m_rtr = QpAttrMask::RC_RTR;
     // RTR needs the address vector, MTU, destination QPN and receive PSN.
     assert_eq!(
         m.qp.modify(&rtr, QpAttrMask::STATE),
@@ -255,16 +249,7 @@ fn bring_up(m: &Manual, peer_qpn: u32, peer_gid: [u8; 16], rq_psn: u32, sq_psn: 
         max_rd_atomic: 4,
         ..QpAttr::default()
     };
-    m.qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_RD_ATOMIC,
-    )
-    .unwrap();
+    m.qp.modify(&rts, QpAttrMask::RC_RTS).unwrap();
     assert_eq!(m.qp.state().unwrap(), QpState::Rts);
 }
 

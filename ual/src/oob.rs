@@ -62,16 +62,7 @@ pub fn to_rtr(qp: &Qp, path: &RcPath, peer: &RcPeer) -> Result<()> {
         hop_limit: path.hop_limit,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
+    qp.modify(&rtr, QpAttrMask::RC_RTR)
 }
 
 /// RTR → RTS: our requests start at `sq_psn` (the PSN we told the peer).
@@ -85,15 +76,7 @@ pub fn to_rts(qp: &Qp, path: &RcPath, sq_psn: u32) -> Result<()> {
         max_rd_atomic: path.max_rd_atomic,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::MAX_RD_ATOMIC,
-    )
+    qp.modify(&rts, QpAttrMask::RC_RTS)
 }
 
 /// A PSN for a new connection (24 bits; perftest and `ibv_rc_pingpong` draw

@@ -242,16 +242,7 @@ fn bring_up(s: &Shared, qp: &RxeQp, l: &Link) -> Result<()> {
         hop_limit: 64,
         ..QpAttr::default()
     };
-    qp.cm_modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )?;
+    qp.cm_modify(&rtr, QpAttrMask::RC_RTR)?;
     let rts = QpAttr {
         state: QpState::Rts,
         sq_psn: l.sq_psn,
@@ -261,15 +252,7 @@ fn bring_up(s: &Shared, qp: &RxeQp, l: &Link) -> Result<()> {
         max_rd_atomic: l.ord.clamp(1, 255) as u8,
         ..QpAttr::default()
     };
-    qp.cm_modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_RD_ATOMIC,
-    )
+    qp.cm_modify(&rts, QpAttrMask::RC_RTS)
 }
 
 impl Cm {

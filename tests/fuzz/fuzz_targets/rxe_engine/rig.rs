@@ -303,13 +303,7 @@ impl World {
         };
         q.modify(
             &rtr,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
+            QpAttrMask::RC_RTR,
         )
         .unwrap();
         let rts = QpAttr {
@@ -323,12 +317,7 @@ impl World {
         };
         q.modify(
             &rts,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_RD_ATOMIC,
+            QpAttrMask::RC_RTS,
         )
         .unwrap();
     }
