@@ -1,13 +1,14 @@
 //! The rxe queue pair: verbs state machine, address vector, and the three halves of the
-//! RC transport — requester ([`requester`]: send queue → request packets, retransmission),
-//! completer (in [`requester`] too: ACKs, NAKs, read responses and atomic ACKs →
-//! completions) and responder ([`responder`]: request packets → placements, receive
+//! RC transport, split as Linux's rxe splits them — requester ([`requester`]: send queue →
+//! request packets), completer ([`completer`]: ACKs, NAKs, read responses and atomic ACKs →
+//! completions, retransmission) and responder ([`responder`]: request packets → placements, receive
 //! completions, ACKs, read responses, atomic results).
 //!
 //! One mutex holds the protocol state; it is taken by the receive thread (one packet at
 //! a time), the transmit thread (a paced burst of packets), the timer thread and the
 //! consumer's doorbell, and never held across anything slower than a UDP `sendmsg`.
 
+mod completer;
 mod requester;
 mod responder;
 
