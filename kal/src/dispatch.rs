@@ -1,13 +1,12 @@
 //! System call management: decode, validate and execute one ioctl command.
 
-use crate::abi::{self, cmd};
+use crate::abi::{self, Command};
 use crate::context::{ConnAccount, ConnWatch, Context, Kind, Object};
 use crate::counters::Counters;
 use crate::creds::{cap, Requester};
 use crate::events::ObjectSink;
 use crate::quota::{Charges, Resource};
 use crate::{peer, pin, Kal};
-use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
     Access, ConnParam, CqInit, Cqe, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpType, Result, Ring,
@@ -16,17 +15,6 @@ use rnicpi::{
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// Copy the argument struct in, run `f`, copy it back out. `arg` may be unaligned.
-fn with<T: Pod>(arg: &mut [u8], f: impl FnOnce(&mut T) -> Result<()>) -> Result<()> {
-    if arg.len() != std::mem::size_of::<T>() {
-        return Err(VerbsError::Invalid);
-    }
-    let mut v: T = pod_read_unaligned(arg);
-    f(&mut v)?;
-    arg.copy_from_slice(bytes_of(&v));
-    Ok(())
-}
 
 /// Charge each `(resource, amount)` to the caller (verbs objects to device `dev` too):
 /// all or nothing.
@@ -76,31 +64,34 @@ fn pdata(buf: &[u8], len: u32) -> Result<Vec<u8>> {
         .ok_or(VerbsError::Invalid)
 }
 
-pub fn ioctl(
-    kal: &Kal,
-    c: &Arc<Context>,
-    who: &Requester,
-    command: u32,
-    arg: &mut [u8],
-) -> Result<()> {
+/// Decode command `nr` with argument `arg`, execute it, and write the argument struct back
+/// (only on success).
+pub fn ioctl(kal: &Kal, c: &Arc<Context>, who: &Requester, nr: u32, arg: &mut [u8]) -> Result<()> {
+    let mut command = Command::decode(nr, arg).ok_or(VerbsError::Invalid)?;
+    execute(kal, c, who, &mut command)?;
+    arg.copy_from_slice(command.arg_bytes());
+    Ok(())
+}
+
+fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) -> Result<()> {
     match command {
-        cmd::QUERY_ABI => with(arg, |a: &mut abi::QueryAbi| {
+        Command::QueryAbi(a) => {
             a.version = abi::ABI_VERSION;
             a.event_size = abi::EVENT_SIZE as u32;
             a.context = c.id;
             Ok(())
-        }),
-        cmd::LIST_DEVICES => with(arg, |a: &mut abi::ListDevices| {
+        }
+        Command::ListDevices(a) => {
             let devs = kal.devices();
             a.count = devs.len() as u32;
             for (slot, d) in a.names.iter_mut().zip(&devs) {
                 *slot = abi::str_to_name(&d.attr().name);
             }
             Ok(())
-        }),
-        cmd::QUERY_DEVICE => with(arg, |a: &mut abi::QueryDevice| query_device(kal, a)),
-        cmd::QUERY_PORT => with(arg, |a: &mut abi::QueryPort| query_port(kal, a)),
-        cmd::ALLOC_PD => with(arg, |a: &mut abi::AllocPd| {
+        }
+        Command::QueryDevice(a) => query_device(kal, a),
+        Command::QueryPort(a) => query_port(kal, a),
+        Command::AllocPd(a) => {
             let dev = kal.device(a.dev)?;
             let mut objs = c.objects.lock();
             objs.check_limit(Kind::Pd, &kal.config.limits)?;
@@ -118,32 +109,32 @@ pub fn ioctl(
             );
             a.handle = h;
             Ok(())
-        }),
-        cmd::CREATE_CQ => with(arg, |a: &mut abi::CreateCq| create_cq(kal, c, a)),
-        cmd::CREATE_QP => with(arg, |a: &mut abi::CreateQp| create_qp(kal, c, a)),
-        cmd::MODIFY_QP => with(arg, |a: &mut abi::QpAttrs| {
+        }
+        Command::CreateCq(a) => create_cq(kal, c, a),
+        Command::CreateQp(a) => create_qp(kal, c, a),
+        Command::ModifyQp(a) => {
             let (attr, mask) = a.decode().ok_or(VerbsError::Invalid)?;
             let (_, qp) = c.objects.lock().qp(a.handle)?;
             qp.modify(&attr, mask)
-        }),
-        cmd::QUERY_QP => with(arg, |a: &mut abi::QpAttrs| {
+        }
+        Command::QueryQp(a) => {
             let (_, qp) = c.objects.lock().qp(a.handle)?;
             *a = abi::QpAttrs::encode(a.handle, &qp.query(), QpAttrMask::empty());
             Ok(())
-        }),
-        cmd::REG_MR => with(arg, |a: &mut abi::RegMr| reg_mr(kal, c, a)),
-        cmd::CREATE_SRQ => with(arg, |a: &mut abi::CreateSrq| create_srq(kal, c, a)),
-        cmd::MODIFY_SRQ => with(arg, |a: &mut abi::SrqAttrs| {
+        }
+        Command::RegMr(a) => reg_mr(kal, c, a),
+        Command::CreateSrq(a) => create_srq(kal, c, a),
+        Command::ModifySrq(a) => {
             let (_, _, srq) = c.objects.lock().srq(a.handle)?;
             srq.engine().arm(a.limit)
-        }),
-        cmd::QUERY_SRQ => with(arg, |a: &mut abi::SrqAttrs| {
+        }
+        Command::QuerySrq(a) => {
             let (_, _, srq) = c.objects.lock().srq(a.handle)?;
             let at = srq.engine().attr();
             (a.max_wr, a.max_sge, a.limit) = (at.max_wr, at.max_sge, at.limit);
             Ok(())
-        }),
-        cmd::ALLOC_MW => with(arg, |a: &mut abi::AllocMw| {
+        }
+        Command::AllocMw(a) => {
             let mut objs = c.objects.lock();
             let (dev_no, pd) = objs.pd(a.pd)?;
             let dev = kal.device(dev_no)?;
@@ -163,26 +154,15 @@ pub fn ioctl(
             );
             (a.handle, a.rkey) = (h, key);
             Ok(())
-        }),
-        cmd::DEALLOC_PD
-        | cmd::DESTROY_CQ
-        | cmd::DESTROY_QP
-        | cmd::DEREG_MR
-        | cmd::DESTROY_LISTEN
-        | cmd::DESTROY_SRQ
-        | cmd::DEALLOC_MW => {
-            let want = match command {
-                cmd::DEALLOC_PD => Kind::Pd,
-                cmd::DESTROY_CQ => Kind::Cq,
-                cmd::DESTROY_QP => Kind::Qp,
-                cmd::DEREG_MR => Kind::Mr,
-                cmd::DESTROY_SRQ => Kind::Srq,
-                cmd::DEALLOC_MW => Kind::Mw,
-                _ => Kind::Listener,
-            };
-            with(arg, |a: &mut abi::Destroy| destroy(kal, c, a.handle, want))
         }
-        cmd::LISTEN => with(arg, |a: &mut abi::Listen| {
+        Command::DeallocPd(a) => destroy(kal, c, a.handle, Kind::Pd),
+        Command::DestroyCq(a) => destroy(kal, c, a.handle, Kind::Cq),
+        Command::DestroyQp(a) => destroy(kal, c, a.handle, Kind::Qp),
+        Command::DeregMr(a) => destroy(kal, c, a.handle, Kind::Mr),
+        Command::DestroyListen(a) => destroy(kal, c, a.handle, Kind::Listener),
+        Command::DestroySrq(a) => destroy(kal, c, a.handle, Kind::Srq),
+        Command::DeallocMw(a) => destroy(kal, c, a.handle, Kind::Mw),
+        Command::Listen(a) => {
             let dev = kal.device(a.dev)?;
             may_bind(kal, who, a.port)?;
             let mut objs = c.objects.lock();
@@ -206,8 +186,8 @@ pub fn ioctl(
             );
             a.handle = h;
             Ok(())
-        }),
-        cmd::CONNECT => with(arg, |a: &mut abi::Connect| {
+        }
+        Command::Connect(a) => {
             let (dev, qp, conn) = c.objects.lock().qp_conn(a.qp)?;
             let param = ConnParam {
                 private_data: pdata(&a.pdata, a.pdata_len)?,
@@ -218,8 +198,8 @@ pub fn ioctl(
             conn.begin(connection(kal, c, dev)?, Some(half_open))?;
             qp.connect(rnicpi::sockaddr_from_parts(a.addr, a.port), param)
                 .inspect_err(|_| conn.abandon())
-        }),
-        cmd::ACCEPT => with(arg, |a: &mut abi::Accept| {
+        }
+        Command::Accept(a) => {
             let (ldev, l, qdev, qp, conn) = {
                 let objs = c.objects.lock();
                 let (ldev, l) = objs.listener(a.listen)?;
@@ -237,21 +217,20 @@ pub fn ioctl(
             conn.begin(connection(kal, c, qdev)?, None)?;
             l.accept(a.conn_id, &qp, param)
                 .inspect_err(|_| conn.abandon())
-        }),
-        cmd::REJECT => with(arg, |a: &mut abi::Reject| {
+        }
+        Command::Reject(a) => {
             let (_, l) = c.objects.lock().listener(a.listen)?;
             l.reject(a.conn_id, &pdata(&a.pdata, a.pdata_len)?)
-        }),
-        cmd::DISCONNECT => with(arg, |a: &mut abi::Disconnect| {
+        }
+        Command::Disconnect(a) => {
             let (_, qp) = c.objects.lock().qp(a.qp)?;
             qp.disconnect(a.abortive != 0)
-        }),
-        cmd::STAT_CONTEXTS => with(arg, |a: &mut abi::StatContexts| {
+        }
+        Command::StatContexts(a) => {
             stat_contexts(kal, who, a);
             Ok(())
-        }),
-        cmd::STAT_DEVICE => with(arg, |a: &mut abi::StatDevice| stat_device(kal, a)),
-        _ => Err(VerbsError::Invalid),
+        }
+        Command::StatDevice(a) => stat_device(kal, a),
     }
 }
 

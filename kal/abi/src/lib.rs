@@ -463,81 +463,121 @@ impl EventRecord {
 pub const EVENT_SIZE: usize = std::mem::size_of::<EventRecord>();
 
 /// The commands. Each constant is the full ioctl number.
-pub mod cmd {
-    use super::*;
-    use std::mem::size_of;
-    pub const QUERY_ABI: u32 = iowr(0, size_of::<QueryAbi>());
-    pub const LIST_DEVICES: u32 = iowr(1, size_of::<ListDevices>());
-    pub const QUERY_DEVICE: u32 = iowr(2, size_of::<QueryDevice>());
-    pub const QUERY_PORT: u32 = iowr(3, size_of::<QueryPort>());
-    pub const ALLOC_PD: u32 = iowr(4, size_of::<AllocPd>());
-    pub const DEALLOC_PD: u32 = iowr(5, size_of::<Destroy>());
-    pub const CREATE_CQ: u32 = iowr(6, size_of::<CreateCq>());
-    pub const DESTROY_CQ: u32 = iowr(7, size_of::<Destroy>());
-    pub const CREATE_QP: u32 = iowr(8, size_of::<CreateQp>());
-    pub const MODIFY_QP: u32 = iowr(9, size_of::<QpAttrs>());
-    pub const QUERY_QP: u32 = iowr(10, size_of::<QpAttrs>());
-    pub const DESTROY_QP: u32 = iowr(11, size_of::<Destroy>());
-    pub const REG_MR: u32 = iowr(12, size_of::<RegMr>());
-    pub const DEREG_MR: u32 = iowr(13, size_of::<Destroy>());
-    pub const LISTEN: u32 = iowr(14, size_of::<Listen>());
-    pub const DESTROY_LISTEN: u32 = iowr(15, size_of::<Destroy>());
-    pub const CONNECT: u32 = iowr(16, size_of::<Connect>());
-    pub const ACCEPT: u32 = iowr(17, size_of::<Accept>());
-    pub const REJECT: u32 = iowr(18, size_of::<Reject>());
-    pub const DISCONNECT: u32 = iowr(19, size_of::<Disconnect>());
-    pub const STAT_CONTEXTS: u32 = iowr(20, size_of::<StatContexts>());
-    pub const STAT_DEVICE: u32 = iowr(21, size_of::<StatDevice>());
-    pub const CREATE_SRQ: u32 = iowr(22, size_of::<CreateSrq>());
-    pub const MODIFY_SRQ: u32 = iowr(23, size_of::<SrqAttrs>());
-    pub const QUERY_SRQ: u32 = iowr(24, size_of::<SrqAttrs>());
-    pub const DESTROY_SRQ: u32 = iowr(25, size_of::<Destroy>());
-    pub const ALLOC_MW: u32 = iowr(26, size_of::<AllocMw>());
-    pub const DEALLOC_MW: u32 = iowr(27, size_of::<Destroy>());
+/// The command table: number, name, decoded variant and argument struct. Generates the
+/// command numbers (`cmd`), their list, and [`Command`], a command decoded from its
+/// number and argument bytes before anything executes it (fuser's `Operation` shape).
+macro_rules! commands {
+    ($($nr:literal $konst:ident $variant:ident($ty:ident);)*) => {
+        /// The command numbers: `_IOWR('k', nr, size_of::<argument struct>())`.
+        pub mod cmd {
+            use super::*;
+            use std::mem::size_of;
+            $(pub const $konst: u32 = iowr($nr, size_of::<$ty>());)*
 
-    /// Every command with its name, for docs, tracing and fuzzing.
-    pub const ALL: &[(u32, &str)] = &[
-        (QUERY_ABI, "QUERY_ABI"),
-        (LIST_DEVICES, "LIST_DEVICES"),
-        (QUERY_DEVICE, "QUERY_DEVICE"),
-        (QUERY_PORT, "QUERY_PORT"),
-        (ALLOC_PD, "ALLOC_PD"),
-        (DEALLOC_PD, "DEALLOC_PD"),
-        (CREATE_CQ, "CREATE_CQ"),
-        (DESTROY_CQ, "DESTROY_CQ"),
-        (CREATE_QP, "CREATE_QP"),
-        (MODIFY_QP, "MODIFY_QP"),
-        (QUERY_QP, "QUERY_QP"),
-        (DESTROY_QP, "DESTROY_QP"),
-        (REG_MR, "REG_MR"),
-        (DEREG_MR, "DEREG_MR"),
-        (LISTEN, "LISTEN"),
-        (DESTROY_LISTEN, "DESTROY_LISTEN"),
-        (CONNECT, "CONNECT"),
-        (ACCEPT, "ACCEPT"),
-        (REJECT, "REJECT"),
-        (DISCONNECT, "DISCONNECT"),
-        (STAT_CONTEXTS, "STAT_CONTEXTS"),
-        (STAT_DEVICE, "STAT_DEVICE"),
-        (CREATE_SRQ, "CREATE_SRQ"),
-        (MODIFY_SRQ, "MODIFY_SRQ"),
-        (QUERY_SRQ, "QUERY_SRQ"),
-        (DESTROY_SRQ, "DESTROY_SRQ"),
-        (ALLOC_MW, "ALLOC_MW"),
-        (DEALLOC_MW, "DEALLOC_MW"),
-    ];
+            /// Every command with its name, for docs, tracing and fuzzing.
+            pub const ALL: &[(u32, &str)] = &[$(($konst, stringify!($konst)),)*];
 
-    pub fn name(cmd: u32) -> &'static str {
-        ALL.iter()
-            .find(|(c, _)| *c == cmd)
-            .map(|(_, n)| *n)
-            .unwrap_or("UNKNOWN")
-    }
+            pub fn name(cmd: u32) -> &'static str {
+                ALL.iter()
+                    .find(|(c, _)| *c == cmd)
+                    .map(|(_, n)| *n)
+                    .unwrap_or("UNKNOWN")
+            }
+        }
+
+        /// One command with its argument struct, copied out of the caller's bytes (which
+        /// may be unaligned). Every byte pattern of the right size is a value; what the
+        /// values mean is checked when the command executes.
+        #[derive(Debug, Clone, Copy)]
+        #[allow(
+            clippy::large_enum_variant,
+            reason = "a command lives on the stack for one call, as its struct always did"
+        )]
+        pub enum Command {
+            $($variant($ty),)*
+        }
+
+        impl Command {
+            /// Decode command number `nr` with argument `arg`: `None` for an unknown
+            /// number or an argument of the wrong size.
+            pub fn decode(nr: u32, arg: &[u8]) -> Option<Command> {
+                $(
+                    if nr == cmd::$konst {
+                        return (arg.len() == std::mem::size_of::<$ty>())
+                            .then(|| Command::$variant(bytemuck::pod_read_unaligned(arg)));
+                    }
+                )*
+                None
+            }
+
+            /// The argument struct's bytes, as they go back to the caller.
+            pub fn arg_bytes(&self) -> &[u8] {
+                match self {
+                    $(Command::$variant(a) => bytemuck::bytes_of(a),)*
+                }
+            }
+
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Command::$variant(_) => stringify!($konst),)*
+                }
+            }
+        }
+    };
+}
+
+commands! {
+    0 QUERY_ABI QueryAbi(QueryAbi);
+    1 LIST_DEVICES ListDevices(ListDevices);
+    2 QUERY_DEVICE QueryDevice(QueryDevice);
+    3 QUERY_PORT QueryPort(QueryPort);
+    4 ALLOC_PD AllocPd(AllocPd);
+    5 DEALLOC_PD DeallocPd(Destroy);
+    6 CREATE_CQ CreateCq(CreateCq);
+    7 DESTROY_CQ DestroyCq(Destroy);
+    8 CREATE_QP CreateQp(CreateQp);
+    9 MODIFY_QP ModifyQp(QpAttrs);
+    10 QUERY_QP QueryQp(QpAttrs);
+    11 DESTROY_QP DestroyQp(Destroy);
+    12 REG_MR RegMr(RegMr);
+    13 DEREG_MR DeregMr(Destroy);
+    14 LISTEN Listen(Listen);
+    15 DESTROY_LISTEN DestroyListen(Destroy);
+    16 CONNECT Connect(Connect);
+    17 ACCEPT Accept(Accept);
+    18 REJECT Reject(Reject);
+    19 DISCONNECT Disconnect(Disconnect);
+    20 STAT_CONTEXTS StatContexts(StatContexts);
+    21 STAT_DEVICE StatDevice(StatDevice);
+    22 CREATE_SRQ CreateSrq(CreateSrq);
+    23 MODIFY_SRQ ModifySrq(SrqAttrs);
+    24 QUERY_SRQ QuerySrq(SrqAttrs);
+    25 DESTROY_SRQ DestroySrq(Destroy);
+    26 ALLOC_MW AllocMw(AllocMw);
+    27 DEALLOC_MW DeallocMw(Destroy);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every command decodes from an argument of its own size only, and gives back the
+    /// same bytes; an unknown number decodes to nothing.
+    #[test]
+    fn commands_decode_by_number_and_size() {
+        for &(nr, name) in cmd::ALL {
+            let (_, _, size) = decode(nr).unwrap();
+            let arg: Vec<u8> = (0..size).map(|i| i as u8).collect();
+            let c = Command::decode(nr, &arg).expect(name);
+            assert_eq!(c.name(), name);
+            assert_eq!(c.arg_bytes(), &arg[..]);
+            assert!(Command::decode(nr, &arg[..size - 1]).is_none(), "{name}");
+            let mut longer = arg.clone();
+            longer.push(0);
+            assert!(Command::decode(nr, &longer).is_none(), "{name}");
+        }
+        assert!(Command::decode(iowr(200, 8), &[0; 8]).is_none());
+    }
 
     #[test]
     fn every_struct_fits_an_ioctl_and_numbers_are_unique() {
