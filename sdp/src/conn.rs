@@ -314,7 +314,7 @@ impl Conn {
             let face = st.readiness.back().try_clone_to_owned()?;
             let _ = self.sleep(
                 st,
-                face.as_fd(),
+                Some(face.as_fd()),
                 PollFlags::empty(),
                 Some(Instant::now() + Duration::from_millis(100)),
             );
@@ -371,6 +371,11 @@ impl Conn {
         if status != DtoStatus::Success {
             if kind == DtoKind::RdmaRead {
                 st.read_done = Some(false);
+            }
+            // A send slot is free once its send completed, however it ended (an exit
+            // waits for every slot: `wait_last_message`).
+            if cookie & !0xffff_ffff == SEND {
+                st.slots.push((cookie & 0xffff_ffff) as u32);
             }
             if status != DtoStatus::Flushed {
                 tracing::debug!(?kind, ?status, "SDP work request failed");
@@ -512,7 +517,7 @@ impl Conn {
     fn sleep(
         &self,
         mut st: MutexGuard<'_, State>,
-        face: BorrowedFd<'_>,
+        face: Option<BorrowedFd<'_>>,
         want: PollFlags,
         deadline: Option<Instant>,
     ) -> io::Result<()> {
@@ -535,18 +540,17 @@ impl Conn {
         };
         st.waiters += 1;
         drop(st);
+        let dto = self.dto.fd().expect("DTO EVD has a descriptor");
         let mut p = [
-            PollFd::new(face, want),
-            PollFd::new(
-                self.dto.fd().expect("DTO EVD has a descriptor"),
-                PollFlags::POLLIN,
-            ),
+            PollFd::new(dto, PollFlags::POLLIN),
             PollFd::new(
                 self.cm.fd().expect("CM EVD has a descriptor"),
                 PollFlags::POLLIN,
             ),
+            PollFd::new(face.unwrap_or(dto), want),
         ];
-        let r = poll(&mut p, timeout);
+        let n = if face.is_some() { 3 } else { 2 };
+        let r = poll(&mut p[..n], timeout);
         let mut st = self.lock();
         st.waiters -= 1;
         self.progress(&mut st);
@@ -611,7 +615,7 @@ impl Conn {
             if !block {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            self.sleep(st, face, PollFlags::POLLIN, deadline)?;
+            self.sleep(st, Some(face), PollFlags::POLLIN, deadline)?;
         }
     }
 
@@ -646,7 +650,7 @@ impl Conn {
                     if !block {
                         return Err(io::ErrorKind::WouldBlock.into());
                     }
-                    self.sleep(st, face, PollFlags::POLLIN, deadline)?;
+                    self.sleep(st, Some(face), PollFlags::POLLIN, deadline)?;
                 }
             }
         }
@@ -697,7 +701,7 @@ impl Conn {
                 None => {}
             }
             // Not interruptible: the read lands in our buffer and must be accounted.
-            match self.sleep(st, face, PollFlags::empty(), None) {
+            match self.sleep(st, Some(face), PollFlags::empty(), None) {
                 Ok(()) | Err(_) => {}
             }
             st = self.lock();
@@ -769,7 +773,7 @@ impl Conn {
             }
             // A large write waits for the queue to drain, then goes by zero copy.
             if block && st.proto.zcopy_wanted(data.len()) && !st.proto.zcopy_fits(data.len()) {
-                self.sleep(st, face, PollFlags::empty(), deadline)?;
+                self.sleep(st, Some(face), PollFlags::empty(), deadline)?;
                 continue;
             }
             let n = if st.proto.zcopy_fits(data.len()) {
@@ -800,7 +804,7 @@ impl Conn {
             if !block {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            self.sleep(st, face, PollFlags::POLLOUT, deadline)?;
+            self.sleep(st, Some(face), PollFlags::POLLOUT, deadline)?;
         }
     }
 
@@ -829,6 +833,69 @@ impl Conn {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(self.clone());
+        }
+    }
+
+    /// The face is gone (or going): no more watching its back, which polls as hung up
+    /// from now on.
+    fn forget_face(&self, st: &mut State) {
+        st.face_gone = true;
+        let back = st.readiness.back().try_clone_to_owned();
+        if let (Ok(b), Some(r)) = (
+            back,
+            self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut(),
+        ) {
+            r.remove(b.as_fd());
+        }
+    }
+
+    /// The socket's last reference is gone: an orderly close (DisConn once everything
+    /// queued has gone), or an abort when unread data would be lost (as TCP resets then).
+    fn last_close(&self, st: &mut State) {
+        if st.proto.readable_bytes() > 0 {
+            st.proto.abort();
+        } else {
+            st.proto.shutdown_write();
+        }
+        self.flush(st);
+    }
+
+    /// The process is exiting: close the socket if its program did not (the kernel closes
+    /// every descriptor at exit), or carry out the close the progress thread has not yet
+    /// seen (a program that closes and exits at once).
+    fn close_for_exit(&self) {
+        let mut st = self.lock();
+        self.progress(&mut st);
+        if st.detached && !st.face_gone {
+            // Whether or not its descriptors are closed yet, they are at exit.
+            self.forget_face(&mut st);
+            self.last_close(&mut st);
+        }
+    }
+
+    /// Wait, until `deadline`, for the last message this end sends — DisConn, or
+    /// AbortConn — to be acknowledged by the peer's adapter (every send completed; the
+    /// transport's own end, which this end may have started already, is not waited for:
+    /// the peer closes its side once it has the message). Returns whether it was, or the
+    /// connection had ended.
+    fn wait_last_message(&self, deadline: Instant) -> bool {
+        loop {
+            let mut st = self.lock();
+            self.progress(&mut st);
+            // Every send completed: acknowledged by the peer's adapter, or flushed when
+            // the transport ended (then nothing more can reach the peer either).
+            let sends_done = st.slots.len() == TX_SLOTS as usize;
+            if st.established.is_none() || (st.proto.last_message_sent() && sends_done) {
+                return true;
+            }
+            // No face: a closed face's back polls as hung up, for ever.
+            if self
+                .sleep(st, None, PollFlags::empty(), Some(deadline))
+                .is_err()
+                && Instant::now() >= deadline
+            {
+                return false;
+            }
         }
     }
 
@@ -894,22 +961,10 @@ impl Reactive for Conn {
         if !st.face_gone && st.readiness.ended() != Some(End::Hangup) && st.readiness.face_closed()
         {
             // Every descriptor of the socket is closed, in every process.
-            st.face_gone = true;
-            let back = st.readiness.back().try_clone_to_owned();
-            if let (Ok(b), Some(r)) = (
-                back,
-                self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut(),
-            ) {
-                r.remove(b.as_fd());
-            }
+            self.forget_face(&mut st);
             if st.detached {
                 tracing::debug!(peer = %self.peer, "SDP socket closed by its last holder");
-                if st.proto.readable_bytes() > 0 {
-                    st.proto.abort();
-                } else {
-                    st.proto.shutdown_write();
-                }
-                self.flush(&mut st);
+                self.last_close(&mut st);
             }
         }
         let failed_face = st.readiness.ended() == Some(End::Hangup);
@@ -930,10 +985,41 @@ impl Drop for Conn {
     }
 }
 
-/// Connections closed by their sockets and still finishing their orderly close.
+/// Connections closed by their sockets and still finishing their orderly close, and the
+/// detached ones (sockets of unmodified programs) until their face is closed.
 fn lingering() -> &'static Mutex<Vec<Arc<Conn>>> {
     static L: Mutex<Vec<Arc<Conn>>> = Mutex::new(Vec::new());
     &L
+}
+
+/// How long [`finish_at_exit`] waits, at most, for the peers' adapters to acknowledge.
+pub const EXIT_LINGER: Duration = Duration::from_secs(5);
+
+/// The process is exiting (called once, from an exit handler, while the stack's threads
+/// still run): every connection still lingering — closed by its socket, or a detached
+/// socket whose descriptors the exit is about to close — sends its last message (DisConn,
+/// or AbortConn when unread data is lost), and the exit waits until the peer's adapter
+/// has acknowledged it, at most `limit` in all.
+///
+/// The kernel finishes a TCP socket's close after its process has gone; the RDMA stack
+/// of an SDP socket (the embedded kAL's engines, or the process's context in `krdmad`)
+/// ends with the process, so a close the progress thread had not yet carried out, or a
+/// DisConn posted but not yet on the wire, would be lost — and the peer, never told,
+/// would wait for the connection's end for ever.
+pub fn finish_at_exit(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let conns: Vec<Arc<Conn>> = lingering()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for c in &conns {
+        c.close_for_exit();
+    }
+    for c in &conns {
+        if !c.wait_last_message(deadline) {
+            tracing::warn!(peer = %c.peer, "SDP close not acknowledged by the peer before exit");
+        }
+    }
 }
 
 /// The address this host uses towards `peer` on `dev`.

@@ -532,17 +532,86 @@ fn dtestx(case: &Case) {
     );
 }
 
-/// Wait for a line of a running program's stdout that contains `what`.
-fn wait_line(child: &mut Child, what: &str) -> BufReader<std::process::ChildStdout> {
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut l = String::new();
-    loop {
-        l.clear();
-        let n = out.read_line(&mut l).unwrap();
-        assert!(n > 0, "program ended before saying {what:?}");
-        if l.contains(what) {
-            return out;
+/// A server started by hand (dapltest's): its stdout read line by line, its stderr
+/// collected by a thread from the start, so a failure shows both and the exit status.
+struct Server {
+    child: Child,
+    out: Option<BufReader<std::process::ChildStdout>>,
+    /// What it printed on stdout so far (before `drain`).
+    said: String,
+    err: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Server {
+    fn start(mut cmd: Command) -> Server {
+        let mut child = cmd.spawn().expect("start the server");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut e = child.stderr.take().unwrap();
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = e.read_to_string(&mut s);
+            s
+        });
+        Server {
+            child,
+            out: Some(out),
+            said: String::new(),
+            err: Some(err),
         }
+    }
+
+    /// Read stdout until a line contains `what`; if the program ends first, fail with
+    /// its exit status, its stdout and its stderr.
+    fn wait_line(&mut self, what: &str) {
+        let out = self.out.as_mut().expect("stdout not drained yet");
+        let mut l = String::new();
+        loop {
+            l.clear();
+            let n = out.read_line(&mut l).unwrap_or(0);
+            self.said += &l;
+            if l.contains(what) {
+                return;
+            }
+            if n == 0 {
+                let status = match self.child.wait() {
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("status unknown: {e}"),
+                };
+                panic!(
+                    "server ended ({status}) before saying {what:?}\n{}",
+                    self.outputs()
+                );
+            }
+        }
+    }
+
+    /// Read the rest of its stdout in a thread (so it never blocks on a full pipe).
+    fn drain(&mut self) -> std::thread::JoinHandle<String> {
+        let mut out = self.out.take().expect("drained once");
+        let said = std::mem::take(&mut self.said);
+        std::thread::spawn(move || {
+            let mut s = said;
+            let _ = out.read_to_string(&mut s);
+            s
+        })
+    }
+
+    /// Its stdout so far and its stderr (this waits for stderr to close: call it once
+    /// the program has ended).
+    fn outputs(&mut self) -> String {
+        let err = self
+            .err
+            .take()
+            .map(|e| e.join().unwrap_or_default())
+            .unwrap_or_default();
+        format!("--- stdout:\n{}\n--- stderr:\n{err}", self.said)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -560,15 +629,10 @@ fn dapltest(case: &Case) {
         case.door()
     );
     let mut server = case.command("dapltest", 0);
-    server.args(["-T", "S", "-D", &p]).stderr(Stdio::inherit());
-    let mut server = server.spawn().unwrap();
-    let rest = wait_line(&mut server, "Service Point Ready");
-    let drain = std::thread::spawn(move || {
-        let mut s = String::new();
-        let mut rest = rest;
-        let _ = rest.read_to_string(&mut s);
-        s
-    });
+    server.args(["-T", "S", "-D", &p]);
+    let mut server = Server::start(server);
+    server.wait_line("Service Point Ready");
+    let drain = server.drain();
     let addr = case.server_addr();
     let client = |args: &[&str], what: &str| {
         let mut c = case.command("dapltest", 1);
@@ -614,17 +678,26 @@ fn dapltest(case: &Case) {
     client(&["Q", "-s", &addr], "End of Work");
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
-        if let Some(s) = server.try_wait().unwrap() {
-            break s;
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break Some(s);
         }
-        assert!(Instant::now() < deadline, "dapltest server did not quit");
+        if Instant::now() > deadline {
+            let _ = server.child.kill();
+            let _ = server.child.wait();
+            break None;
+        }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let out = drain.join().unwrap();
-    assert!(
-        status.success() && out.contains("Exiting"),
-        "dapltest server:\n{out}"
-    );
+    server.said = drain.join().unwrap();
+    let exiting = server.said.contains("Exiting");
+    let out = server.outputs();
+    match status {
+        Some(s) => assert!(
+            s.success() && exiting,
+            "dapltest server ended ({s}):\n{out}"
+        ),
+        None => panic!("dapltest server did not quit (killed after 60 s):\n{out}"),
+    }
 }
 
 macro_rules! per_device {

@@ -59,6 +59,8 @@ pub fn global() -> &'static Global {
             }
             // SAFETY: registering a plain function as the fork child handler.
             unsafe { libc::pthread_atfork(None, None, Some(in_fork_child)) };
+            // SAFETY: registering a plain function to run at exit.
+            unsafe { libc::atexit(at_exit) };
             let policy = Policy::load();
             let program = std::fs::read_to_string("/proc/self/comm")
                 .map(|s| s.trim().to_string())
@@ -100,6 +102,18 @@ impl Global {
             .unwrap_or_else(|e| e.into_inner())
             .insert(peer, Instant::now());
     }
+}
+
+/// At exit: the SDP connections' closes are finished before the RDMA stack ends with the
+/// process (the kernel would finish a TCP socket's close after the exit; nothing finishes
+/// an SDP socket's). A fork child has nothing of its own to finish.
+extern "C" fn at_exit() {
+    if FORKED.load(Ordering::Relaxed) {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        inside(|| krdma_sdp::conn::finish_at_exit(krdma_sdp::conn::EXIT_LINGER))
+    });
 }
 
 /// In a fork child: the SDP sockets inherited belong to the parent's connections.

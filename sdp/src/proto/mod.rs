@@ -569,6 +569,12 @@ impl Connection {
         self.error.clone().unwrap()
     }
 
+    /// Whether this end has sent the last message it will send the peer: its DisConn
+    /// went out, or the connection is over (closed, or failed with any AbortConn gone).
+    pub fn last_message_sent(&self) -> bool {
+        self.fin_sent || self.transport_done()
+    }
+
     /// Whether the driver should close the transport now (both sides sent DisConn, or the
     /// connection failed and any AbortConn has gone out).
     pub fn transport_done(&self) -> bool {
