@@ -677,3 +677,19 @@ impl Drop for Anonymous {
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
+
+/// Whether a TCP socket of this network namespace listens on `port`, IPv4 or IPv6, as the
+/// kernel's table shows it (`/proc/net/tcp{,6}`: local address `ADDR:PORT` in hex, state
+/// `0A` = LISTEN). Waiting for a server this way never connects to it: a probe connection
+/// is a client to the program under test.
+pub fn tcp_listening(port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&suffix) && cols[3] == "0A"
+            })
+        })
+    })
+}

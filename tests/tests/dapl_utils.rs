@@ -282,23 +282,9 @@ impl Drop for Running {
     }
 }
 
-/// Whether TCP `port` is listening on this host (IPv4 or IPv6).
-fn tcp_listening(port: u16) -> bool {
-    let suffix = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().any(|l| {
-                // local_address is the second column, the state the fourth (0A: LISTEN).
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&suffix) && cols[3] == "0A"
-            })
-        })
-    })
-}
-
 fn wait_listening(port: u16, server: &mut Running) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !tcp_listening(port) {
+    while !krdma_tests::tcp_listening(port) {
         if let Ok(Some(s)) = server.child.try_wait() {
             panic!("{} exited ({s}) before listening on {port}", server.what);
         }

@@ -14,7 +14,7 @@
 
 use krdma_tests::{daemon_possible, fill_pattern, private_loopback, Daemon};
 use std::io::Read;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -118,8 +118,10 @@ impl Drop for Server {
     }
 }
 
-/// Wait until something accepts TCP connections at `at` (every listener of ours listens
-/// on TCP too).
+/// Wait until a socket listens on TCP port `at` (every listener of ours listens on TCP
+/// too), as the kernel's table shows it. Never by connecting: a probe is a client to the
+/// server — iperf3 takes it for a test that failed, closes its listening socket and opens
+/// a new one, and a real client that came in between is reset.
 fn wait_listening(at: SocketAddr, server: &mut Server) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -130,7 +132,7 @@ fn wait_listening(at: SocketAddr, server: &mut Server) {
             }
             panic!("server exited early ({st}): {err}");
         }
-        if TcpStream::connect_timeout(&at, Duration::from_millis(200)).is_ok() {
+        if krdma_tests::tcp_listening(at.port()) {
             return;
         }
         assert!(Instant::now() < deadline, "nothing listens at {at}");
