@@ -4,6 +4,45 @@
 //! The non-privileged side (post, poll, arm) of the software providers is the shared-ring
 //! fast path in [`crate::fastpath`]; it needs no per-provider code because every soft
 //! engine reads the same [`Wqe`](crate::Wqe) and writes the same [`Cqe`](crate::Cqe).
+//!
+//! # The provider contract
+//!
+//! **Events.** A provider reports through the [`EventSink`] it was given for each object
+//! (`deliver` never blocks: the kAL queues, bounded per context). What a consumer of any
+//! device may count on (the conformance suite, `tests/tests/conformance.rs`, checks it):
+//!
+//! | when | event, on whose sink | status | the QP |
+//! |---|---|---|---|
+//! | a connection request arrives | `ConnectRequest`, listener (with `conn_id`, IRD/ORD, private data) | 0 | — |
+//! | active connect or accept completes | `Established`, QP (peer's private data) | 0 | RTS |
+//! | the peer's consumer rejects | `Rejected`, QP (its private data) | `ECONNREFUSED` | Error |
+//! | nobody listens, no route, no answer | `Unreachable`, QP | errno (`ECONNREFUSED`, `ETIMEDOUT`, ...) | Error |
+//! | orderly close, by either side | `Disconnected`, QP, once | 0 | Error, flushed |
+//! | abortive close, reset, Terminate, peer gone (retries exhausted) | `ConnectionBroken`, QP, once | errno (`ETIMEDOUT` for a dead peer) | Error, flushed |
+//! | the peer broke a rule at our responder | `QpAccessError` / `QpRequestError`, QP | `EIO` | Error, flushed |
+//! | a local fatal error (completion lost to a full CQ, corrupt ring) | `QpFatal`, QP | errno | Error, flushed |
+//! | a QP on an SRQ reaches Error | `LastWqeReached`, QP | 0 | — |
+//! | a completion on an armed CQ (solicited-only: a solicited or failed one) | `CqNotify`, CQ, once per arm | 0 | — |
+//! | an SRQ falls below its armed limit | `SrqLimitReached`, SRQ, once per arm | 0 | — |
+//!
+//! **Who flushes.** The provider, when a QP enters Error for any reason: every send-queue
+//! request completes, in posting order, with its own status or `WrFlushErr` (an
+//! unsignaled request that succeeded stays silent); every posted receive completes with
+//! `WrFlushErr`; receives on an SRQ stay on the SRQ (`LastWqeReached` says the QP is done
+//! with it). Nothing completes twice, and nothing is placed in consumer memory after the
+//! QP left RTS/RTR.
+//!
+//! **Concurrency.** Every method may be called from any thread, concurrently with the
+//! others and with the provider's own threads: control calls come from the consumer's
+//! thread (embedded) or the daemon's FUSE workers, `doorbell` from the consumer's thread or
+//! the context's doorbell thread, events and completions leave from the provider's threads.
+//! No method may block on what a tenant or a remote peer controls (see
+//! [`ProviderQp::doorbell`]); `destroy` and `close` are idempotent and may race with
+//! traffic and with the peer's own teardown.
+//!
+//! **Limits from the wire.** Private-data sizes ([`DeviceAttr::private_data`]), path MTU
+//! ([`PortAttr::active_mtu`]) and the device limits are the provider's to report; no layer
+//! above hard-codes a transport's numbers.
 
 use crate::error::Result;
 use crate::event::EventSink;
