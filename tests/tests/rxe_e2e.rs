@@ -4,9 +4,7 @@
 //! across the PSN wrap, RNR NAKs, retry exhaustion, CM reject and disconnect with private
 //! data. What every device does is in `conformance.rs`.
 
-use krdma_tests::{
-    connected_pair, crc, each_front_door, fill_endpoint as fill, fill_pattern, FrontDoor,
-};
+use krdma_tests::{connected_pair, each_front_door, fill_pattern, FrontDoor};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tools::perf::Endpoint;
@@ -38,44 +36,11 @@ fn rxe0_is_listed_beside_siw0() {
 }
 
 #[test]
-fn cm_connection_moves_every_opcode_byte_exact() {
+fn immediate_data_and_atomics_over_a_cm_connection() {
+    // Send, RDMA Write and Read themselves are the conformance suite's; here what IB has
+    // and iWARP does not.
     each_front_door(|door| {
-        let len = 1 << 20;
-        let (_a, _b, s, c) = pair(door, len);
-        // Send / Receive, many packets.
-        let want = fill(&c, 1);
-        s.post_recv(1, 0, len as u32).unwrap();
-        c.send(2, 0, len as u32, SIG).unwrap();
-        let rc = s.complete(1).unwrap();
-        assert_eq!(
-            (rc[0].opcode(), rc[0].byte_len),
-            (Some(WcOpcode::Recv), len as u32)
-        );
-        assert_eq!(crc(&s.buf.to_vec()), want, "send payload");
-        c.complete(1).unwrap();
-
-        // RDMA Write, then a Send ordered behind it.
-        s.buf.fill(0);
-        let want = fill(&c, 2);
-        c.write(3, 0, len as u32, 0, SIG).unwrap();
-        c.complete(1).unwrap();
-        s.post_recv(4, 0, 0).unwrap();
-        c.send(5, 0, 0, SIG).unwrap();
-        s.complete(1).unwrap();
-        c.complete(1).unwrap();
-        assert_eq!(crc(&s.buf.to_vec()), want, "write payload");
-
-        // RDMA Read.
-        let want = fill(&s, 3);
-        c.buf.fill(0);
-        c.read(6, 0, len as u32, 0).unwrap();
-        let rc = c.complete(1).unwrap();
-        assert_eq!(
-            (rc[0].opcode(), rc[0].byte_len),
-            (Some(WcOpcode::RdmaRead), len as u32)
-        );
-        assert_eq!(crc(&c.buf.to_vec()), want, "read payload");
-
+        let (_a, _b, s, c) = pair(door, 1 << 20);
         // Send and Write with immediate, Send with solicited event.
         s.post_recv(7, 0, 64).unwrap();
         s.post_recv(8, 0, 64).unwrap();
