@@ -60,6 +60,40 @@ use std::sync::Arc;
 /// A named counter value, for `krdma stat`.
 pub type Counter = (&'static str, u64);
 
+/// A provider's counters: a struct of `AtomicU64` fields, each reported under its own
+/// name by `rows()` (so a counter's name in `krdma stat` is its field's name).
+///
+/// ```
+/// rnicpi::counters!(pub struct Counters {
+///     /// Packets sent.
+///     tx_packets,
+///     rx_packets,
+/// });
+/// let c = Counters::default();
+/// c.tx_packets.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+/// assert_eq!(c.rows(), vec![("tx_packets", 2), ("rx_packets", 0)]);
+/// ```
+#[macro_export]
+macro_rules! counters {
+    ($(#[$sm:meta])* $vis:vis struct $name:ident { $($(#[$m:meta])* $field:ident),* $(,)? }) => {
+        $(#[$sm])*
+        #[derive(Debug, Default)]
+        $vis struct $name {
+            $($(#[$m])* pub $field: std::sync::atomic::AtomicU64,)*
+        }
+
+        impl $name {
+            /// Every counter with its name.
+            pub fn rows(&self) -> Vec<$crate::Counter> {
+                vec![$((
+                    stringify!($field),
+                    self.$field.load(std::sync::atomic::Ordering::Relaxed),
+                ),)*]
+            }
+        }
+    };
+}
+
 /// What a provider needs to build a completion queue.
 pub struct CqInit {
     /// Granted depth (a power of two).

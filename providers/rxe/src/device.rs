@@ -38,53 +38,43 @@ impl Default for RxeConfig {
     }
 }
 
-macro_rules! counters {
-    ($($name:ident),* $(,)?) => {
-        /// Device-wide counters (`krdma stat`).
-        #[derive(Debug, Default)]
-        pub(crate) struct Counters { $(pub $name: AtomicU64,)* }
-        impl Counters {
-            fn rows(&self) -> Vec<Counter> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
-            }
-        }
-    };
-}
-
-counters!(
-    tx_packets,
-    rx_packets,
-    rx_not_ours,
-    tx_bytes,
-    rx_bytes,
-    rx_bad_icrc,
-    rx_malformed,
-    rx_unknown_qp,
-    rx_bad_pkey,
-    rx_wrong_source,
-    rx_dropped_state,
-    retransmits,
-    retry_timeouts,
-    nak_seq_sent,
-    nak_seq_rcvd,
-    rnr_nak_sent,
-    rnr_nak_rcvd,
-    nak_other_sent,
-    nak_other_rcvd,
-    duplicate_requests,
-    acks_sent,
-    qp_access_refused,
-    rd_atomic_refused,
-    remote_inv_refused,
-    cq_overflows,
-    cm_sent,
-    cm_rcvd,
-    cm_retries,
-    cm_unmatched,
-    cm_req_evicted,
-    cm_req_expired,
-    cm_req_refused,
-    qps_created,
+rnicpi::counters!(
+    /// Device-wide counters (`krdma stat`).
+    pub(crate) struct Counters {
+        tx_packets,
+        rx_packets,
+        rx_not_ours,
+        tx_bytes,
+        rx_bytes,
+        rx_bad_icrc,
+        rx_malformed,
+        rx_unknown_qp,
+        rx_bad_pkey,
+        rx_wrong_source,
+        rx_dropped_state,
+        retransmits,
+        retry_timeouts,
+        nak_seq_sent,
+        nak_seq_rcvd,
+        rnr_nak_sent,
+        rnr_nak_rcvd,
+        nak_other_sent,
+        nak_other_rcvd,
+        duplicate_requests,
+        acks_sent,
+        qp_access_refused,
+        rd_atomic_refused,
+        remote_inv_refused,
+        cq_overflows,
+        cm_sent,
+        cm_rcvd,
+        cm_retries,
+        cm_unmatched,
+        cm_req_evicted,
+        cm_req_expired,
+        cm_req_refused,
+        qps_created,
+    }
 );
 
 pub(crate) struct Shared {

@@ -5,7 +5,7 @@ use crate::cm::SiwListener;
 use crate::qp::SiwQp;
 use rnicpi::*;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// How the device is set up.
@@ -30,35 +30,37 @@ impl Default for SiwConfig {
     }
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub tx_fpdus: AtomicU64,
-    pub rx_fpdus: AtomicU64,
-    pub tx_bytes: AtomicU64,
-    pub rx_bytes: AtomicU64,
-    pub crc_errors: AtomicU64,
-    pub bad_fpdus: AtomicU64,
-    pub terminates_sent: AtomicU64,
-    pub terminates_received: AtomicU64,
-    pub connections: AtomicU64,
-    pub conn_requests: AtomicU64,
-    pub cq_overflows: AtomicU64,
-    pub qps_created: AtomicU64,
-    // Connection setup (the CM reactor): what it holds now, and every refusal or drop.
-    /// MPA handshakes under way (gauge).
-    pub handshakes_active: AtomicU64,
-    /// Complete requests waiting for the consumer (gauge).
-    pub requests_pending: AtomicU64,
-    pub handshake_timeouts: AtomicU64,
-    /// Handshakes dropped to make room for a newer connection (backlog full).
-    pub handshakes_evicted: AtomicU64,
-    /// Connections reset at once: backlog full of pending requests, or the device cap.
-    pub connections_refused: AtomicU64,
-    pub requests_expired: AtomicU64,
-    pub accept_errors: AtomicU64,
-    /// Malformed MPA frames, refused requests and failed exchanges.
-    pub bad_mpa: AtomicU64,
-}
+rnicpi::counters!(
+    /// Device-wide counters (`krdma stat`).
+    pub(crate) struct Counters {
+        tx_fpdus,
+        rx_fpdus,
+        tx_bytes,
+        rx_bytes,
+        crc_errors,
+        bad_fpdus,
+        terminates_sent,
+        terminates_received,
+        connections,
+        connect_requests,
+        cq_overflows,
+        qps_created,
+        // Connection setup (the CM reactor): what it holds now, and every refusal or drop.
+        /// MPA handshakes under way (gauge).
+        handshakes_active,
+        /// Complete requests waiting for the consumer (gauge).
+        requests_pending,
+        handshake_timeouts,
+        /// Handshakes dropped to make room for a newer connection (backlog full).
+        handshakes_evicted,
+        /// Connections reset at once: backlog full of pending requests, or the device cap.
+        connections_refused,
+        requests_expired,
+        accept_errors,
+        /// Malformed MPA frames, refused requests and failed exchanges.
+        bad_mpa,
+    }
+);
 
 /// State shared by the device and its objects.
 pub(crate) struct Shared {
@@ -188,33 +190,9 @@ impl Provider for SiwDevice {
     }
 
     fn counters(&self) -> Vec<Counter> {
-        let c = &self.shared.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        [
-            ("tx_fpdus", g(&c.tx_fpdus)),
-            ("rx_fpdus", g(&c.rx_fpdus)),
-            ("tx_bytes", g(&c.tx_bytes)),
-            ("rx_bytes", g(&c.rx_bytes)),
-            ("crc_errors", g(&c.crc_errors)),
-            ("bad_fpdus", g(&c.bad_fpdus)),
-            ("terminates_sent", g(&c.terminates_sent)),
-            ("terminates_received", g(&c.terminates_received)),
-            ("connections", g(&c.connections)),
-            ("connect_requests", g(&c.conn_requests)),
-            ("cq_overflows", g(&c.cq_overflows)),
-            ("qps_created", g(&c.qps_created)),
-            ("handshakes_active", g(&c.handshakes_active)),
-            ("requests_pending", g(&c.requests_pending)),
-            ("handshake_timeouts", g(&c.handshake_timeouts)),
-            ("handshakes_evicted", g(&c.handshakes_evicted)),
-            ("connections_refused", g(&c.connections_refused)),
-            ("requests_expired", g(&c.requests_expired)),
-            ("accept_errors", g(&c.accept_errors)),
-            ("bad_mpa", g(&c.bad_mpa)),
-        ]
-        .into_iter()
-        .chain(self.shared.res.counters())
-        .collect()
+        let mut v = self.shared.counters.rows();
+        v.extend(self.shared.res.counters());
+        v
     }
 
     fn threads_per_connection(&self) -> u32 {

@@ -243,7 +243,7 @@ impl SiwListener {
             );
         }
         let c = &self.dev.counters;
-        c.conn_requests.fetch_add(1, Ordering::Relaxed);
+        c.connect_requests.fetch_add(1, Ordering::Relaxed);
         c.requests_pending.fetch_add(1, Ordering::Relaxed);
         self.sink.deliver(ev);
         Some(id)
