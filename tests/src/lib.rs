@@ -679,17 +679,25 @@ impl Drop for Anonymous {
 }
 
 /// Whether a TCP socket of this network namespace listens on `port`, IPv4 or IPv6, as the
-/// kernel's table shows it (`/proc/net/tcp{,6}`: local address `ADDR:PORT` in hex, state
-/// `0A` = LISTEN). Waiting for a server this way never connects to it: a probe connection
-/// is a client to the program under test.
+/// kernel's table shows it. Waiting for a server this way never connects to it: a probe
+/// connection is a client to the program under test.
 pub fn tcp_listening(port: u16) -> bool {
+    tcp_listener(port).is_some()
+}
+
+/// The socket inode of the TCP socket listening on `port`, if one does
+/// (`/proc/net/tcp{,6}`: local address `ADDR:PORT` in hex, state `0A` = LISTEN, the
+/// inode in the tenth column). A server that closes its listening socket and opens a new
+/// one shows a new inode.
+pub fn tcp_listener(port: u16) -> Option<u64> {
     let suffix = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&suffix) && cols[3] == "0A"
-            })
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|f| {
+        let table = std::fs::read_to_string(f).ok()?;
+        table.lines().skip(1).find_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() > 9 && cols[1].ends_with(&suffix) && cols[3] == "0A")
+                .then(|| cols[9].parse().ok())
+                .flatten()
         })
     })
 }

@@ -140,6 +140,25 @@ fn wait_listening(at: SocketAddr, server: &mut Server) {
     }
 }
 
+/// The inode of the socket listening on `port`, once it is not `previous`.
+fn next_listener(port: u16, previous: Option<u64>, server: &mut Server) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match krdma_tests::tcp_listener(port) {
+            Some(inode) if Some(inode) != previous => return inode,
+            _ => {}
+        }
+        if let Some(st) = server.0.try_wait().unwrap() {
+            panic!("server exited ({st})");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new listening socket on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn run(mut c: Command, what: &str) -> Output {
     let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     if !out.status.success() {
@@ -240,7 +259,12 @@ fn iperf3_case(device: &'static str, daemon: Option<&Daemon>, (so, co): (bool, b
             .unwrap(),
     );
     wait_listening(SocketAddr::new(ip, p), &mut server);
+    let mut listener = None;
     for args in [&["-P", "4"][..], &["-R"][..]] {
+        // iperf3 closes its listening socket after every test and opens a new one; a
+        // client that comes in between is reset (iperf3's own race, with TCP as well).
+        // The next test starts once the new socket listens.
+        listener = Some(next_listener(p, listener, &mut server));
         let out = run(
             {
                 let mut cmd = c.command("iperf3");
