@@ -239,8 +239,14 @@ fn server_ip(s: &End) -> IpAddr {
     }
 }
 
-fn port(n: u16) -> u16 {
-    20000 + (std::process::id() as u16 % 2000) * 10 + n
+/// A TCP port nothing uses: the kernel's pick for a socket bound to port 0, closed again.
+/// (Numbers derived from the test's pid collided between the test processes that run side
+/// by side: a server that could not bind exited before it listened.)
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free TCP port")
+        .port()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -248,7 +254,7 @@ fn port(n: u16) -> u16 {
 fn iperf3_case(device: &'static str, daemon: Option<&Daemon>, (so, co): (bool, bool), n: u8) {
     let (s, c) = ends(device, daemon, so, co, n);
     let front = &s.front;
-    let p = port(n as u16);
+    let p = free_port();
     let ip = server_ip(&s);
     let mut server = Server(
         s.server("iperf3")
@@ -347,7 +353,7 @@ fn sockperf(device: &'static str) {
     }
     for (i, &(so, co)) in CASES.iter().enumerate() {
         let (s, c) = ends(device, None, so, co, i as u8);
-        let p = port(10 + i as u16);
+        let p = free_port();
         let ip = server_ip(&s);
         let mut server = Server(
             s.server("sockperf")
@@ -428,7 +434,7 @@ fn redis(device: &'static str) {
     std::fs::create_dir_all(&dir).unwrap();
     for (i, &(so, co)) in CASES.iter().enumerate() {
         let (s, c) = ends(device, None, so, co, i as u8);
-        let p = port(20 + i as u16);
+        let p = free_port();
         let ip = server_ip(&s);
         let mut server = Server(
             s.server("redis-server")
@@ -578,7 +584,7 @@ fn nginx(device: &'static str) {
     std::fs::write(dir.join("www/small"), b"hello over SDP\n").unwrap();
     for (i, &(so, co)) in CASES.iter().enumerate() {
         let (s, c) = ends(device, None, so, co, i as u8);
-        let p = port(30 + i as u16);
+        let p = free_port();
         let ip = server_ip(&s);
         let conf = dir.join(format!("nginx-{i}.conf"));
         std::fs::write(
