@@ -26,6 +26,6 @@ for p in krdma-ual krdma-itapi krdma-itapi-capi krdma-dapl-provider krdma-sdp-pr
     forbid "$p" 'krdma-(kal|siw|rxe|mlx|stack|tools)|fuser|clap' --no-default-features
 done
 [ $fail = 0 ] || exit 1
-cargo check -q -p krdma-ual -p krdma-itapi-capi -p krdma-dapl-provider -p krdma-sdp-preload \
-    --no-default-features
+cargo check -q --profile ci -p krdma-ual -p krdma-itapi-capi -p krdma-dapl-provider \
+    -p krdma-sdp-preload --no-default-features
 echo "layering: ok"

@@ -37,9 +37,6 @@ if [ "$(id -u)" = 0 ] && [ ! -e /dev/fuse ]; then
 fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-# The crates follow the layers (no provider in the kAL, none in a daemon-only uAL).
-bash scripts/check-layers.sh
-
 # `ci` profile: optimised (the data path is exercised with real traffic) but with debug
 # assertions and overflow checks on.
 cargo test --workspace --doc --profile ci
@@ -47,6 +44,9 @@ cargo test --workspace --doc --profile ci
 # libraries (the DAT provider, the SDP preload library) from target/ci:
 # build them all first (cargo builds a package's binaries for tests of that package only).
 cargo build --workspace --lib --bins --profile ci
+# The crates follow the layers (no provider in the kAL, none in a daemon-only uAL); its
+# compile check reuses the dependencies just built.
+bash scripts/check-layers.sh
 cargo nextest run --workspace --cargo-profile ci --no-fail-fast "$@"
 
 # Short coverage-guided fuzz runs of every target (replaying every stored crash first).
