@@ -13,9 +13,9 @@ mod mpa;
 pub(crate) mod reactor;
 
 use crate::device::Shared;
-use crate::qp::{mpa_frame, Attach, SiwQp};
+use crate::qp::{Attach, SiwQp};
 use crate::wire::{self, MpaFrame};
-use mpa::{send_mpa, HandshakeError};
+use mpa::{mpa_frame, send_mpa, HandshakeError};
 use parking_lot::Mutex;
 use reactor::Command;
 use rnicpi::*;

@@ -74,6 +74,29 @@ pub(crate) fn send_mpa(s: &mut TcpStream, f: &MpaFrame) -> Result<(), HandshakeE
     Ok(())
 }
 
+/// Build the MPA frame a side sends, from its negotiated or offered parameters.
+/// An MPA frame of `revision` (2 carries the RFC 6581 IRD/ORD words, 1 does not).
+pub(crate) fn mpa_frame(
+    reply: bool,
+    crc: bool,
+    reject: bool,
+    revision: u8,
+    ird: u32,
+    ord: u32,
+    pdata: &[u8],
+) -> MpaFrame {
+    let word = |v: u32| v.min(wire::RFC6581_MASK as u32) as u16;
+    MpaFrame {
+        reply,
+        markers: false,
+        crc,
+        reject,
+        revision,
+        ird_ord: (revision == 2).then(|| (word(ird), word(ord))),
+        private_data: pdata.to_vec(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

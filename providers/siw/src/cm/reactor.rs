@@ -11,11 +11,11 @@
 //! vanished connection (out of descriptors, out of memory) take the listener out of the
 //! epoll for a back-off that doubles up to a second, so they never spin.
 
-use super::mpa::{send_mpa, HandshakeError, MpaReader};
+use super::mpa::{mpa_frame, send_mpa, HandshakeError, MpaReader};
 use super::{SiwListener, MPA_TIMEOUT, PENDING_TTL};
 use crate::device::Shared;
 use crate::llp::set_linger_zero;
-use crate::qp::{mpa_frame, SiwQp};
+use crate::qp::SiwQp;
 use crate::wire::MpaFrame;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};

@@ -1,0 +1,359 @@
+//! The I/O shell of a connected QP: its two threads, the transmit pump that writes the
+//! FPDUs the requester and responder produce, and the receive loop that frames the
+//! stream into FPDUs for the responder.
+
+use super::requester::Work;
+use super::state::RESPONDER_WAIT;
+use super::*;
+use crate::llp;
+use std::io::Read;
+use std::net::{Shutdown, TcpStream};
+use std::time::{Duration, Instant};
+
+/// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
+pub(super) struct Tx {
+    llp: Arc<dyn Llp>,
+    /// Bytes a doorbell could not write without waiting: the tx thread writes them
+    /// before anything else.
+    unsent: Vec<u8>,
+    /// The request whose last bytes are in `unsent` (it is settled once they are out).
+    owed: Option<(Wqe, bool)>,
+}
+
+impl Tx {
+    pub(super) fn new(llp: Arc<dyn Llp>) -> Tx {
+        Tx {
+            llp,
+            unsent: Vec::new(),
+            owed: None,
+        }
+    }
+}
+
+/// Who is transmitting: the QP's own tx thread, which may wait for the socket, or a
+/// doorbell in a caller's thread (the daemon's doorbell reactor, or a consumer in
+/// embedded mode), which never waits: it sends small requests while the socket takes
+/// them and leaves the rest to the tx thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Thread,
+    Inline,
+}
+
+/// Writes out a pump's FPDUs in its [`Mode`].
+pub(super) struct Writer<'a> {
+    tx: &'a mut Tx,
+    mode: Mode,
+    counters: &'a crate::device::Counters,
+}
+
+impl Writer<'_> {
+    /// Hand `out` to the LLP and clear it. Inline, what the socket does not take now
+    /// goes to `unsent` (and so does everything after it).
+    fn put(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        match self.mode {
+            Mode::Thread => self.tx.llp.write_all(out)?,
+            Mode::Inline if self.tx.unsent.is_empty() => {
+                let n = self.tx.llp.write_now(out)?;
+                self.tx.unsent.extend_from_slice(&out[n..]);
+            }
+            Mode::Inline => self.tx.unsent.extend_from_slice(out),
+        }
+        self.counters
+            .tx_bytes
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        out.clear();
+        Ok(())
+    }
+}
+
+impl SiwQp {
+    /// Hand the connected stream to the engine: QP to RTS, report `established`, send
+    /// `reply` (the passive side's MPA Reply) and start the I/O threads — in that order,
+    /// so the QP's `Established` is queued before the peer can learn of the connection
+    /// and before the receive thread can report its end (a peer that closes at once is
+    /// still seen to have connected first, as over the IB CM, where the RTU precedes
+    /// any DREQ). A reply that cannot be sent ends the connection as broken.
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        conn: Attach,
+        established: Event,
+        reply: Option<&[u8]>,
+    ) -> Result<()> {
+        let _ = stream.set_nodelay(true);
+        llp::set_linger_zero(&stream);
+        let mss = llp::tcp_mss(&stream).unwrap_or(1460);
+        let rx = stream.try_clone()?;
+        self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
+        if reply.is_some() {
+            // We answer the MPA Request: the Initiator speaks first (RFC 5044 §7.1.2).
+            self.st.lock().hold_until = Some(Instant::now() + RESPONDER_WAIT);
+        }
+        self.sink.deliver(established);
+        // The reply goes out on the still non-blocking stream: a few hundred bytes into
+        // a fresh connection's empty send buffer, never a wait on the peer.
+        let sent = reply.map_or(Ok(()), |r| rx.write_all(r));
+        let started = sent.and_then(|_| rx.set_nonblocking(false)).and_then(|_| {
+            let (a, b) = (self.clone(), self.clone());
+            let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+                std::thread::Builder::new()
+                    .name(name)
+                    .stack_size(256 * 1024)
+                    .spawn(f)
+            };
+            spawn(
+                format!("siw-rx{}", self.qpn),
+                Box::new(move || a.rx_loop(rx)),
+            )
+            .and_then(|_| spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop())))
+        });
+        if let Err(e) = started {
+            // No reply sent or no threads to run the connection: it broke.
+            tracing::info!(qpn = self.qpn, error = %e, "siw connection could not start");
+            self.begin_close(true);
+            self.connection_lost(false);
+            return Ok(());
+        }
+        tracing::info!(
+            qpn = self.qpn,
+            crc = conn.crc,
+            ird = conn.ird,
+            ord = conn.ord,
+            mss,
+            "siw QP connected"
+        );
+        Ok(())
+    }
+
+    pub(super) fn tx_loop(self: Arc<Self>) {
+        loop {
+            {
+                let mut st = self.st.lock();
+                loop {
+                    let busy = st.terminate.is_some() || st.closing || st.qp != QpState::Rts;
+                    if let Some(t) = st.hold_until.filter(|_| !busy) {
+                        // Holding our first FPDU: the first FPDU received (it kicks us)
+                        // or the end of the wait lets it go.
+                        if Instant::now() >= t {
+                            st.hold_until = None;
+                            tracing::debug!(qpn = self.qpn, "siw responder wait over");
+                            break;
+                        }
+                        self.cv.wait_until(&mut st, t);
+                        continue;
+                    }
+                    if st.kick || busy || !st.responses.is_empty() {
+                        break;
+                    }
+                    self.cv.wait(&mut st);
+                }
+                st.kick = false;
+            }
+            if !self.pump(Mode::Thread) {
+                return;
+            }
+        }
+    }
+
+    /// Transmit everything ready, waiting for the LLP as the tx thread does (the engine
+    /// harness plays the tx thread with this).
+    pub(crate) fn transmit(&self) -> bool {
+        self.pump(Mode::Thread)
+    }
+
+    /// Wake the tx thread: there is work a doorbell left to it.
+    pub(super) fn kick_tx(&self) {
+        self.st.lock().kick = true;
+        self.cv.notify_one();
+    }
+
+    /// Transmit what is ready: a pending Terminate, Read Responses, then send-queue work
+    /// (see [`Mode`]). At most one ring's worth of send-queue entries (local operations
+    /// included) per call, the rest left to the tx thread's next round: however the
+    /// consumer churns its ring, one call does bounded work. Returns false once the
+    /// connection is finished. The protocol-state lock is never held while writing.
+    pub(super) fn pump(&self, mode: Mode) -> bool {
+        let mut budget = self.sq.lock().capacity();
+        let mut guard = match mode {
+            Mode::Thread => self.tx.lock(),
+            Mode::Inline => match self.tx.try_lock() {
+                Some(g) => g,
+                None => return true, // the tx thread is at it
+            },
+        };
+        let Some(tx) = guard.as_mut() else {
+            return false;
+        };
+        let mut w = Writer {
+            tx,
+            mode,
+            counters: &self.dev.counters,
+        };
+        if !w.tx.unsent.is_empty() {
+            if mode == Mode::Inline {
+                return true;
+            }
+            let r = w.tx.llp.write_all(&w.tx.unsent);
+            w.tx.unsent.clear();
+            if let Some((wqe, complete_now)) = w.tx.owed.take() {
+                self.settle(&wqe, r.is_ok(), complete_now);
+            }
+            if let Err(e) = r {
+                tracing::debug!(qpn = self.qpn, error = %e, "siw transmit failed");
+                drop(guard);
+                self.connection_lost(false);
+                return false;
+            }
+        }
+        let mut out = Vec::with_capacity(64 * 1024);
+        loop {
+            let work = self.take_work(mode, &mut budget);
+            let r = match work {
+                Work::Idle => return true,
+                Work::Finish => {
+                    w.tx.llp.shutdown(Shutdown::Write);
+                    return false;
+                }
+                Work::Raw(bytes) => {
+                    out.extend_from_slice(&bytes);
+                    let r = w.put(&mut out);
+                    self.st.lock().term_pending = false;
+                    r
+                }
+                Work::Response { rr, crc, mtu } => {
+                    let sent = self.emit_read_response(&mut out, &rr, crc, mtu, &mut |o| w.put(o));
+                    // The IRD slot frees before the last FPDUs leave: the peer may send its
+                    // next Read Request the moment it has them.
+                    {
+                        let mut st = self.st.lock();
+                        st.responding = st.responding.saturating_sub(1);
+                    }
+                    let sent = sent.map(|r| r.and_then(|_| w.put(&mut out)));
+                    match sent {
+                        Ok(r) => r,
+                        Err(code) => {
+                            out.clear();
+                            self.fail(code, None);
+                            continue;
+                        }
+                    }
+                }
+                Work::Request { wqe, crc, mtu, msn } => {
+                    let mut io = Ok(());
+                    let result =
+                        self.emit_request(&mut out, &wqe, crc, mtu, msn, &mut |o: &mut Vec<u8>| {
+                            if io.is_ok() {
+                                io = w.put(o);
+                            }
+                            o.clear();
+                        });
+                    if io.is_ok() {
+                        io = w.put(&mut out);
+                    }
+                    out.clear();
+                    match result {
+                        Ok(complete_now) if io.is_ok() && !w.tx.unsent.is_empty() => {
+                            // The socket is full: the tx thread finishes this request.
+                            w.tx.owed = Some((wqe, complete_now));
+                            self.kick_tx();
+                            return true;
+                        }
+                        Ok(complete_now) => self.settle(&wqe, io.is_ok(), complete_now),
+                        Err(status) => {
+                            let mut st = self.st.lock();
+                            if let Some(i) =
+                                st.inflight.iter().position(|f| !f.sent && f.wqe == wqe)
+                            {
+                                st.inflight.remove(i);
+                            }
+                            if wqe.opcode() == Some(WrOpcode::RdmaRead) {
+                                st.orq.cancel(msn);
+                            }
+                            self.post_cqe(&mut st, &self.scq, cqe_for(&wqe, self.qpn, status, 0));
+                            self.to_error(&mut st);
+                        }
+                    }
+                    io
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!(qpn = self.qpn, error = %e, "siw transmit failed");
+                drop(guard);
+                self.connection_lost(false);
+                return false;
+            }
+        }
+    }
+
+    pub(super) fn rx_loop(self: Arc<Self>, mut sock: TcpStream) {
+        let mut buf = vec![0u8; 70 * 1024];
+        loop {
+            let mut len = [0u8; 2];
+            match read_full(&mut sock, &mut len) {
+                Ok(true) => {}
+                Ok(false) => return self.connection_lost(true),
+                Err(_) => return self.connection_lost(false),
+            }
+            let total = wire::fpdu_len(u16::from_be_bytes(len) as usize);
+            buf[..2].copy_from_slice(&len);
+            match read_full(&mut sock, &mut buf[2..total]) {
+                Ok(true) => {}
+                _ => return self.connection_lost(false),
+            }
+            if !self.receive_fpdu(&buf[..total]) {
+                return self.finish_rx(sock);
+            }
+        }
+    }
+
+    /// After a local Terminate: keep reading (so the peer never stalls on a full window)
+    /// until the tx side has written the Terminate, then half a second more so the peer
+    /// can take it, then close. Bounded: a peer that reads nothing cannot hold us.
+    pub(super) fn finish_rx(&self, sock: TcpStream) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
+        let mut sink = [0u8; 4096];
+        let mut s = &sock;
+        let mut linger_until = None;
+        loop {
+            let now = Instant::now();
+            if linger_until.is_none() && !self.st.lock().term_pending {
+                linger_until = Some(now + Duration::from_millis(500));
+            }
+            if now >= deadline || linger_until.is_some_and(|t| now >= t) {
+                break;
+            }
+            match s.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => break,
+            }
+        }
+        self.connection_lost(false);
+    }
+}
+/// Read exactly `buf.len()` bytes; Ok(false) on a clean EOF before the first byte.
+fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,405 @@
+//! The siw queue pair. The engine is split as Linux siw splits it: the protocol state
+//! (`state`), the requester (send queue → FPDUs, `requester`), the responder (FPDUs →
+//! placements, receive completions, Read Responses, `responder`), Terminate and flush
+//! (`terminate`), and the I/O shell with the two threads (`io`); this module holds the
+//! QP object, its life cycle and the verbs the RNIC-PI calls.
+//!
+//! Locking: `st` (protocol state) is held only briefly and never across socket I/O;
+//! `tx` serialises transmission (the tx thread, or a doorbell transmitting small requests
+//! inline without ever waiting for the socket); the rx thread only reads the socket and
+//! never writes to it, so two peers that both send large messages cannot deadlock on
+//! full TCP buffers.
+
+mod io;
+mod requester;
+mod responder;
+mod state;
+mod terminate;
+
+use crate::device::Shared;
+use crate::llp::Llp;
+use crate::orq::Orq;
+use crate::wire::{self, term, TermCode};
+use io::{Mode, Tx};
+use parking_lot::{Condvar, Mutex};
+use rnicpi::*;
+use state::State;
+use std::collections::VecDeque;
+use std::net::Shutdown;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+pub struct SiwQp {
+    pub qpn: u32,
+    pd: u32,
+    dev: Arc<Shared>,
+    caps: QpCaps,
+    sq: Mutex<Consumer<Wqe>>,
+    rq: Mutex<Consumer<Wqe>>,
+    /// When set, receives come from this SRQ and `rq` is unused.
+    srq: Option<Arc<dyn ProviderSrq>>,
+    scq: Arc<dyn ProviderCq>,
+    rcq: Arc<dyn ProviderCq>,
+    pub(crate) sink: Arc<dyn EventSink>,
+    stats: Arc<RingStats>,
+    st: Mutex<State>,
+    cv: Condvar,
+    tx: Mutex<Option<Tx>>,
+    /// The same stream for closing it: never held across I/O, so an abortive close
+    /// works while the tx thread is blocked writing to a stalled peer.
+    ctl: Mutex<Option<Arc<dyn Llp>>>,
+    me: Weak<SiwQp>,
+}
+
+/// What a QP accepts from its peer until the consumer sets its access flags: what the
+/// iWARP connection manager gives every QP (kernel `iw_cm_init_qp_attr`).
+const DEFAULT_QP_ACCESS: Access = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
+
+/// The Terminate of a QP that lost a completion (CQ overflow): a catastrophic error of
+/// this stream (RFC 5040 §7.2).
+const CQ_OVERFLOW: TermCode = TermCode {
+    layer: term::LAYER_RDMAP,
+    etype: term::RDMAP_REMOTE_OP,
+    ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+};
+
+impl SiwQp {
+    pub(crate) fn new(dev: Arc<Shared>, qpn: u32, init: QpInit) -> Arc<SiwQp> {
+        Arc::new_cyclic(|me| SiwQp {
+            qpn,
+            pd: init.pd,
+            dev,
+            caps: init.caps,
+            sq: Mutex::new(init.sq),
+            rq: Mutex::new(init.rq),
+            srq: init.srq,
+            scq: init.send_cq,
+            rcq: init.recv_cq,
+            sink: init.sink,
+            stats: init.stats,
+            st: Mutex::new(State {
+                qp: QpState::Reset,
+                attr: QpAttr {
+                    access: DEFAULT_QP_ACCESS,
+                    ..QpAttr::default()
+                },
+                connected: false,
+                connecting: false,
+                crc: false,
+                ird: 0,
+                ord: 0,
+                max_ulpdu: 1024,
+                inflight: VecDeque::new(),
+                orq: Orq::default(),
+                tx_msn_send: 1,
+                tx_msn_read: 1,
+                rx_msn_send: 1,
+                rx_msn_read: 1,
+                responses: VecDeque::new(),
+                responding: 0,
+                cur_recv: None,
+                terminate: None,
+                term_pending: false,
+                last_wqe_sent: false,
+                kick: false,
+                closing: false,
+                fin_sent: false,
+                local_close: false,
+                events_sent: false,
+                hold_until: None,
+            }),
+            cv: Condvar::new(),
+            tx: Mutex::new(None),
+            ctl: Mutex::new(None),
+            me: me.clone(),
+        })
+    }
+
+    fn set_state(&self, st: &mut State, to: QpState) {
+        if st.qp != to {
+            tracing::debug!(qpn = self.qpn, from = ?st.qp, ?to, "siw QP state");
+            st.qp = to;
+        }
+    }
+
+    /// Connected over `llp`: negotiated parameters in, QP to RTS. The caller reads the
+    /// stream and runs a transmitter (the I/O threads, or the engine harness).
+    pub(crate) fn enter_rts(
+        &self,
+        llp: Arc<dyn Llp>,
+        crc: bool,
+        ird: u32,
+        ord: u32,
+        mss: usize,
+    ) -> Result<()> {
+        {
+            let mut st = self.st.lock();
+            if st.connected || matches!(st.qp, QpState::Error) {
+                return Err(VerbsError::BadState);
+            }
+            st.connected = true;
+            st.connecting = false;
+            st.crc = crc;
+            st.ird = ird.max(1);
+            st.ord = ord.max(1);
+            st.max_ulpdu = wire::max_ulpdu_for_mss(mss);
+            self.set_state(&mut st, QpState::Rts);
+        }
+        *self.ctl.lock() = Some(llp.clone());
+        *self.tx.lock() = Some(Tx::new(llp));
+        self.dev
+            .counters
+            .connections
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// An active connect ended without attaching a stream (or with `Established` after
+    /// `attach`): report `ev` on the QP.
+    pub(crate) fn connect_done(&self, ev: Event) {
+        self.st.lock().connecting = false;
+        self.sink.deliver(ev);
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.dev
+    }
+
+    /// A strong reference to this QP.
+    pub(crate) fn arc(&self) -> Result<Arc<SiwQp>> {
+        self.me.upgrade().ok_or(VerbsError::BadState)
+    }
+
+    pub(crate) fn limits(&self) -> (u32, u32) {
+        let st = self.st.lock();
+        let ird = if st.attr.max_dest_rd_atomic > 0 {
+            st.attr.max_dest_rd_atomic as u32
+        } else {
+            self.dev.attr.max_ird
+        };
+        let ord = if st.attr.max_rd_atomic > 0 {
+            st.attr.max_rd_atomic as u32
+        } else {
+            self.dev.attr.max_ord
+        };
+        (ird, ord)
+    }
+
+    /// Write a completion. A full CQ (or one whose ring the consumer corrupted) loses it:
+    /// counted, the CQ reports `CqError`, and this QP, which can no longer report its
+    /// work, goes to Error with a Terminate and `QpFatal` (as kernel siw does).
+    fn post_cqe(&self, st: &mut State, cq: &Arc<dyn ProviderCq>, cqe: Cqe) {
+        if cq.engine().push(cqe) {
+            return;
+        }
+        self.dev
+            .counters
+            .cq_overflows
+            .fetch_add(1, Ordering::Relaxed);
+        if st.qp != QpState::Error {
+            rnicpi::warn_limited!(qpn = self.qpn, "siw QP lost a completion: CQ overflow");
+            self.terminate_locked(st, CQ_OVERFLOW, None);
+            self.sink
+                .deliver(Event::new(EventKind::QpFatal).with_status(libc::EOVERFLOW));
+        }
+    }
+
+    /// The consumer corrupted the index of one of the QP's rings: the QP is in Error
+    /// already; count it and tell the consumer.
+    fn ring_corrupt(&self, which: &'static str) {
+        RingStats::count(&self.stats.wq_corrupt);
+        rnicpi::warn_limited!(
+            qpn = self.qpn,
+            which,
+            "siw ring indices corrupt: QP in error"
+        );
+        self.sink
+            .deliver(Event::new(EventKind::QpFatal).with_status(libc::EIO));
+    }
+
+    /// The connection ended (EOF, reset, or a write failure).
+    pub(crate) fn connection_lost(&self, eof: bool) {
+        let mut st = self.st.lock();
+        let was_error = st.qp == QpState::Error;
+        st.connected = false;
+        st.term_pending = false;
+        self.to_error(&mut st);
+        let kind = if eof || st.local_close {
+            EventKind::Disconnected
+        } else {
+            EventKind::ConnectionBroken
+        };
+        let first = !st.events_sent;
+        st.events_sent = true;
+        drop(st);
+        if let Some(s) = self.ctl.lock().as_ref() {
+            s.shutdown(Shutdown::Both);
+        }
+        if first {
+            tracing::info!(qpn = self.qpn, ?kind, was_error, "siw connection closed");
+            self.sink.deliver(Event::new(kind));
+        }
+    }
+
+    /// Close locally: orderly (a FIN once the send queue has drained) or abortive (a TCP
+    /// reset now, as for a destroyed QP or a dead process; outstanding work flushes).
+    pub(crate) fn begin_close(&self, abortive: bool) {
+        {
+            let mut st = self.st.lock();
+            st.local_close = true;
+            if !abortive {
+                st.closing = true;
+                self.cv.notify_all();
+                return;
+            }
+        }
+        // Reset first: once the QP is in Error its tx thread closes the stream in order,
+        // and that FIN must not reach the peer before the reset. Lock order: the tx
+        // thread holds `tx` and then takes `st`; `ctl` is taken alone.
+        if let Some(s) = self.ctl.lock().as_ref() {
+            s.abort();
+        }
+        let mut st = self.st.lock();
+        self.to_error(&mut st);
+    }
+}
+
+/// The negotiated parameters a connection starts with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attach {
+    pub crc: bool,
+    pub ird: u32,
+    pub ord: u32,
+}
+
+pub(crate) fn cqe_for(w: &Wqe, qpn: u32, status: WcStatus, byte_len: u32) -> Cqe {
+    Cqe {
+        wr_id: w.wr_id,
+        status: status as u8,
+        opcode: w.opcode().map(|o| o.wc_opcode() as u8).unwrap_or(0),
+        flags: 0,
+        _reserved: 0,
+        byte_len,
+        qp_num: qpn,
+        imm_or_inv: 0,
+        src_qp: 0,
+        vendor_err: 0,
+    }
+}
+
+impl ProviderQp for SiwQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let mut st = self.st.lock();
+        if mask.contains(QpAttrMask::MAX_RD_ATOMIC) {
+            st.attr.max_rd_atomic = attr.max_rd_atomic.min(self.dev.attr.max_ord as u8);
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            st.attr.max_dest_rd_atomic = attr.max_dest_rd_atomic.min(self.dev.attr.max_ird as u8);
+        }
+        if mask.contains(QpAttrMask::ACCESS) {
+            st.attr.access = attr.access;
+        }
+        if mask.contains(QpAttrMask::STATE) {
+            let to = attr.state;
+            if !st.qp.can_move_to(to) {
+                return Err(VerbsError::BadState);
+            }
+            match to {
+                QpState::Rts | QpState::Sqd if !st.connected => return Err(VerbsError::BadState),
+                QpState::Error => {
+                    drop(st);
+                    self.begin_close(true);
+                    return Ok(());
+                }
+                QpState::Reset if st.connected => return Err(VerbsError::BadState),
+                _ => self.set_state(&mut st, to),
+            }
+        }
+        Ok(())
+    }
+
+    fn query(&self) -> QpAttr {
+        let st = self.st.lock();
+        QpAttr {
+            state: st.qp,
+            ..st.attr
+        }
+    }
+
+    fn doorbell(&self) {
+        {
+            let mut st = self.st.lock();
+            if st.qp == QpState::Error {
+                // Work posted to a QP in Error completes flushed right away.
+                self.to_error(&mut st);
+                return;
+            }
+            st.kick = true;
+        }
+        // Small requests go out inline in the caller's thread while the socket takes
+        // them; nothing here ever waits for the socket or for the tx thread.
+        self.pump(Mode::Inline);
+        self.cv.notify_one();
+    }
+
+    fn connect(&self, peer: std::net::SocketAddr, param: ConnParam) -> Result<()> {
+        let me = self.me.upgrade().ok_or(VerbsError::BadState)?;
+        if param.private_data.len() + 4 > wire::MPA_MAX_PDATA {
+            return Err(VerbsError::Invalid);
+        }
+        {
+            let mut st = self.st.lock();
+            if st.connected
+                || st.connecting
+                || !matches!(st.qp, QpState::Reset | QpState::Init | QpState::Rtr)
+            {
+                return Err(VerbsError::BadState);
+            }
+            st.connecting = true;
+        }
+        let started = crate::cm::connect(me, peer, param);
+        if started.is_err() {
+            self.st.lock().connecting = false;
+        }
+        started
+    }
+
+    fn disconnect(&self, abortive: bool) -> Result<()> {
+        if !self.st.lock().connected {
+            return Err(VerbsError::BadState);
+        }
+        self.begin_close(abortive);
+        Ok(())
+    }
+
+    fn destroy(&self) {
+        // Destroying a connected QP is an abortive close, unless an orderly one already
+        // sent its FIN: then what was sent before it is still delivered.
+        let abort = {
+            let st = self.st.lock();
+            st.connected && !st.fin_sent
+        };
+        if abort {
+            self.begin_close(true);
+        }
+        let mut st = self.st.lock();
+        st.local_close = true;
+        st.events_sent = true;
+        self.to_error(&mut st);
+        drop(st);
+        *self.tx.lock() = None;
+        *self.ctl.lock() = None;
+    }
+
+    fn counters(&self) -> Vec<Counter> {
+        Vec::new()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

@@ -1,0 +1,451 @@
+//! The responder: each FPDU from the peer checked (framing, CRC, DDP/RDMAP header, the
+//! QP's and the registration's rights), then placed (RDMA Write, Read Response), matched
+//! to a posted receive (Send), or queued for an answer (Read Request).
+
+use super::requester::TX_BATCH;
+use super::state::{next_offset, RecvInProgress};
+use super::*;
+use crate::orq::Placement;
+use crate::wire::{Header, Model, Opcode, ReadRequest};
+
+impl SiwQp {
+    pub(super) fn emit_read_response(
+        &self,
+        out: &mut Vec<u8>,
+        rr: &ReadRequest,
+        crc: bool,
+        max_ulpdu: usize,
+        flush: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
+    ) -> Result<std::io::Result<()>, TermCode> {
+        let region = if rr.size > 0 {
+            Some(
+                self.dev
+                    .res
+                    .mrs
+                    .lookup(rr.src_stag)
+                    .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?,
+            )
+        } else {
+            None
+        };
+        let chunk = (max_ulpdu - wire::TAGGED_HDR) as u64;
+        let total = rr.size as u64;
+        let mut off = 0u64;
+        loop {
+            let n = (total - off).min(chunk);
+            let start = wire::begin_fpdu(out);
+            Header {
+                opcode: Opcode::ReadResponse,
+                last: off + n == total,
+                model: Model::Tagged {
+                    stag: rr.sink_stag,
+                    to: rr.sink_to.wrapping_add(off),
+                },
+            }
+            .emit(out);
+            let p = out.len();
+            out.resize(p + n as usize, 0);
+            if let Some(r) = &region {
+                r.read(self.pd, rr.src_to + off, &mut out[p..], Access::REMOTE_READ)
+                    .map_err(access_term)?;
+            }
+            wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+            })?;
+            self.dev.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
+            off += n;
+            if off >= total {
+                return Ok(Ok(()));
+            }
+            if out.len() >= TX_BATCH {
+                if self.st.lock().qp != QpState::Rts {
+                    // The QP failed meanwhile: abandon the response so the Terminate
+                    // queued behind it goes out without waiting for the rest.
+                    out.clear();
+                    return Ok(Ok(()));
+                }
+                if let Err(e) = flush(out) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+    }
+
+    /// The next posted receive: from the SRQ when the QP has one, else its own queue.
+    /// `None` when there is none, and when the ring is corrupt (counted; the missing
+    /// buffer then terminates the connection and moves the QP to Error).
+    pub(super) fn take_recv(&self) -> Option<Wqe> {
+        let taken = match &self.srq {
+            Some(srq) => srq.engine().take(),
+            None => {
+                let r = self.rq.lock().pop();
+                if r.is_err() {
+                    RingStats::count(&self.stats.wq_corrupt);
+                }
+                r
+            }
+        };
+        taken.ok().flatten()
+    }
+
+    /// Process one whole FPDU from the peer: check its framing and CRC, then place or
+    /// queue what it carries; on any violation queue a Terminate and go to Error.
+    /// Returns whether the QP still takes FPDUs.
+    pub(crate) fn receive_fpdu(&self, fpdu: &[u8]) -> bool {
+        let (crc, access) = {
+            let st = self.st.lock();
+            (st.crc, st.attr.access)
+        };
+        self.dev.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
+        self.dev
+            .counters
+            .rx_bytes
+            .fetch_add(fpdu.len() as u64, Ordering::Relaxed);
+        let u = match wire::check_fpdu(fpdu, crc) {
+            Ok(u) => u,
+            Err(e) => {
+                if e == wire::WireError::BadCrc {
+                    self.dev.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let ecode = if e == wire::WireError::BadCrc {
+                    term::LLP_CRC
+                } else {
+                    term::LLP_BAD_FPDU
+                };
+                self.fail(
+                    TermCode {
+                        layer: term::LAYER_LLP,
+                        etype: 0,
+                        ecode,
+                    },
+                    None,
+                );
+                return false;
+            }
+        };
+        if let Err(code) = self.on_ulpdu(u, access) {
+            self.dev.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
+            self.fail(code, Some(&u[..u.len().min(wire::UNTAGGED_HDR)]));
+            return false;
+        }
+        let mut st = self.st.lock();
+        if st.hold_until.take().is_some() {
+            // The Initiator's first FPDU: ours may follow now.
+            st.kick = true;
+            self.cv.notify_all();
+        }
+        st.qp != QpState::Error
+    }
+
+    /// One ULPDU, under the QP's access flags `access`.
+    pub(super) fn on_ulpdu(&self, u: &[u8], access: Access) -> Result<(), TermCode> {
+        let (h, payload) = Header::parse(u).map_err(|e| match e {
+            wire::WireError::BadDdpVersion => TermCode {
+                layer: term::LAYER_DDP,
+                etype: term::DDP_CATASTROPHIC,
+                ecode: term::DDP_INV_VERSION,
+            },
+            wire::WireError::BadRdmapVersion => TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_INV_VERSION,
+            },
+            wire::WireError::BadQueue(_) => TermCode {
+                layer: term::LAYER_DDP,
+                etype: term::DDP_UNTAGGED_BUF,
+                ecode: term::DDP_UNTAGGED_INV_QN,
+            },
+            // The FPDU's length cannot hold the DDP header it announces.
+            wire::WireError::Truncated => TermCode {
+                layer: term::LAYER_LLP,
+                etype: 0,
+                ecode: term::LLP_BAD_FPDU,
+            },
+            _ => TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_UNEXPECTED_OP,
+            },
+        })?;
+        match (h.opcode, h.model) {
+            (Opcode::Write, Model::Tagged { stag, to }) => {
+                require_qp_access(access, Access::REMOTE_WRITE)?;
+                self.place_tagged(stag, to, payload, Access::REMOTE_WRITE)
+            }
+            (Opcode::ReadResponse, Model::Tagged { stag, to }) => {
+                self.on_read_response(stag, to, h.last, payload)
+            }
+            (
+                op,
+                Model::Untagged {
+                    inv_stag, msn, mo, ..
+                },
+            ) if op.is_send() => self.place_send(op, h.last, inv_stag, msn, mo, payload),
+            (Opcode::ReadRequest, Model::Untagged { msn, mo, .. }) => {
+                require_qp_access(access, Access::REMOTE_READ)?;
+                self.on_read_request(h.last, msn, mo, payload)
+            }
+            (Opcode::Terminate, _) => {
+                let code = payload
+                    .get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(|b| TermCode::from_u32(u32::from_be_bytes(b)));
+                rnicpi::warn_limited!(qpn = self.qpn, ?code, "siw peer terminated the connection");
+                self.dev
+                    .counters
+                    .terminates_received
+                    .fetch_add(1, Ordering::Relaxed);
+                let mut st = self.st.lock();
+                self.to_error(&mut st);
+                drop(st);
+                self.sink
+                    .deliver(Event::new(EventKind::QpFatal).with_status(libc::ECONNABORTED));
+                Ok(())
+            }
+            _ => Err(TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_UNEXPECTED_OP,
+            }),
+        }
+    }
+
+    pub(super) fn place_tagged(
+        &self,
+        stag: u32,
+        to: u64,
+        data: &[u8],
+        need: Access,
+    ) -> Result<(), TermCode> {
+        if data.is_empty() {
+            return Ok(()); // zero-length: nothing is placed, no STag is checked
+        }
+        let r = self
+            .dev
+            .res
+            .mrs
+            .lookup(stag)
+            .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
+        r.write(self.pd, to, data, need).map_err(access_term)
+    }
+
+    /// A Read Response segment: accepted only as the next bytes of the oldest
+    /// outstanding read (checked by the ORQ before anything is placed), placed into that
+    /// read's sink, and the read completed with its last segment.
+    pub(super) fn on_read_response(
+        &self,
+        stag: u32,
+        to: u64,
+        last: bool,
+        data: &[u8],
+    ) -> Result<(), TermCode> {
+        let p: Placement = self.st.lock().orq.check(stag, to, data.len(), last)?;
+        // Placed without the state lock: only this thread consumes the ORQ's front, and
+        // a queue cleared meanwhile (QP to Error) ignores the placement below.
+        self.place_tagged(p.stag, p.to, data, Access::LOCAL_WRITE)?;
+        let mut st = self.st.lock();
+        if st.orq.advance(&p).is_none() || st.qp != QpState::Rts {
+            return Ok(());
+        }
+        if let Some(f) = st
+            .inflight
+            .iter_mut()
+            .find(|f| !f.done && f.wqe.opcode() == Some(WrOpcode::RdmaRead))
+        {
+            f.done = true;
+        }
+        self.complete_in_order(&mut st);
+        st.kick = true; // an ORD slot is free
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    pub(super) fn place_send(
+        &self,
+        op: Opcode,
+        last: bool,
+        inv_stag: u32,
+        msn: u32,
+        mo: u32,
+        data: &[u8],
+    ) -> Result<(), TermCode> {
+        let untagged = |ecode| TermCode {
+            layer: term::LAYER_DDP,
+            etype: term::DDP_UNTAGGED_BUF,
+            ecode,
+        };
+        let mut st = self.st.lock();
+        if msn != st.rx_msn_send {
+            return Err(untagged(term::DDP_UNTAGGED_INV_MSN));
+        }
+        if st.cur_recv.is_none() {
+            if mo != 0 {
+                return Err(untagged(term::DDP_UNTAGGED_INV_MO));
+            }
+            let Some(w) = self.take_recv() else {
+                return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
+            };
+            st.cur_recv = Some(RecvInProgress {
+                total: w.total_len(),
+                wqe: w,
+                received: 0,
+            });
+        }
+        let Some(rip) = st.cur_recv.as_mut() else {
+            return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
+        };
+        let end = next_offset(rip, mo, data.len())?;
+        // Scatter into the receive's SGEs starting at message offset `mo`.
+        self.dev
+            .res
+            .mrs
+            .scatter(self.pd, rip.wqe.sges(), mo.into(), data)
+            .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
+        rip.received = end;
+        if !last {
+            return Ok(());
+        }
+        let Some(rip) = st.cur_recv.take() else {
+            return Ok(());
+        };
+        st.rx_msn_send = st.rx_msn_send.wrapping_add(1);
+        let mut cqe = cqe_for(&rip.wqe, self.qpn, WcStatus::Success, rip.received);
+        if op.solicited() {
+            cqe.flags |= wc_flags::SOLICITED;
+        }
+        if op.invalidates() {
+            if let Err(code) = self.remote_invalidate(inv_stag) {
+                cqe.status = WcStatus::RemInvReqErr as u8;
+                self.post_cqe(&mut st, &self.rcq, cqe);
+                return Err(code);
+            }
+            cqe.flags |= wc_flags::WITH_INV;
+            cqe.imm_or_inv = inv_stag;
+        }
+        self.post_cqe(&mut st, &self.rcq, cqe);
+        Ok(())
+    }
+
+    /// Send with Invalidate: the peer may invalidate only what it was given remote
+    /// access to — a memory window, or a registration with remote rights — of this
+    /// QP's protection domain (`docs/security.md`, M6). A local-only buffer (a receive
+    /// buffer, a Read sink) cannot be taken away from the consumer by a peer.
+    pub(super) fn remote_invalidate(&self, stag: u32) -> Result<(), TermCode> {
+        let refused = TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_CANNOT_INVALIDATE,
+        };
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let r = self.dev.res.mrs.lookup(stag).map_err(|_| refused)?;
+        if r.pd != self.pd || !(r.is_window() || r.access.intersects(remote)) {
+            return Err(refused);
+        }
+        r.invalidate();
+        Ok(())
+    }
+
+    pub(super) fn on_read_request(
+        &self,
+        last: bool,
+        msn: u32,
+        mo: u32,
+        payload: &[u8],
+    ) -> Result<(), TermCode> {
+        let untagged = |ecode| TermCode {
+            layer: term::LAYER_DDP,
+            etype: term::DDP_UNTAGGED_BUF,
+            ecode,
+        };
+        let rr = ReadRequest::parse(payload).map_err(|_| untagged(term::DDP_UNTAGGED_TOO_LONG))?;
+        let mut st = self.st.lock();
+        if msn != st.rx_msn_read {
+            return Err(untagged(term::DDP_UNTAGGED_INV_MSN));
+        }
+        if mo != 0 || !last {
+            return Err(untagged(term::DDP_UNTAGGED_INV_MO));
+        }
+        if st.responses.len() as u32 + st.responding >= st.ird {
+            return Err(TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_OP,
+                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+            });
+        }
+        if rr.size > 0 {
+            let r = self.dev.res.mrs.lookup(rr.src_stag).map_err(|_| TermCode {
+                layer: term::LAYER_RDMAP,
+                etype: term::RDMAP_REMOTE_PROT,
+                ecode: term::RDMAP_INV_STAG,
+            })?;
+            r.check(self.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ)
+                .map_err(access_term_rdmap)?;
+        }
+        st.rx_msn_read = st.rx_msn_read.wrapping_add(1);
+        st.responses.push_back(rr);
+        st.kick = true;
+        self.cv.notify_all();
+        Ok(())
+    }
+}
+/// The QP's own access flags must allow an incoming RDMA Write or Read at all, whatever
+/// the registration it names would allow (RFC 5040: access violation).
+fn require_qp_access(access: Access, need: Access) -> Result<(), TermCode> {
+    if access.contains(need) {
+        Ok(())
+    } else {
+        Err(TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_ACCESS,
+        })
+    }
+}
+
+fn tagged_err(ecode: u8) -> TermCode {
+    TermCode {
+        layer: term::LAYER_DDP,
+        etype: term::DDP_TAGGED_BUF,
+        ecode,
+    }
+}
+
+fn access_term(e: AccessError) -> TermCode {
+    match e {
+        AccessError::InvalidStag | AccessError::Invalidated => {
+            tagged_err(term::DDP_TAGGED_INV_STAG)
+        }
+        AccessError::OutOfBounds => tagged_err(term::DDP_TAGGED_BASE_BOUNDS),
+        AccessError::PdMismatch => TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_STAG_NOT_ASSOC,
+        },
+        AccessError::NoRight => TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_PROT,
+            ecode: term::RDMAP_ACCESS,
+        },
+        AccessError::Fault => TermCode {
+            layer: term::LAYER_RDMAP,
+            etype: term::RDMAP_REMOTE_OP,
+            ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+        },
+    }
+}
+
+fn access_term_rdmap(e: AccessError) -> TermCode {
+    let ecode = match e {
+        AccessError::InvalidStag | AccessError::Invalidated => term::RDMAP_INV_STAG,
+        AccessError::OutOfBounds => term::RDMAP_BASE_BOUNDS,
+        AccessError::PdMismatch => term::RDMAP_STAG_NOT_ASSOC,
+        AccessError::NoRight | AccessError::Fault => term::RDMAP_ACCESS,
+    };
+    TermCode {
+        layer: term::LAYER_RDMAP,
+        etype: term::RDMAP_REMOTE_PROT,
+        ecode,
+    }
+}

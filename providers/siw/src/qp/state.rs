@@ -1,0 +1,129 @@
+//! The protocol state of a QP, held under its `st` lock.
+
+use crate::orq::Orq;
+use crate::wire::{term, ReadRequest, TermCode};
+use rnicpi::{QpAttr, QpState, Wqe};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A send-queue request taken from the ring, until it completes.
+pub(super) struct Inflight {
+    pub(super) wqe: Wqe,
+    /// Every byte of its request is with the LLP. A close never flushes such a request
+    /// as if it had not been sent, and it flushes nothing behind one still being
+    /// written: the transmitter settles it first.
+    pub(super) sent: bool,
+    /// Finished: sent (Send, Write, local operations) or answered in full (Read).
+    pub(super) done: bool,
+}
+
+/// The inbound Send message being placed into a posted receive.
+pub(super) struct RecvInProgress {
+    pub(super) wqe: Wqe,
+    pub(super) received: u32,
+    pub(super) total: u64,
+}
+
+/// The next message offset after `len` more bytes of a Send at `mo`, checked against
+/// the receive's size and the 32-bit message offsets and byte counts of the wire and
+/// the completion (a message is at most `u32::MAX` bytes).
+pub(super) fn next_offset(rip: &RecvInProgress, mo: u32, len: usize) -> Result<u32, TermCode> {
+    let untagged = |ecode| TermCode {
+        layer: term::LAYER_DDP,
+        etype: term::DDP_UNTAGGED_BUF,
+        ecode,
+    };
+    if mo != rip.received {
+        return Err(untagged(term::DDP_UNTAGGED_INV_MO));
+    }
+    let end = (mo as u64).saturating_add(len as u64);
+    if end > rip.total || end > u32::MAX as u64 {
+        return Err(untagged(term::DDP_UNTAGGED_TOO_LONG));
+    }
+    Ok(end as u32)
+}
+
+pub(super) struct State {
+    pub(super) qp: QpState,
+    pub(super) attr: QpAttr,
+    pub(super) connected: bool,
+    /// An active connect (TCP + MPA) is under way in the CM reactor.
+    pub(super) connecting: bool,
+    pub(super) crc: bool,
+    pub(super) ird: u32,
+    pub(super) ord: u32,
+    pub(super) max_ulpdu: usize,
+    pub(super) inflight: VecDeque<Inflight>,
+    pub(super) orq: Orq,
+    pub(super) tx_msn_send: u32,
+    pub(super) tx_msn_read: u32,
+    pub(super) rx_msn_send: u32,
+    pub(super) rx_msn_read: u32,
+    pub(super) responses: VecDeque<ReadRequest>,
+    /// Read Responses being transmitted: they hold their IRD slot until fully sent.
+    pub(super) responding: u32,
+    pub(super) cur_recv: Option<RecvInProgress>,
+    pub(super) terminate: Option<Vec<u8>>,
+    /// A Terminate was queued and has not been written to the socket yet.
+    pub(super) term_pending: bool,
+    /// `LastWqeReached` was reported (QPs on an SRQ, once they enter Error).
+    pub(super) last_wqe_sent: bool,
+    pub(super) kick: bool,
+    pub(super) closing: bool,
+    /// The orderly close's FIN has been sent.
+    pub(super) fin_sent: bool,
+    /// Local side asked for the close (Disconnected rather than ConnectionBroken).
+    pub(super) local_close: bool,
+    pub(super) events_sent: bool,
+    /// As MPA Responder: no FPDU goes out before the Initiator's first one has arrived
+    /// (RFC 5044 §7.1.2) or, at the latest, this instant (see [`RESPONDER_WAIT`]).
+    pub(super) hold_until: Option<Instant>,
+}
+
+/// How long an MPA Responder holds its first FPDU for the Initiator's. RFC 5044 makes
+/// the Responder wait for it; an Initiator whose consumer waits for the Responder to
+/// speak first would then wait for ever unless both sides negotiate RFC 6581's
+/// ready-to-receive message, which krdma does not yet: the wait is bounded instead.
+/// Kernel siw as Initiator resets the connection when an FPDU is already in its socket
+/// as it reads the Reply; it has read it well within this time.
+pub(super) const RESPONDER_WAIT: Duration = Duration::from_millis(50);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receiving(received: u32, total: u64) -> RecvInProgress {
+        RecvInProgress {
+            wqe: Wqe::default(),
+            received,
+            total,
+        }
+    }
+
+    #[test]
+    fn message_offsets_and_byte_counts_never_overflow() {
+        // A receive larger than 4 GiB: the message still ends at u32::MAX bytes, what
+        // the 32-bit message offset and the completion's byte count can say.
+        let r = receiving(u32::MAX - 10, 8 << 30);
+        assert_eq!(next_offset(&r, u32::MAX - 10, 10), Ok(u32::MAX));
+        assert_eq!(
+            next_offset(&r, u32::MAX - 10, 11).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_TOO_LONG)
+        );
+        assert_eq!(
+            next_offset(&r, u32::MAX - 10, usize::MAX).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_TOO_LONG)
+        );
+        // The offset must be where the message stands, and the receive must hold it.
+        assert_eq!(
+            next_offset(&r, 0, 1).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_INV_MO)
+        );
+        let small = receiving(10, 16);
+        assert_eq!(next_offset(&small, 10, 6), Ok(16));
+        assert_eq!(
+            next_offset(&small, 10, 7).map_err(|c| c.ecode),
+            Err(term::DDP_UNTAGGED_TOO_LONG)
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! The way into Error: a Terminate for a locally detected protocol error (RFC 5040
+//! §7), and the flush of both queues that every path into Error ends with.
+
+use super::*;
+use crate::wire::{Header, Model, Opcode};
+
+impl SiwQp {
+    /// Move to Error: flush the send and receive queues with `WrFlushErr`. A request
+    /// the transmitter is still writing, and everything behind it in the send queue,
+    /// waits: the transmitter settles it (sent, or failed) and flushes again, so
+    /// completions stay in order and nothing sent is reported as flushed.
+    pub(super) fn to_error(&self, st: &mut State) {
+        self.set_state(st, QpState::Error);
+        self.cv.notify_all();
+        st.orq.clear();
+        st.responses.clear();
+        let mut sq_flushed = true;
+        while let Some(f) = st.inflight.front() {
+            if !f.sent {
+                sq_flushed = false;
+                break;
+            }
+            let Some(f) = st.inflight.pop_front() else {
+                break;
+            };
+            let status = if f.done {
+                WcStatus::Success
+            } else {
+                WcStatus::WrFlushErr
+            };
+            if f.wqe.signaled() || status != WcStatus::Success {
+                let len = if f.done {
+                    u32::try_from(f.wqe.total_len()).unwrap_or(u32::MAX)
+                } else {
+                    0
+                };
+                self.post_cqe(st, &self.scq, cqe_for(&f.wqe, self.qpn, status, len));
+            }
+        }
+        if sq_flushed {
+            // Flush what is queued now, a fixed range: a consumer that keeps refilling
+            // the ring gets the rest flushed at its next doorbell, never an endless loop.
+            let flushed = self.sq.lock().drain_queued(|w| {
+                self.post_cqe(
+                    st,
+                    &self.scq,
+                    cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0),
+                );
+            });
+            if flushed.is_err() {
+                RingStats::count(&self.stats.wq_corrupt);
+            }
+        }
+        if let Some(r) = st.cur_recv.take() {
+            self.post_cqe(
+                st,
+                &self.rcq,
+                cqe_for(&r.wqe, self.qpn, WcStatus::WrFlushErr, 0),
+            );
+        }
+        if self.srq.is_some() {
+            // The SRQ's receives belong to the other QPs; this one just stops taking them.
+            if !st.last_wqe_sent {
+                st.last_wqe_sent = true;
+                self.sink.deliver(Event::new(EventKind::LastWqeReached));
+            }
+            return;
+        }
+        let flushed = self.rq.lock().drain_queued(|w| {
+            self.post_cqe(
+                st,
+                &self.rcq,
+                cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0),
+            );
+        });
+        if flushed.is_err() {
+            RingStats::count(&self.stats.wq_corrupt);
+        }
+    }
+
+    /// A protocol error detected locally: queue a Terminate, go to Error, tell the consumer.
+    pub(super) fn fail(&self, code: TermCode, hdr: Option<&[u8]>) {
+        let mut st = self.st.lock();
+        if st.qp == QpState::Error {
+            return;
+        }
+        rnicpi::warn_limited!(
+            qpn = self.qpn,
+            layer = code.layer,
+            etype = code.etype,
+            ecode = code.ecode,
+            "siw QP terminating"
+        );
+        self.terminate_locked(&mut st, code, hdr);
+        drop(st);
+        let kind = match code.etype {
+            term::RDMAP_REMOTE_PROT if code.layer == term::LAYER_RDMAP => EventKind::QpAccessError,
+            _ if code.layer == term::LAYER_DDP && code.etype == term::DDP_TAGGED_BUF => {
+                EventKind::QpAccessError
+            }
+            _ => EventKind::QpFatal,
+        };
+        self.sink
+            .deliver(Event::new(kind).with_status(libc::EPROTO));
+        self.cv.notify_all();
+    }
+
+    /// Queue a Terminate with `code` (and the offending DDP header) for the tx thread to
+    /// send as the connection's last FPDU, and move to Error.
+    pub(super) fn terminate_locked(&self, st: &mut State, code: TermCode, hdr: Option<&[u8]>) {
+        if st.connected {
+            self.dev
+                .counters
+                .terminates_sent
+                .fetch_add(1, Ordering::Relaxed);
+            let mut t = Vec::with_capacity(64);
+            let start = wire::begin_fpdu(&mut t);
+            Header {
+                opcode: Opcode::Terminate,
+                last: true,
+                model: Model::Untagged {
+                    inv_stag: 0,
+                    qn: wire::QN_TERMINATE,
+                    msn: 1,
+                    mo: 0,
+                },
+            }
+            .emit(&mut t);
+            let mut ctrl = code.to_u32();
+            if let Some(h) = hdr {
+                ctrl |= 1 << 14; // D: the DDP segment header is included
+                t.extend_from_slice(&ctrl.to_be_bytes());
+                t.extend_from_slice(&h[..h.len().min(wire::UNTAGGED_HDR)]);
+            } else {
+                t.extend_from_slice(&ctrl.to_be_bytes());
+            }
+            let _ = wire::finish_fpdu(&mut t, start, st.crc);
+            st.terminate = Some(t);
+            st.term_pending = true;
+        }
+        self.to_error(st);
+    }
+}
