@@ -364,9 +364,103 @@ pub fn check_fpdu(fpdu: &[u8], crc: bool) -> Result<&[u8]> {
     Ok(&fpdu[2..2 + ulpdu])
 }
 
+/// Splits an MPA stream, read in chunks of any size, into whole FPDUs (RFC 5044 §4).
+///
+/// The receive side as Linux siw frames it, minus its in-place placement: the two-byte
+/// length first ([`Framing::Length`]), then the rest of the FPDU ([`Framing::Body`]).
+/// FPDUs that lie wholly inside a chunk are handed out as slices of it; only one that
+/// straddles chunks is gathered, so a large read costs no copy here. The decoder checks
+/// nothing but the length: the CRC and the headers are the engine's to check.
+#[derive(Debug, Default)]
+pub struct FpduDecoder {
+    /// The FPDU straddling chunk boundaries, as far as it has arrived.
+    partial: Vec<u8>,
+    state: Framing,
+}
+
+/// Where an [`FpduDecoder`] stands in the stream.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Between FPDUs, or inside the length field.
+    #[default]
+    Length,
+    /// Inside an FPDU of `total` bytes.
+    Body { total: usize },
+}
+
+impl FpduDecoder {
+    pub fn new() -> FpduDecoder {
+        FpduDecoder::default()
+    }
+
+    /// Take `chunk`, the next bytes of the stream, and hand every FPDU it completes to
+    /// `on_fpdu`, in order. Stops when `on_fpdu` returns false (the bytes after that
+    /// FPDU are dropped) and then returns false.
+    pub fn feed(&mut self, mut chunk: &[u8], mut on_fpdu: impl FnMut(&[u8]) -> bool) -> bool {
+        while !chunk.is_empty() {
+            match self.state {
+                Framing::Length if self.partial.is_empty() => {
+                    // Whole FPDUs straight from the chunk.
+                    while let Some(total) = chunk
+                        .first_chunk::<2>()
+                        .map(|l| fpdu_len(u16::from_be_bytes(*l).into()))
+                    {
+                        let Some((fpdu, rest)) = chunk.split_at_checked(total) else {
+                            break;
+                        };
+                        if !on_fpdu(fpdu) {
+                            return false;
+                        }
+                        chunk = rest;
+                    }
+                    self.gather(&mut chunk, 2);
+                }
+                Framing::Length => {
+                    self.gather(&mut chunk, 2);
+                }
+                Framing::Body { total } => {
+                    self.gather(&mut chunk, total);
+                    if self.partial.len() == total {
+                        let whole = on_fpdu(&self.partial);
+                        self.partial.clear();
+                        self.state = Framing::Length;
+                        if !whole {
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Move bytes from `chunk` into `partial` until it holds `want`; a completed length
+    /// field moves on to the body.
+    fn gather(&mut self, chunk: &mut &[u8], want: usize) {
+        let n = want.saturating_sub(self.partial.len()).min(chunk.len());
+        self.partial.extend_from_slice(&chunk[..n]);
+        *chunk = &chunk[n..];
+        if let (Framing::Length, Some(l)) = (self.state, self.partial.first_chunk::<2>()) {
+            self.state = Framing::Body {
+                total: fpdu_len(u16::from_be_bytes(*l).into()),
+            };
+        }
+    }
+
+    /// Where the decoder stands.
+    pub fn state(&self) -> Framing {
+        self.state
+    }
+
+    /// No FPDU is partly received: the stream may end here cleanly.
+    pub fn at_boundary(&self) -> bool {
+        self.partial.is_empty()
+    }
+}
+
 /// Largest ULPDU so that one FPDU fits an MSS (and the 16-bit length).
 pub fn max_ulpdu_for_mss(mss: usize) -> usize {
-    let fit = (mss.saturating_sub(4) / 4) * 4 - 2;
+    let fit = ((mss.saturating_sub(4) / 4) * 4).saturating_sub(2);
     fit.clamp(64, 65532)
 }
 
@@ -520,6 +614,29 @@ mod tests {
         assert_eq!(check_fpdu(&out, true), Err(WireError::BadCrc));
     }
 
+    #[test]
+    fn the_decoder_stops_where_it_is_told_and_knows_a_torn_fpdu() {
+        let mut stream = Vec::new();
+        for u in [&b"one"[..], b"two", b"three"] {
+            let s = begin_fpdu(&mut stream);
+            stream.extend_from_slice(u);
+            finish_fpdu(&mut stream, s, false).unwrap();
+        }
+        let mut d = FpduDecoder::new();
+        let mut seen = 0;
+        assert!(!d.feed(&stream, |_| {
+            seen += 1;
+            seen < 2
+        }));
+        assert_eq!(seen, 2);
+        let mut d = FpduDecoder::new();
+        assert!(d.feed(&stream[..1], |_| unreachable!()));
+        assert_eq!(d.state(), Framing::Length);
+        assert!(!d.at_boundary());
+        assert!(d.feed(&stream[1..5], |_| unreachable!()));
+        assert_eq!(d.state(), Framing::Body { total: fpdu_len(3) });
+    }
+
     proptest! {
         #[test]
         fn parsers_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -540,6 +657,39 @@ mod tests {
             let (back, payload) = Header::parse(&out).unwrap();
             prop_assert_eq!(back, h);
             prop_assert_eq!(payload, b"xy");
+        }
+
+        #[test]
+        fn fpdus_come_out_whole_however_the_stream_is_cut(
+            ulpdus in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..12),
+            cuts in proptest::collection::vec(0usize..2000, 0..20),
+        ) {
+            let mut stream = Vec::new();
+            let mut want = Vec::new();
+            for u in &ulpdus {
+                let s = begin_fpdu(&mut stream);
+                stream.extend_from_slice(u);
+                finish_fpdu(&mut stream, s, true).unwrap();
+                want.push(stream[s..].to_vec());
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (stream.len() + 1)).collect();
+            cuts.push(stream.len());
+            cuts.sort();
+            let (mut d, mut got, mut at) = (FpduDecoder::new(), Vec::new(), 0);
+            for c in cuts {
+                let going = d.feed(&stream[at..c], |f| {
+                    got.push(f.to_vec());
+                    true
+                });
+                prop_assert!(going);
+                at = c;
+            }
+            prop_assert!(d.at_boundary());
+            prop_assert_eq!(d.state(), Framing::Length);
+            for (g, w) in got.iter().zip(&want) {
+                prop_assert_eq!(check_fpdu(g, true).unwrap(), check_fpdu(w, true).unwrap());
+            }
+            prop_assert_eq!(got, want);
         }
     }
 }

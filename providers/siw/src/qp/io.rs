@@ -10,6 +10,9 @@ use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
+/// Bytes the rx thread asks the socket for at once: many FPDUs per system call.
+const RX_CHUNK: usize = 128 * 1024;
+
 /// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
 pub(super) struct Tx {
     llp: Arc<dyn Llp>,
@@ -289,22 +292,19 @@ impl SiwQp {
         }
     }
 
+    /// The rx thread: read the stream in large chunks and hand each FPDU to the
+    /// responder, until the stream ends or the QP stops taking FPDUs.
     pub(super) fn rx_loop(self: Arc<Self>, mut sock: TcpStream) {
-        let mut buf = vec![0u8; 70 * 1024];
+        let mut buf = vec![0u8; RX_CHUNK];
+        let mut framing = wire::FpduDecoder::new();
         loop {
-            let mut len = [0u8; 2];
-            match read_full(&mut sock, &mut len) {
-                Ok(true) => {}
-                Ok(false) => return self.connection_lost(true),
+            let n = match sock.read(&mut buf) {
+                Ok(0) => return self.connection_lost(framing.at_boundary()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return self.connection_lost(false),
-            }
-            let total = wire::fpdu_len(u16::from_be_bytes(len) as usize);
-            buf[..2].copy_from_slice(&len);
-            match read_full(&mut sock, &mut buf[2..total]) {
-                Ok(true) => {}
-                _ => return self.connection_lost(false),
-            }
-            if !self.receive_fpdu(&buf[..total]) {
+            };
+            if !framing.feed(&buf[..n], |fpdu| self.receive_fpdu(fpdu)) {
                 return self.finish_rx(sock);
             }
         }
@@ -342,18 +342,4 @@ impl SiwQp {
         }
         self.connection_lost(false);
     }
-}
-/// Read exactly `buf.len()` bytes; Ok(false) on a clean EOF before the first byte.
-fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match s.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
 }
