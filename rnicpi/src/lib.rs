@@ -76,6 +76,7 @@ pub mod memory;
 pub mod provider;
 pub mod queue;
 pub mod ratelimit;
+pub mod sim;
 pub mod soft;
 pub mod types;
 pub mod wr;

@@ -189,7 +189,7 @@ impl Llp for MemoryLlp {
 }
 
 /// A network that is not there: the harness's QP is connected over memory.
-struct NoNetwork;
+pub(crate) struct NoNetwork;
 
 impl KalServices for NoNetwork {
     fn addresses(&self) -> Vec<IfAddr> {

@@ -14,7 +14,8 @@
 //! * `cm`: connection management — active connect, listen, accept/reject with private
 //!   data, over TCP sockets from the kAL's LLP services, on one non-blocking reactor
 //!   thread per device;
-//! * [`harness`]: the engine over memory, for fuzzing and deterministic tests.
+//! * [`harness`]: the engine over memory against a scripted peer, for fuzzing;
+//! * [`sim`]: two engines stepped against each other over a simulated stream, seeded.
 //!
 //! Not supported: MPA markers (refused, as kernel siw does), memory windows, SRQs.
 
@@ -24,6 +25,7 @@ pub mod harness;
 mod llp;
 mod orq;
 mod qp;
+pub mod sim;
 pub mod wire;
 
 pub use device::{SiwConfig, SiwDevice};

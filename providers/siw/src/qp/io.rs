@@ -3,7 +3,7 @@
 //! stream into FPDUs for the responder.
 
 use super::requester::Work;
-use super::state::RESPONDER_WAIT;
+use super::state::{Conn, TermTx, RESPONDER_WAIT};
 use super::*;
 use crate::llp;
 use std::io::Read;
@@ -94,7 +94,9 @@ impl SiwQp {
         self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
         if reply.is_some() {
             // We answer the MPA Request: the Initiator speaks first (RFC 5044 §7.1.2).
-            self.st.lock().hold_until = Some(Instant::now() + RESPONDER_WAIT);
+            if let Conn::Up { hold_until } = &mut self.st.lock().conn {
+                *hold_until = Some(Instant::now() + RESPONDER_WAIT);
+            }
         }
         self.sink.deliver(established);
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
@@ -137,12 +139,12 @@ impl SiwQp {
             {
                 let mut st = self.st.lock();
                 loop {
-                    let busy = st.terminate.is_some() || st.closing || st.qp != QpState::Rts;
-                    if let Some(t) = st.hold_until.filter(|_| !busy) {
+                    let busy = st.term.pending() || st.conn.winding_down() || st.qp != QpState::Rts;
+                    if let Some(t) = st.conn.hold().filter(|_| !busy) {
                         // Holding our first FPDU: the first FPDU received (it kicks us)
                         // or the end of the wait lets it go.
                         if Instant::now() >= t {
-                            st.hold_until = None;
+                            st.conn = Conn::Up { hold_until: None };
                             tracing::debug!(qpn = self.qpn, "siw responder wait over");
                             break;
                         }
@@ -224,7 +226,7 @@ impl SiwQp {
                 Work::Raw(bytes) => {
                     out.extend_from_slice(&bytes);
                     let r = w.put(&mut out);
-                    self.st.lock().term_pending = false;
+                    self.st.lock().term = TermTx::None;
                     r
                 }
                 Work::Response { rr, crc, mtu } => {
@@ -321,7 +323,7 @@ impl SiwQp {
         let mut linger_until = None;
         loop {
             let now = Instant::now();
-            if linger_until.is_none() && !self.st.lock().term_pending {
+            if linger_until.is_none() && !self.st.lock().term.pending() {
                 linger_until = Some(now + Duration::from_millis(500));
             }
             if now >= deadline || linger_until.is_some_and(|t| now >= t) {

@@ -23,7 +23,7 @@ use crate::wire::{self, term, TermCode};
 use io::{Mode, Tx};
 use parking_lot::{Condvar, Mutex};
 use rnicpi::*;
-use state::State;
+use state::{Conn, State, TermTx};
 use std::collections::VecDeque;
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
@@ -83,8 +83,7 @@ impl SiwQp {
                     access: DEFAULT_QP_ACCESS,
                     ..QpAttr::default()
                 },
-                connected: false,
-                connecting: false,
+                conn: Conn::Idle,
                 crc: false,
                 ird: 0,
                 ord: 0,
@@ -98,15 +97,9 @@ impl SiwQp {
                 responses: VecDeque::new(),
                 responding: 0,
                 cur_recv: None,
-                terminate: None,
-                term_pending: false,
+                term: TermTx::None,
                 last_wqe_sent: false,
                 kick: false,
-                closing: false,
-                fin_sent: false,
-                local_close: false,
-                events_sent: false,
-                hold_until: None,
             }),
             cv: Condvar::new(),
             tx: Mutex::new(None),
@@ -122,6 +115,13 @@ impl SiwQp {
         }
     }
 
+    fn set_conn(&self, st: &mut State, to: Conn) {
+        if st.conn != to {
+            tracing::debug!(qpn = self.qpn, from = ?st.conn, ?to, "siw connection state");
+            st.conn = to;
+        }
+    }
+
     /// Connected over `llp`: negotiated parameters in, QP to RTS. The caller reads the
     /// stream and runs a transmitter (the I/O threads, or the engine harness).
     pub(crate) fn enter_rts(
@@ -134,11 +134,10 @@ impl SiwQp {
     ) -> Result<()> {
         {
             let mut st = self.st.lock();
-            if st.connected || matches!(st.qp, QpState::Error) {
+            if st.conn.has_stream() || matches!(st.qp, QpState::Error) {
                 return Err(VerbsError::BadState);
             }
-            st.connected = true;
-            st.connecting = false;
+            self.set_conn(&mut st, Conn::Up { hold_until: None });
             st.crc = crc;
             st.ird = ird.max(1);
             st.ord = ord.max(1);
@@ -157,7 +156,11 @@ impl SiwQp {
     /// An active connect ended without attaching a stream (or with `Established` after
     /// `attach`): report `ev` on the QP.
     pub(crate) fn connect_done(&self, ev: Event) {
-        self.st.lock().connecting = false;
+        let mut st = self.st.lock();
+        if st.conn == Conn::Connecting {
+            self.set_conn(&mut st, Conn::Idle);
+        }
+        drop(st);
         self.sink.deliver(ev);
     }
 
@@ -221,16 +224,15 @@ impl SiwQp {
     pub(crate) fn connection_lost(&self, eof: bool) {
         let mut st = self.st.lock();
         let was_error = st.qp == QpState::Error;
-        st.connected = false;
-        st.term_pending = false;
-        self.to_error(&mut st);
-        let kind = if eof || st.local_close {
+        let kind = if eof || st.conn.closed_locally() {
             EventKind::Disconnected
         } else {
             EventKind::ConnectionBroken
         };
-        let first = !st.events_sent;
-        st.events_sent = true;
+        let first = st.conn != Conn::Closed;
+        self.set_conn(&mut st, Conn::Closed);
+        st.term = TermTx::None;
+        self.to_error(&mut st);
         drop(st);
         if let Some(s) = self.ctl.lock().as_ref() {
             s.shutdown(Shutdown::Both);
@@ -246,9 +248,14 @@ impl SiwQp {
     pub(crate) fn begin_close(&self, abortive: bool) {
         {
             let mut st = self.st.lock();
-            st.local_close = true;
+            let to = match st.conn {
+                Conn::FinSent { .. } if !abortive => Conn::FinSent { local: true },
+                c if c.has_stream() && !abortive => Conn::Closing { local: true },
+                c if c.has_stream() => Conn::Aborted,
+                c => c,
+            };
+            self.set_conn(&mut st, to);
             if !abortive {
-                st.closing = true;
                 self.cv.notify_all();
                 return;
             }
@@ -309,13 +316,15 @@ impl ProviderQp for SiwQp {
                 return Err(VerbsError::BadState);
             }
             match to {
-                QpState::Rts | QpState::Sqd if !st.connected => return Err(VerbsError::BadState),
+                QpState::Rts | QpState::Sqd if !st.conn.has_stream() => {
+                    return Err(VerbsError::BadState)
+                }
                 QpState::Error => {
                     drop(st);
                     self.begin_close(true);
                     return Ok(());
                 }
-                QpState::Reset if st.connected => return Err(VerbsError::BadState),
+                QpState::Reset if st.conn.has_stream() => return Err(VerbsError::BadState),
                 _ => self.set_state(&mut st, to),
             }
         }
@@ -351,25 +360,29 @@ impl ProviderQp for SiwQp {
         if param.private_data.len() + 4 > wire::MPA_MAX_PDATA {
             return Err(VerbsError::Invalid);
         }
-        {
+        let before = {
             let mut st = self.st.lock();
-            if st.connected
-                || st.connecting
+            if !matches!(st.conn, Conn::Idle | Conn::Closed)
                 || !matches!(st.qp, QpState::Reset | QpState::Init | QpState::Rtr)
             {
                 return Err(VerbsError::BadState);
             }
-            st.connecting = true;
-        }
+            let before = st.conn;
+            self.set_conn(&mut st, Conn::Connecting);
+            before
+        };
         let started = crate::cm::connect(me, peer, param);
         if started.is_err() {
-            self.st.lock().connecting = false;
+            let mut st = self.st.lock();
+            if st.conn == Conn::Connecting {
+                self.set_conn(&mut st, before);
+            }
         }
         started
     }
 
     fn disconnect(&self, abortive: bool) -> Result<()> {
-        if !self.st.lock().connected {
+        if !self.st.lock().conn.has_stream() {
             return Err(VerbsError::BadState);
         }
         self.begin_close(abortive);
@@ -381,14 +394,14 @@ impl ProviderQp for SiwQp {
         // sent its FIN: then what was sent before it is still delivered.
         let abort = {
             let st = self.st.lock();
-            st.connected && !st.fin_sent
+            st.conn.has_stream() && !matches!(st.conn, Conn::FinSent { .. })
         };
         if abort {
             self.begin_close(true);
         }
+        // Destroyed: no event about the connection any more.
         let mut st = self.st.lock();
-        st.local_close = true;
-        st.events_sent = true;
+        self.set_conn(&mut st, Conn::Closed);
         self.to_error(&mut st);
         drop(st);
         *self.tx.lock() = None;

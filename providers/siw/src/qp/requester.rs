@@ -2,7 +2,7 @@
 //! Write, Read Request) or performed locally (Local Invalidate, Bind MW), and completed
 //! in order once sent or answered.
 
-use super::state::Inflight;
+use super::state::{Conn, Inflight};
 use super::*;
 use crate::orq::OutstandingRead;
 use crate::wire::{Header, Model, Opcode, ReadRequest};
@@ -35,24 +35,27 @@ impl SiwQp {
     /// thread's next round.
     pub(super) fn take_work(&self, mode: Mode, budget: &mut u32) -> Work {
         let mut st = self.st.lock();
-        if mode == Mode::Inline && (st.terminate.is_some() || !st.responses.is_empty()) {
+        if mode == Mode::Inline && (st.term.pending() || !st.responses.is_empty()) {
             st.kick = true; // Terminates and Read Responses go out from the tx thread
             self.cv.notify_one();
             return Work::Idle;
         }
-        if let Some(t) = st.terminate.take() {
-            st.closing = true;
+        if let Some(t) = st.term.start_writing() {
+            if let Conn::Up { .. } = st.conn {
+                self.set_conn(&mut st, Conn::Closing { local: false });
+            }
             return Work::Raw(t);
         }
         if st.qp != QpState::Rts {
-            return if st.closing || st.qp == QpState::Error {
-                st.fin_sent = true;
+            return if st.conn.winding_down() || st.qp == QpState::Error {
+                let fin = st.conn.fin_written();
+                self.set_conn(&mut st, fin);
                 Work::Finish
             } else {
                 Work::Idle
             };
         }
-        if st.hold_until.is_some_and(|t| Instant::now() < t) && !st.closing {
+        if st.conn.hold().is_some_and(|t| Instant::now() < t) {
             return Work::Idle; // the tx thread sends it when the wait is over
         }
         let (crc, mtu) = (st.crc, st.max_ulpdu);
@@ -70,8 +73,9 @@ impl SiwQp {
             Ok(Some(w)) => w,
             Ok(None) => {
                 drop(sq);
-                return if st.closing && st.inflight.is_empty() {
-                    st.fin_sent = true;
+                return if st.conn.winding_down() && st.inflight.is_empty() {
+                    let fin = st.conn.fin_written();
+                    self.set_conn(&mut st, fin);
                     Work::Finish
                 } else {
                     Work::Idle

@@ -3,6 +3,7 @@
 //! to a posted receive (Send), or queued for an answer (Read Request).
 
 use super::requester::TX_BATCH;
+use super::state::Conn;
 use super::state::{next_offset, RecvInProgress};
 use super::*;
 use crate::orq::Placement;
@@ -131,7 +132,11 @@ impl SiwQp {
             return false;
         }
         let mut st = self.st.lock();
-        if st.hold_until.take().is_some() {
+        if let Conn::Up {
+            hold_until: hold @ Some(_),
+        } = &mut st.conn
+        {
+            *hold = None;
             // The Initiator's first FPDU: ours may follow now.
             st.kick = true;
             self.cv.notify_all();

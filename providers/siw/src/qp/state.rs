@@ -44,11 +44,11 @@ pub(super) fn next_offset(rip: &RecvInProgress, mo: u32, len: usize) -> Result<u
 }
 
 pub(super) struct State {
+    /// The verbs state the consumer sees.
     pub(super) qp: QpState,
+    /// The life of the connection under it.
+    pub(super) conn: Conn,
     pub(super) attr: QpAttr,
-    pub(super) connected: bool,
-    /// An active connect (TCP + MPA) is under way in the CM reactor.
-    pub(super) connecting: bool,
     pub(super) crc: bool,
     pub(super) ird: u32,
     pub(super) ord: u32,
@@ -63,21 +63,115 @@ pub(super) struct State {
     /// Read Responses being transmitted: they hold their IRD slot until fully sent.
     pub(super) responding: u32,
     pub(super) cur_recv: Option<RecvInProgress>,
-    pub(super) terminate: Option<Vec<u8>>,
-    /// A Terminate was queued and has not been written to the socket yet.
-    pub(super) term_pending: bool,
+    pub(super) term: TermTx,
     /// `LastWqeReached` was reported (QPs on an SRQ, once they enter Error).
     pub(super) last_wqe_sent: bool,
+    /// The tx thread has work (the doorbell, a Read Request, a freed ORD slot).
     pub(super) kick: bool,
-    pub(super) closing: bool,
-    /// The orderly close's FIN has been sent.
-    pub(super) fin_sent: bool,
-    /// Local side asked for the close (Disconnected rather than ConnectionBroken).
-    pub(super) local_close: bool,
-    pub(super) events_sent: bool,
-    /// As MPA Responder: no FPDU goes out before the Initiator's first one has arrived
-    /// (RFC 5044 §7.1.2) or, at the latest, this instant (see [`RESPONDER_WAIT`]).
-    pub(super) hold_until: Option<Instant>,
+}
+
+/// The life of a QP's connection (its LLP stream), beside the verbs state: Linux siw's
+/// `siw_qp_state` (IDLE, RTS, CLOSING, TERMINATE, ERROR) made explicit, with the facts
+/// each state needs in it.
+///
+/// ```text
+/// Idle ─connect→ Connecting ─(CM attaches a stream)→ Up ─disconnect──→ Closing{local}
+///   │  ←─(connect failed)─┘                           │ ─our Terminate→ Closing{!local}
+///   └────────────────(passive side: accept)──────────→┤ ─abort/destroy→ Aborted
+///                                   Closing ─(send queue drained, FIN)→ FinSent
+///               Up, Closing, FinSent, Aborted ─(stream ends or fails)→ Closed
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Conn {
+    /// No stream yet.
+    Idle,
+    /// An active connect (TCP + MPA) is under way in the CM reactor.
+    Connecting,
+    /// Streaming. As MPA Responder our first FPDU waits for the Initiator's (RFC 5044
+    /// §7.1.2) or, at the latest, for `hold_until` (see [`RESPONDER_WAIT`]).
+    Up { hold_until: Option<Instant> },
+    /// Going down in order: the FIN follows the last request (a local disconnect) or
+    /// our Terminate. `local`: the consumer asked (it is told `Disconnected`, not
+    /// `ConnectionBroken`).
+    Closing { local: bool },
+    /// The FIN is written; the stream's end is awaited.
+    FinSent { local: bool },
+    /// A local abortive close reset the stream; its threads are seeing it.
+    Aborted,
+    /// The stream is gone and the consumer was told (or destroyed the QP: nothing to tell).
+    Closed,
+}
+
+impl Conn {
+    /// A stream is attached and has not ended.
+    pub(super) fn has_stream(self) -> bool {
+        matches!(
+            self,
+            Conn::Up { .. } | Conn::Closing { .. } | Conn::FinSent { .. } | Conn::Aborted
+        )
+    }
+
+    /// An orderly close is under way or done.
+    pub(super) fn winding_down(self) -> bool {
+        matches!(self, Conn::Closing { .. } | Conn::FinSent { .. })
+    }
+
+    /// The consumer closed it (a local disconnect, abort or destroy).
+    pub(super) fn closed_locally(self) -> bool {
+        matches!(
+            self,
+            Conn::Closing { local: true } | Conn::FinSent { local: true } | Conn::Aborted
+        )
+    }
+
+    /// The Responder's hold on its first FPDU, while it lasts.
+    pub(super) fn hold(self) -> Option<Instant> {
+        match self {
+            Conn::Up { hold_until } => hold_until,
+            _ => None,
+        }
+    }
+
+    /// The orderly close's FIN has gone out.
+    pub(super) fn fin_written(self) -> Conn {
+        match self {
+            Conn::Closing { local } | Conn::FinSent { local } => Conn::FinSent { local },
+            Conn::Up { .. } => Conn::FinSent { local: false },
+            other => other,
+        }
+    }
+}
+
+/// The Terminate of this connection on its way out.
+#[derive(Debug, Default)]
+pub(super) enum TermTx {
+    #[default]
+    None,
+    /// Built, for the transmitter to send as the stream's last FPDU.
+    Queued(Vec<u8>),
+    /// Taken by the transmitter, being written.
+    Writing,
+}
+
+impl TermTx {
+    /// The queued Terminate, now being written.
+    pub(super) fn start_writing(&mut self) -> Option<Vec<u8>> {
+        match std::mem::take(self) {
+            TermTx::Queued(t) => {
+                *self = TermTx::Writing;
+                Some(t)
+            }
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
+    /// A Terminate is queued or being written.
+    pub(super) fn pending(&self) -> bool {
+        !matches!(self, TermTx::None)
+    }
 }
 
 /// How long an MPA Responder holds its first FPDU for the Initiator's. RFC 5044 makes

@@ -1,6 +1,7 @@
 //! The way into Error: a Terminate for a locally detected protocol error (RFC 5040
 //! §7), and the flush of both queues that every path into Error ends with.
 
+use super::state::TermTx;
 use super::*;
 use crate::wire::{Header, Model, Opcode};
 
@@ -108,7 +109,7 @@ impl SiwQp {
     /// Queue a Terminate with `code` (and the offending DDP header) for the tx thread to
     /// send as the connection's last FPDU, and move to Error.
     pub(super) fn terminate_locked(&self, st: &mut State, code: TermCode, hdr: Option<&[u8]>) {
-        if st.connected {
+        if st.conn.has_stream() {
             self.dev
                 .counters
                 .terminates_sent
@@ -135,8 +136,7 @@ impl SiwQp {
                 t.extend_from_slice(&ctrl.to_be_bytes());
             }
             let _ = wire::finish_fpdu(&mut t, start, st.crc);
-            st.terminate = Some(t);
-            st.term_pending = true;
+            st.term = TermTx::Queued(t);
         }
         self.to_error(st);
     }

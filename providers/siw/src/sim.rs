@@ -1,0 +1,266 @@
+//! Two siw QPs stepped against each other over a simulated byte stream: no socket, no
+//! thread, no root, and every run decided by its seed.
+//!
+//! iWARP leaves loss, duplication and reordering to TCP, so what a siw engine must
+//! survive from its link is how the stream is cut and paced: FPDUs split at any byte,
+//! many FPDUs in one read, a send buffer that fills (the doorbell then hands the rest of
+//! a request to the transmitter), bytes corrupted underneath the CRC, and the stream
+//! ending in order (FIN) or abortively (reset) at any point. [`Sim`] plays both QPs' threads
+//! in one thread as the real ones would run them — the receive thread's framing
+//! ([`FpduDecoder`] into the responder, end of stream, the wind-down after a Terminate)
+//! and the transmit thread's pump — and moves the bytes between them in chunks and at
+//! moments the seed chooses.
+
+use crate::harness::NoNetwork;
+use crate::llp::Llp;
+use crate::qp::SiwQp;
+use crate::wire::FpduDecoder;
+use crate::{SiwConfig, SiwDevice};
+use parking_lot::Mutex;
+use rnicpi::sim::{SimQp, SimRng};
+use std::collections::VecDeque;
+use std::io;
+use std::net::Shutdown;
+use std::sync::Arc;
+
+/// How the simulated stream is cut and paced.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamModel {
+    /// Largest chunk a receive thread reads at once (each read takes 1..=this bytes).
+    pub max_chunk: usize,
+    /// Bytes a sender's socket buffer holds beyond what the peer has read: a write that
+    /// never waits (the doorbell's) takes no more than that.
+    pub window: usize,
+    /// MSS the connection is set up with: the largest FPDU follows from it.
+    pub mss: usize,
+    /// MPA CRC negotiated.
+    pub crc: bool,
+}
+
+impl Default for StreamModel {
+    fn default() -> Self {
+        StreamModel {
+            max_chunk: 64 * 1024,
+            window: 256 * 1024,
+            mss: 1460,
+            crc: true,
+        }
+    }
+}
+
+/// One direction of the connection: what a QP wrote that its peer has not read.
+#[derive(Debug, Default)]
+struct Pipe {
+    state: Mutex<PipeState>,
+    window: usize,
+}
+
+#[derive(Debug, Default)]
+struct PipeState {
+    bytes: VecDeque<u8>,
+    /// The writer closed its side in order: the reader sees the end after the bytes.
+    fin: bool,
+    /// The writer reset the connection: the bytes in flight are gone.
+    reset: bool,
+}
+
+impl Llp for Pipe {
+    fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
+        let mut s = self.state.lock();
+        if s.fin || s.reset {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        s.bytes.extend(bytes);
+        Ok(())
+    }
+
+    fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        let mut s = self.state.lock();
+        if s.fin || s.reset {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let n = bytes.len().min(self.window.saturating_sub(s.bytes.len()));
+        s.bytes.extend(&bytes[..n]);
+        Ok(n)
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        if how != Shutdown::Read {
+            self.state.lock().fin = true;
+        }
+    }
+
+    fn abort(&self) {
+        let mut s = self.state.lock();
+        s.reset = true;
+        s.bytes.clear();
+    }
+}
+
+/// One end: the QP, what it writes, and its receive thread's state.
+struct End {
+    qp: SimQp,
+    engine: Arc<SiwQp>,
+    out: Arc<Pipe>,
+    framing: FpduDecoder,
+    /// The responder stopped taking FPDUs (it sent a Terminate): what comes is dropped.
+    rx_stopped: bool,
+    /// The receive thread has ended (the connection is lost for this QP).
+    rx_done: bool,
+}
+
+/// Two connected siw QPs and the stream between them.
+pub struct Sim {
+    _dev: Arc<SiwDevice>,
+    ends: [End; 2],
+    rng: SimRng,
+    model: StreamModel,
+    /// Bytes moved from each end to the other.
+    moved: [u64; 2],
+    /// Corrupt the byte at this offset of the stream from end 0 (once).
+    corrupt_at: Option<u64>,
+}
+
+impl Sim {
+    /// Two QPs on one siw device, each with a `buf_len`-byte registered buffer and
+    /// queues `depth` deep, connected (RTS, IRD = ORD = 4) over a simulated stream.
+    pub fn new(seed: u64, model: StreamModel, buf_len: usize, depth: u32) -> Sim {
+        let dev = SiwDevice::new(SiwConfig::default(), Arc::new(NoNetwork));
+        let end = || {
+            let qp = SimQp::new(&*dev, buf_len, depth);
+            let engine = qp
+                .engine
+                .as_any()
+                .downcast_ref::<SiwQp>()
+                .and_then(|q| q.arc().ok())
+                .expect("a siw QP");
+            let out = Arc::new(Pipe {
+                window: model.window,
+                ..Pipe::default()
+            });
+            engine
+                .enter_rts(out.clone(), model.crc, 4, 4, model.mss)
+                .expect("QP to RTS");
+            End {
+                qp,
+                engine,
+                out,
+                framing: FpduDecoder::new(),
+                rx_stopped: false,
+                rx_done: false,
+            }
+        };
+        let ends = [end(), end()];
+        Sim {
+            _dev: dev,
+            ends,
+            rng: SimRng::new(seed),
+            model,
+            moved: [0; 2],
+            corrupt_at: None,
+        }
+    }
+
+    /// The QP of end `i` (0 or 1) as its consumer holds it.
+    pub fn qp(&self, i: usize) -> &SimQp {
+        &self.ends[i].qp
+    }
+
+    /// The QP of end `i`, to fill its buffer.
+    pub fn qp_mut(&mut self, i: usize) -> &mut SimQp {
+        &mut self.ends[i].qp
+    }
+
+    /// Flip a bit of the byte at `offset` of the stream end 0 sends.
+    pub fn corrupt_from_0_at(&mut self, offset: u64) {
+        self.corrupt_at = Some(offset);
+    }
+
+    /// Bytes moved so far from end `i` to the other.
+    pub fn moved_from(&self, i: usize) -> u64 {
+        self.moved[i]
+    }
+
+    /// One step: both transmitters run, then one direction chosen by the seed moves a
+    /// chunk (or delivers the end of its stream). False when nothing is left to do.
+    pub fn step(&mut self) -> bool {
+        for e in &self.ends {
+            if !e.rx_done {
+                e.engine.transmit();
+            }
+        }
+        let ready: Vec<usize> = (0..2).filter(|&i| self.has_news(i)).collect();
+        if ready.is_empty() {
+            return false;
+        }
+        let from = ready[self.rng.upto(ready.len() as u64 - 1) as usize];
+        self.deliver(from);
+        true
+    }
+
+    /// Step until nothing is left to do, at most `limit` steps; false if the limit was
+    /// reached (something keeps going: a livelock).
+    pub fn run(&mut self, limit: usize) -> bool {
+        (0..limit).any(|_| !self.step())
+    }
+
+    /// Whether the stream from `from` has something for its reader: bytes, its end, or
+    /// (for a reader that stopped after its Terminate) the moment to give up.
+    fn has_news(&self, from: usize) -> bool {
+        let to = &self.ends[1 - from];
+        if to.rx_done {
+            return false;
+        }
+        let s = self.ends[from].out.state.lock();
+        let own = to.out.state.lock();
+        !s.bytes.is_empty() || s.fin || s.reset || own.reset || (to.rx_stopped && own.fin)
+    }
+
+    /// Give the reader of the stream from `from` what its receive thread would get next.
+    fn deliver(&mut self, from: usize) {
+        let max = self.model.max_chunk.max(1) as u64;
+        let n = 1 + self.rng.upto(max - 1) as usize;
+        let (chunk, fin, reset) = {
+            let mut s = self.ends[from].out.state.lock();
+            let n = n.min(s.bytes.len());
+            let chunk: Vec<u8> = s.bytes.drain(..n).collect();
+            (chunk, s.fin && s.bytes.is_empty(), s.reset)
+        };
+        let mut chunk = chunk;
+        if from == 0 {
+            if let Some(at) = self.corrupt_at {
+                let start = self.moved[0];
+                if at >= start && at < start + chunk.len() as u64 {
+                    chunk[(at - start) as usize] ^= 0x10;
+                    self.corrupt_at = None;
+                }
+            }
+        }
+        self.moved[from] += chunk.len() as u64;
+        let to = &mut self.ends[1 - from];
+        if reset || to.out.state.lock().reset {
+            // A reset, from the peer or our own abortive close: the reader's socket fails.
+            to.rx_done = true;
+            to.engine.connection_lost(false);
+            return;
+        }
+        if !to.rx_stopped && !chunk.is_empty() {
+            let engine = &to.engine;
+            to.rx_stopped = !to.framing.feed(&chunk, |f| engine.receive_fpdu(f));
+        }
+        let own_end_sent = {
+            let own = to.out.state.lock();
+            own.fin || own.reset
+        };
+        if to.rx_stopped && own_end_sent {
+            // After its Terminate the receive thread drains until the Terminate is out
+            // (and the FIN behind it), then ends the connection.
+            to.rx_done = true;
+            to.engine.connection_lost(false);
+        } else if fin {
+            to.rx_done = true;
+            let clean = to.framing.at_boundary();
+            to.engine.connection_lost(clean);
+        }
+    }
+}
