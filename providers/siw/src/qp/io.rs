@@ -3,7 +3,7 @@
 //! stream into FPDUs for the responder.
 
 use super::requester::Work;
-use super::state::{Conn, TermTx, RESPONDER_WAIT};
+use super::state::{Conn, TermTx, INITIATOR_PAUSE, RESPONDER_WAIT};
 use super::*;
 use crate::llp;
 use std::io::Read;
@@ -92,11 +92,16 @@ impl SiwQp {
         let mss = llp::tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
         self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
-        if reply.is_some() {
-            // We answer the MPA Request: the Initiator speaks first (RFC 5044 §7.1.2).
-            if let Conn::Up { hold_until } = &mut self.st.lock().conn {
-                *hold_until = Some(Instant::now() + RESPONDER_WAIT);
-            }
+        // The Responder's first FPDU waits for the Initiator's (RFC 5044 §7.1.2); the
+        // Initiator's pauses briefly after the Reply (see `INITIATOR_PAUSE`). Either
+        // hold ends early when an FPDU arrives from the peer.
+        let hold = if reply.is_some() {
+            RESPONDER_WAIT
+        } else {
+            INITIATOR_PAUSE
+        };
+        if let Conn::Up { hold_until } = &mut self.st.lock().conn {
+            *hold_until = Some(Instant::now() + hold);
         }
         self.sink.deliver(established);
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
