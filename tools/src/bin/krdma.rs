@@ -38,6 +38,9 @@ enum Cmd {
         bytes: u64,
         #[arg(long, default_value_t = 5000)]
         iters: u32,
+        /// Print each device's table as Markdown, and nothing else (scripts/bench.sh).
+        #[arg(long)]
+        markdown: bool,
     },
     /// rdma_cm ping with RDMA Read/Write and data check, interoperable with rdma-core's rping.
     Rping(RpingArgs),
@@ -231,7 +234,8 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             device,
             bytes,
             iters,
-        } => demo(target, &device, bytes, iters),
+            markdown,
+        } => demo(target, &device, bytes, iters, markdown),
         Cmd::Rping(a) => rping(target, a),
         Cmd::Pingpong(a) => {
             let o = tools::pingpong::Options {
@@ -487,6 +491,7 @@ fn demo(
     device: &str,
     bytes: u64,
     iters: u32,
+    markdown: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let server = Context::open_target(target)?;
     let client = Context::open_target(target)?;
@@ -495,9 +500,11 @@ fn demo(
         name => vec![server.device(name)?],
     };
     for dev in &devices {
-        demo_device(target, &server, &client, dev, bytes, iters)?;
+        demo_device(target, &server, &client, dev, bytes, iters, markdown)?;
     }
-    stat(&server)?;
+    if !markdown {
+        stat(&server)?;
+    }
     Ok(())
 }
 
@@ -537,6 +544,7 @@ fn demo_device(
     dev: &ual::DeviceInfo,
     bytes: u64,
     iters: u32,
+    markdown: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let device = dev.name.as_str();
     let base = match dev.transport {
@@ -545,12 +553,18 @@ fn demo_device(
             datagram: server.query_port(dev.index, 1)?.active_mtu as usize,
         },
     };
-    println!(
+    let heading = format!(
         "krdma demo: {device} ({}) over loopback, kAL front door: {}",
         dev.transport.name(),
         target.describe()
     );
     let mut t = table(&["test", "krdma", base.name(), "ratio"]);
+    if markdown {
+        t.load_preset(comfy_table::presets::ASCII_MARKDOWN);
+        println!("#### {heading}\n");
+    } else {
+        println!("{heading}");
+    }
     for msg in [64u32 << 10, 1 << 20] {
         let (s, c) = perf::connect_pair(server, client, device, msg as usize, 4096)?;
         for (op, name) in [
@@ -581,5 +595,8 @@ fn demo_device(
         ]);
     }
     println!("{t}");
+    if markdown {
+        println!();
+    }
     Ok(())
 }
