@@ -71,7 +71,8 @@ impl At for Field {
 /// A buffer shorter than the structure it should hold. Each wire module's error converts
 /// from it (`From<Truncated>`), which is what [`fixed_header_view!`](crate::fixed_header_view)'s
 /// `new_checked` returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("buffer too short: need {need} bytes, have {have}")]
 pub struct Truncated {
     /// Bytes the structure needs.
     pub need: usize,
