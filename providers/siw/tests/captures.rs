@@ -5,7 +5,9 @@
 //! kernel siw (rping in both roles). Every TCP stream is reassembled, the MPA Request and
 //! Reply are parsed, and then every FPDU: length, padding, CRC32c when negotiated, DDP/RDMAP
 //! header and Read Request body. No error is allowed; a capture cut short may end inside one
-//! FPDU. The FPDUs found also seed a fuzz test of the parsers.
+//! FPDU. Every frame and FPDU parsed is emitted again from what was parsed, and must come
+//! out byte for byte as captured (the CRC included). The FPDUs found also seed a fuzz test
+//! of the parsers.
 
 use proptest::prelude::*;
 use siw::wire::{self, FpduPacket, Header, MpaFrame, Opcode, RdmapPacket, ReadRequest};
@@ -131,9 +133,30 @@ fn parse_fpdus(
         }
         let u = RdmapPacket::new_checked(f.ulpdu()).map_err(|e| format!("ULPDU at {off}: {e}"))?;
         let h = Header::parse(&u).map_err(|e| format!("header at {off}: {e}"))?;
-        if h.opcode == Opcode::ReadRequest {
-            ReadRequest::parse_bytes(u.payload())
-                .map_err(|e| format!("read request at {off}: {e}"))?;
+        let rr = match h.opcode {
+            Opcode::ReadRequest => Some(
+                ReadRequest::parse_bytes(u.payload())
+                    .map_err(|e| format!("read request at {off}: {e}"))?,
+            ),
+            _ => None,
+        };
+        // Emitted again from what was parsed: the same bytes.
+        let mut again = Vec::new();
+        let start = wire::begin_fpdu(&mut again);
+        h.emit(wire::grow(&mut again, h.buffer_len()));
+        match rr {
+            Some(rr) => again.extend_from_slice(&rr.to_vec()),
+            None => again.extend_from_slice(u.payload()),
+        }
+        wire::finish_fpdu(&mut again, start, crc).unwrap();
+        // Kernel siw's pad bytes are whatever its buffer held: keep them (under the CRC).
+        let mut p = FpduPacket::new_checked(&mut again[start..]).unwrap();
+        p.pad_mut().copy_from_slice(f.pad());
+        p.fill_crc(crc);
+        if again != fpdu {
+            return Err(format!(
+                "FPDU at {off} re-emitted differs:\n{fpdu:02x?}\n{again:02x?}"
+            ));
         }
         *tally.by_opcode.entry(opcode_name(h.opcode)).or_default() += 1;
         tally.fpdus += 1;
@@ -165,6 +188,13 @@ fn parse_capture(name: &str, corpus: &mut Vec<Vec<u8>>) -> Tally {
         let rep = MpaFrame::parse_bytes(&back.data)
             .unwrap_or_else(|e| panic!("{name} {flow:?}: MPA Reply: {e}"));
         let rep_used = rep.buffer_len();
+        for (f, bytes) in [(&req, &s.data[..used]), (&rep, &back.data[..rep_used])] {
+            assert_eq!(
+                f.to_vec().unwrap(),
+                bytes,
+                "{name} {flow:?}: MPA frame re-emitted"
+            );
+        }
         assert!(rep.reply && !rep.reject, "{name}: accepted Reply");
         assert_eq!((req.revision, rep.revision), (2, 2), "{name}: MPA v2");
         assert!(
