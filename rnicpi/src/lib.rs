@@ -13,6 +13,8 @@
 //! * [`KalServices`], [`EventSink`], [`MemoryAccess`]: what the kAL gives providers
 //!   (route and neighbour lookups, LLP sockets, event delivery, pinned-memory access).
 //! * [`MrTable`]: the STag/key table every software provider validates remote access with.
+//! * [`wire`]: what the software providers' wire modules share — big-endian field access,
+//!   `mod field` ranges, and the macros for fixed-size header views and their property tests.
 //!
 //! ## Writing a provider
 //!
@@ -79,6 +81,7 @@ pub mod ratelimit;
 pub mod sim;
 pub mod soft;
 pub mod types;
+pub mod wire;
 pub mod wr;
 
 pub use error::{Result, VerbsError};

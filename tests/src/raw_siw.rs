@@ -1,7 +1,7 @@
 //! A raw iWARP peer for tests: a TCP socket that speaks MPA itself and then sends and
 //! reads FPDUs exactly as a test builds them (malformed ones included), or stops reading.
 
-use siw::wire::{self, Header, MpaFrame, ReadRequest, TermCode};
+use siw::wire::{self, term, FpduPacket, Header, MpaFrame, ReadRequest, TermCode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -16,7 +16,6 @@ pub struct RawSiwPeer {
 
 /// The bytes of an MPA Request (revision 2 carries the RFC 6581 IRD/ORD words).
 pub fn mpa_request(crc: bool, ird: u16, revision: u8) -> Vec<u8> {
-    let mut req = Vec::new();
     MpaFrame {
         reply: false,
         markers: false,
@@ -26,9 +25,8 @@ pub fn mpa_request(crc: bool, ird: u16, revision: u8) -> Vec<u8> {
         ird_ord: (revision == 2).then_some((1, ird)),
         private_data: vec![],
     }
-    .emit(&mut req)
-    .unwrap();
-    req
+    .to_vec()
+    .unwrap()
 }
 
 impl RawSiwPeer {
@@ -46,12 +44,16 @@ impl RawSiwPeer {
             let n = sock.read(&mut b).unwrap();
             assert!(n > 0, "connection closed during MPA negotiation");
             got.extend_from_slice(&b[..n]);
-            match MpaFrame::parse(&got) {
-                Ok((f, used)) => {
-                    assert_eq!(used, got.len(), "no FPDU before the first message");
+            match MpaFrame::parse_bytes(&got) {
+                Ok(f) => {
+                    assert_eq!(
+                        f.buffer_len(),
+                        got.len(),
+                        "no FPDU before the first message"
+                    );
                     break f;
                 }
-                Err(wire::WireError::Truncated) => continue,
+                Err(wire::Error::Truncated(_)) => continue,
                 Err(e) => panic!("MPA reply: {e}"),
             }
         };
@@ -83,8 +85,7 @@ impl RawSiwPeer {
     }
 
     pub fn ulpdu(h: Header, payload: &[u8]) -> Vec<u8> {
-        let mut u = Vec::new();
-        h.emit(&mut u);
+        let mut u = h.to_vec();
         u.extend_from_slice(payload);
         u
     }
@@ -98,16 +99,14 @@ impl RawSiwPeer {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut b = vec![0u8; 1 << 16];
         loop {
-            if self.got.len() >= 2 {
-                let total = wire::fpdu_len(u16::from_be_bytes([self.got[0], self.got[1]]) as usize);
-                if self.got.len() >= total {
-                    let u = wire::check_fpdu(&self.got[..total], self.crc)
-                        .expect("krdma sends well-formed FPDUs")
-                        .to_vec();
-                    self.got.drain(..total);
-                    let (h, p) = Header::parse(&u).expect("valid header");
-                    return (h, p.to_vec());
-                }
+            if let Ok(f) = FpduPacket::new_checked(&self.got[..]) {
+                let total = f.total_len();
+                let u = wire::check_fpdu(&self.got[..total], self.crc)
+                    .expect("krdma sends well-formed FPDUs")
+                    .to_vec();
+                self.got.drain(..total);
+                let (h, p) = Header::parse_bytes(&u).expect("valid header");
+                return (h, p.to_vec());
             }
             assert!(Instant::now() < deadline, "no FPDU within 10 s");
             match self.sock.read(&mut b) {
@@ -123,7 +122,8 @@ impl RawSiwPeer {
         loop {
             let (h, p) = self.next_fpdu();
             if h.opcode == wire::Opcode::Terminate {
-                return TermCode::from_u32(u32::from_be_bytes(p[..4].try_into().unwrap()));
+                let t = term::Packet::new_checked(&p[..]).expect("a Terminate control field");
+                return term::Repr::parse(&t).unwrap().code;
             }
         }
     }
@@ -133,7 +133,7 @@ impl RawSiwPeer {
         loop {
             let (h, p) = self.next_fpdu();
             if h.opcode == wire::Opcode::ReadRequest {
-                return ReadRequest::parse(&p).expect("a well-formed Read Request");
+                return ReadRequest::parse_bytes(&p).expect("a well-formed Read Request");
             }
         }
     }

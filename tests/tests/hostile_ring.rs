@@ -618,8 +618,7 @@ fn mpa_peer_that_never_reads(addr: std::net::SocketAddr) -> std::net::TcpStream 
     use siw::wire::MpaFrame;
     use std::io::{Read, Write};
     let mut sock = std::net::TcpStream::connect(addr).unwrap();
-    let mut req = Vec::new();
-    MpaFrame {
+    let req = MpaFrame {
         reply: false,
         markers: false,
         crc: false,
@@ -628,7 +627,7 @@ fn mpa_peer_that_never_reads(addr: std::net::SocketAddr) -> std::net::TcpStream 
         ird_ord: Some((16, 16)),
         private_data: vec![0; 20],
     }
-    .emit(&mut req)
+    .to_vec()
     .unwrap();
     sock.write_all(&req).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(10)))
@@ -639,13 +638,13 @@ fn mpa_peer_that_never_reads(addr: std::net::SocketAddr) -> std::net::TcpStream 
         // Byte by byte: nothing after the reply may be taken off the socket.
         assert_eq!(sock.read(&mut b).unwrap(), 1, "closed during MPA");
         got.push(b[0]);
-        match MpaFrame::parse(&got) {
-            Ok((f, used)) if used == got.len() => {
+        match MpaFrame::parse_bytes(&got) {
+            Ok(f) if f.buffer_len() == got.len() => {
                 assert!(f.reply && !f.reject, "MPA reply");
                 return sock;
             }
             Ok(_) => panic!("MPA reply longer than announced"),
-            Err(siw::wire::WireError::Truncated) => {}
+            Err(siw::wire::Error::Truncated(_)) => {}
             Err(e) => panic!("MPA reply: {e}"),
         }
     }

@@ -374,15 +374,14 @@ fn reads_beyond_ird_are_terminated() {
             let mut burst = Vec::new();
             for msn in 1..=2u32 {
                 let h = read_hdr(msn);
-                let mut body = Vec::new();
-                ReadRequest {
+                let body = ReadRequest {
                     sink_stag: 0x1234_5600,
                     sink_to: 0,
                     size: BIG_LEN as u32,
                     src_stag: v.big_stag,
                     src_to: v.big_addr,
                 }
-                .emit(&mut body);
+                .to_vec();
                 burst.extend(a.fpdu(&Attacker::ulpdu(h, &body), false));
             }
             a.send(&burst);
@@ -414,15 +413,14 @@ fn read_request_for_an_invalid_stag_is_terminated() {
         ACCESS,
         |v, a| {
             let h = read_hdr(1);
-            let mut body = Vec::new();
-            ReadRequest {
+            let body = ReadRequest {
                 sink_stag: 1,
                 sink_to: 0,
                 size: 64,
                 src_stag: v.stag ^ 0x00ff_ff00,
                 src_to: v.addr,
             }
-            .emit(&mut body);
+            .to_vec();
             let f = a.fpdu(&Attacker::ulpdu(h, &body), false);
             a.send(&f);
         },
@@ -548,15 +546,14 @@ fn qp_access_flags_refuse_remote_writes() {
 fn qp_access_flags_refuse_remote_reads() {
     attack(false, 4, access_violation(), ACCESS, |v, a| {
         restrict_qp(v, Access::REMOTE_WRITE);
-        let mut body = Vec::new();
-        ReadRequest {
+        let body = ReadRequest {
             sink_stag: 1,
             sink_to: 0,
             size: 64,
             src_stag: v.stag,
             src_to: v.addr,
         }
-        .emit(&mut body);
+        .to_vec();
         a.send(&a.fpdu(&Attacker::ulpdu(read_hdr(1), &body), false));
     });
 }

@@ -3,6 +3,7 @@
 use crate::cm::reactor::CmReactor;
 use crate::cm::SiwListener;
 use crate::qp::SiwQp;
+use crate::wire::mpa;
 use rnicpi::*;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -125,11 +126,10 @@ impl SiwDevice {
             atomics: false,
             memory_windows: true,
             phys_port_cnt: 1,
-            // An MPA frame's private data, less the IRD/ORD words of MPA v2 in front.
             private_data: PrivateDataLimits {
-                connect: (crate::wire::MPA_MAX_PDATA - 4) as u16,
-                accept: (crate::wire::MPA_MAX_PDATA - 4) as u16,
-                reject: (crate::wire::MPA_MAX_PDATA - 4) as u16,
+                connect: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
+                accept: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
+                reject: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
             },
         };
         let shared = Arc::new(Shared {

@@ -13,7 +13,7 @@
 
 use crate::llp::Llp;
 use crate::qp::SiwQp;
-use crate::wire::{self, Header, Model, Opcode, ReadRequest};
+use crate::wire::{self, Header, Model, Opcode, ReadRequest, ReadRequestPacket};
 use crate::{SiwConfig, SiwDevice};
 use parking_lot::Mutex;
 use rnicpi::*;
@@ -465,7 +465,7 @@ impl Action {
         let mut stags: Vec<(u32, u64)> = Vec::new();
         let mut reads = 0;
         for u in ulpdus {
-            let Ok((h, payload)) = Header::parse(u) else {
+            let Ok((h, payload)) = Header::parse_bytes(u) else {
                 out.push(Action::Raw(u.clone()));
                 continue;
             };
@@ -753,8 +753,7 @@ impl Harness {
                         .sink_to
                         .wrapping_add(r.answered as u64)
                         .wrapping_add(*skew as i64 as u64);
-                    let mut u = Vec::new();
-                    Header {
+                    let mut u = Header {
                         opcode: Opcode::ReadResponse,
                         last: *last,
                         model: Model::Tagged {
@@ -762,7 +761,7 @@ impl Harness {
                             to,
                         },
                     }
-                    .emit(&mut u);
+                    .to_vec();
                     u.extend(std::iter::repeat_n(0x5a, len));
                     if self.deliver(&u) && *skew == 0 {
                         self.reads[i].answered += len as u32;
@@ -819,23 +818,25 @@ impl Harness {
                 mo: f.mo,
             }
         };
-        let mut u = Vec::new();
-        Header {
+        let mut u = Header {
             opcode,
             last: f.last,
             model,
         }
-        .emit(&mut u);
+        .to_vec();
         if opcode == Opcode::ReadRequest {
             // The body names a source near a registration, and a sink at the peer.
-            ReadRequest {
+            let rr = ReadRequest {
                 sink_stag: 0x4242,
                 sink_to: 0,
                 size: f.payload_len as u32,
                 src_stag: stag,
                 src_to: g.base.wrapping_add(f.to as i64 as u64),
-            }
-            .emit(&mut u);
+            };
+            rr.emit(&mut ReadRequestPacket::new_unchecked(wire::grow(
+                &mut u,
+                rr.buffer_len(),
+            )));
         } else {
             let n = (f.payload_len as usize).min(MAX_PAYLOAD);
             u.extend(std::iter::repeat_n(f.fill, n));
@@ -1025,13 +1026,14 @@ mod tests {
         let mut off = 0;
         let mut last = None;
         while off + 2 <= sent.len() {
-            let total = wire::fpdu_len(u16::from_be_bytes([sent[off], sent[off + 1]]) as usize);
+            let total = wire::FpduPacket::new_checked(&sent[off..])
+                .unwrap()
+                .total_len();
             let u = wire::check_fpdu(&sent[off..off + total], h.crc).unwrap();
-            let (hdr, p) = Header::parse(u).unwrap();
+            let (hdr, p) = Header::parse_bytes(u).unwrap();
             if hdr.opcode == Opcode::Terminate {
-                last = Some(wire::TermCode::from_u32(u32::from_be_bytes(
-                    p[..4].try_into().unwrap(),
-                )));
+                let t = wire::term::Packet::new_checked(p).unwrap();
+                last = Some(wire::term::Repr::parse(&t).unwrap().code);
             }
             off += total;
         }
@@ -1085,7 +1087,7 @@ mod tests {
         assert!(c.iter().all(|c| c.status() == WcStatus::Success));
         assert_eq!(
             h.transmitted().len(),
-            3 * wire::fpdu_len(wire::UNTAGGED_HDR + 1000)
+            3 * wire::fpdu_len(wire::ddp::UNTAGGED_HEADER_LEN + 1000)
         );
         h.finish();
     }

@@ -6,7 +6,8 @@
 //! [`Provider`](rnicpi::Provider): the kAL registers it at start-up as `siw0`.
 //!
 //! * [`wire`]: MPA frames, FPDU framing with CRC32c, DDP/RDMAP headers, Read Request and
-//!   Terminate fields;
+//!   Terminate fields (`mpa`, `fpdu`, `ddp`, `rdmap`, `term`), as packet views and
+//!   `Repr`s in the style of `rxe::wire`;
 //! * `qp`: the QP engine — requester, responder, Terminate, flush — with one receive and
 //!   one transmit thread per connected QP (small requests are transmitted inline by the
 //!   doorbell, which never waits for the socket); `orq`: the RDMA Reads outstanding, which

@@ -5,10 +5,12 @@
 //! kernel siw (rping in both roles). Every TCP stream is reassembled, the MPA Request and
 //! Reply are parsed, and then every FPDU: length, padding, CRC32c when negotiated, DDP/RDMAP
 //! header and Read Request body. No error is allowed; a capture cut short may end inside one
-//! FPDU. The FPDUs found also seed a fuzz test of the parsers.
+//! FPDU. Every frame and FPDU parsed is emitted again from what was parsed, and must come
+//! out byte for byte as captured (the CRC included). The FPDUs found also seed a fuzz test
+//! of the parsers.
 
 use proptest::prelude::*;
-use siw::wire::{self, Header, MpaFrame, Opcode, ReadRequest};
+use siw::wire::{self, FpduPacket, Header, MpaFrame, Opcode, RdmapPacket, ReadRequest};
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
@@ -116,21 +118,45 @@ fn parse_fpdus(
 ) -> Result<(), String> {
     let mut off = 0;
     while off < b.len() {
-        let rest = &b[off..];
-        if rest.len() < 2 {
-            tally.cut_short += 1;
-            return Ok(());
+        let f = match FpduPacket::new_checked(&b[off..]) {
+            Ok(f) => f,
+            Err(wire::Error::Truncated(_)) => {
+                tally.cut_short += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("FPDU at {off}: {e}")),
+        };
+        let total = f.total_len();
+        let fpdu = &b[off..off + total];
+        if crc {
+            f.check_crc().map_err(|e| format!("FPDU at {off}: {e}"))?;
         }
-        let total = wire::fpdu_len(u16::from_be_bytes([rest[0], rest[1]]) as usize);
-        if rest.len() < total {
-            tally.cut_short += 1;
-            return Ok(());
+        let u = RdmapPacket::new_checked(f.ulpdu()).map_err(|e| format!("ULPDU at {off}: {e}"))?;
+        let h = Header::parse(&u).map_err(|e| format!("header at {off}: {e}"))?;
+        let rr = match h.opcode {
+            Opcode::ReadRequest => Some(
+                ReadRequest::parse_bytes(u.payload())
+                    .map_err(|e| format!("read request at {off}: {e}"))?,
+            ),
+            _ => None,
+        };
+        // Emitted again from what was parsed: the same bytes.
+        let mut again = Vec::new();
+        let start = wire::begin_fpdu(&mut again);
+        h.emit(wire::grow(&mut again, h.buffer_len()));
+        match rr {
+            Some(rr) => again.extend_from_slice(&rr.to_vec()),
+            None => again.extend_from_slice(u.payload()),
         }
-        let fpdu = &rest[..total];
-        let ulpdu = wire::check_fpdu(fpdu, crc).map_err(|e| format!("FPDU at {off}: {e}"))?;
-        let (h, payload) = Header::parse(ulpdu).map_err(|e| format!("header at {off}: {e}"))?;
-        if h.opcode == Opcode::ReadRequest {
-            ReadRequest::parse(payload).map_err(|e| format!("read request at {off}: {e}"))?;
+        wire::finish_fpdu(&mut again, start, crc).unwrap();
+        // Kernel siw's pad bytes are whatever its buffer held: keep them (under the CRC).
+        let mut p = FpduPacket::new_checked(&mut again[start..]).unwrap();
+        p.pad_mut().copy_from_slice(f.pad());
+        p.fill_crc(crc);
+        if again != fpdu {
+            return Err(format!(
+                "FPDU at {off} re-emitted differs:\n{fpdu:02x?}\n{again:02x?}"
+            ));
         }
         *tally.by_opcode.entry(opcode_name(h.opcode)).or_default() += 1;
         tally.fpdus += 1;
@@ -147,9 +173,10 @@ fn parse_capture(name: &str, corpus: &mut Vec<Vec<u8>>) -> Tally {
     let streams = tcp_streams(name);
     let mut tally = Tally::default();
     for (flow, s) in &streams {
-        let Ok((req, used)) = MpaFrame::parse(&s.data) else {
+        let Ok(req) = MpaFrame::parse_bytes(&s.data) else {
             continue; // not the initiator side of an MPA connection
         };
+        let used = req.buffer_len();
         if req.reply {
             continue; // the responder's side, handled with its initiator
         }
@@ -158,8 +185,16 @@ fn parse_capture(name: &str, corpus: &mut Vec<Vec<u8>>) -> Tally {
             .find(|(f, _)| f.0 == flow.1 && f.1 == flow.0)
             .map(|(_, s)| s)
             .unwrap_or_else(|| panic!("{name} {flow:?}: no reverse stream"));
-        let (rep, rep_used) = MpaFrame::parse(&back.data)
+        let rep = MpaFrame::parse_bytes(&back.data)
             .unwrap_or_else(|e| panic!("{name} {flow:?}: MPA Reply: {e}"));
+        let rep_used = rep.buffer_len();
+        for (f, bytes) in [(&req, &s.data[..used]), (&rep, &back.data[..rep_used])] {
+            assert_eq!(
+                f.to_vec().unwrap(),
+                bytes,
+                "{name} {flow:?}: MPA frame re-emitted"
+            );
+        }
         assert!(rep.reply && !rep.reject, "{name}: accepted Reply");
         assert_eq!((req.revision, rep.revision), (2, 2), "{name}: MPA v2");
         assert!(
@@ -292,21 +327,23 @@ proptest! {
         }
         for crc in [false, true] {
             if let Ok(u) = wire::check_fpdu(&f, crc) {
-                if let Ok((h, p)) = Header::parse(u) {
+                if let Ok((h, p)) = Header::parse_bytes(u) {
                     if h.opcode == Opcode::ReadRequest {
-                        let _ = ReadRequest::parse(p);
+                        let _ = ReadRequest::parse_bytes(p);
                     }
                 }
             }
         }
-        let _ = MpaFrame::parse(&f);
+        let _ = MpaFrame::parse_bytes(&f);
         // Under CRC one changed byte is always detected (CRC32c catches every error burst
         // of up to 32 bits).
-        if !do_cut && edits.len() == 1 && f != orig && wire::check_fpdu(&orig, true).is_ok() {
-            let total = wire::fpdu_len(u16::from_be_bytes([f[0], f[1]]) as usize);
-            if total == orig.len() {
-                prop_assert!(wire::check_fpdu(&f, true).is_err());
-            }
+        if !do_cut
+            && edits.len() == 1
+            && f != orig
+            && wire::check_fpdu(&orig, true).is_ok()
+            && FpduPacket::new_checked(&f[..]).is_ok_and(|p| p.total_len() == orig.len())
+        {
+            prop_assert!(wire::check_fpdu(&f, true).is_err());
         }
     }
 }
@@ -347,31 +384,29 @@ fn directions(name: &str) -> Vec<(bool, Vec<Vec<u8>>)> {
     let streams = tcp_streams(name);
     let mut out = Vec::new();
     for (flow, s) in &streams {
-        let Ok((req, used)) = MpaFrame::parse(&s.data) else {
+        let Ok(req) = MpaFrame::parse_bytes(&s.data) else {
             continue;
         };
+        let used = req.buffer_len();
         if req.reply {
             continue;
         }
         let Some((_, back)) = streams.iter().find(|(f, _)| f.0 == flow.1 && f.1 == flow.0) else {
             continue;
         };
-        let Ok((rep, rep_used)) = MpaFrame::parse(&back.data) else {
+        let Ok(rep) = MpaFrame::parse_bytes(&back.data) else {
             continue;
         };
+        let rep_used = rep.buffer_len();
         for data in [&s.data[used..], &back.data[rep_used..]] {
             let mut ulpdus = Vec::new();
             let mut off = 0;
-            while off + 2 <= data.len() {
-                let total = wire::fpdu_len(u16::from_be_bytes([data[off], data[off + 1]]) as usize);
-                let Some(Ok(u)) = data
-                    .get(off..off + total)
-                    .map(|f| wire::check_fpdu(f, rep.crc))
-                else {
+            while let Ok(f) = FpduPacket::new_checked(&data[off..]) {
+                if rep.crc && f.check_crc().is_err() {
                     break;
-                };
-                ulpdus.push(u.to_vec());
-                off += total;
+                }
+                ulpdus.push(f.ulpdu().to_vec());
+                off += f.total_len();
             }
             if !ulpdus.is_empty() {
                 out.push((rep.crc, ulpdus));

@@ -7,8 +7,8 @@
 //! [`CREDIT_TABLE`]; 31 means "no credit information", which is what rxe always sends), for
 //! an RNR NAK the timer code (see [`RNR_TIMER_MICROS`]), for a NAK the [`NakCode`].
 
-use super::field::{rd24, wr24};
 use super::{Error, Result};
+use rnicpi::wire::{rd24, wr24};
 
 /// Size of the AETH.
 pub const HEADER_LEN: usize = 4;

@@ -1,8 +1,8 @@
 //! Atomic Acknowledge Extended Transport Header (IBTA 9.3.7), 8 bytes: the value the
 //! target held before the atomic operation. Follows the AETH in ATOMIC ACKNOWLEDGE.
 
-use super::field::{rd64, wr64};
 use super::Result;
+use rnicpi::wire::{rd64, wr64};
 
 /// Size of the AtomicAckETH.
 pub const HEADER_LEN: usize = 8;

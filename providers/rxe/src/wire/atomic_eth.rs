@@ -8,8 +8,8 @@
 //! | 12..20 | swap value (CmpSwap) or add value (FetchAdd) |
 //! | 20..28 | compare value (CmpSwap; ignored by FetchAdd) |
 
-use super::field::{rd32, rd64, wr32, wr64};
 use super::Result;
+use rnicpi::wire::{rd32, rd64, wr32, wr64};
 
 /// Size of the AtomicETH.
 pub const HEADER_LEN: usize = 28;

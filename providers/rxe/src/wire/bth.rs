@@ -12,9 +12,9 @@
 //!
 //! Reserved bits are written as zero and ignored on receive.
 
-use super::field::{rd16, rd24, wr16, wr24};
 use super::opcode::Opcode;
 use super::{Error, Result};
+use rnicpi::wire::{rd16, rd24, wr16, wr24, wrflag};
 
 /// Size of the BTH.
 pub const HEADER_LEN: usize = 12;
@@ -120,11 +120,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn set_solicited(&mut self, v: bool) {
-        set_bit(&mut self.bm()[1], SE, v);
+        wrflag(self.bm(), 1, SE, v);
     }
 
     pub fn set_mig_req(&mut self, v: bool) {
-        set_bit(&mut self.bm()[1], MIG, v);
+        wrflag(self.bm(), 1, MIG, v);
     }
 
     /// Low two bits of `v`.
@@ -144,11 +144,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn set_fecn(&mut self, v: bool) {
-        set_bit(&mut self.bm()[4], FECN, v);
+        wrflag(self.bm(), 4, FECN, v);
     }
 
     pub fn set_becn(&mut self, v: bool) {
-        set_bit(&mut self.bm()[4], BECN, v);
+        wrflag(self.bm(), 4, BECN, v);
     }
 
     /// Low 24 bits of `v`.
@@ -157,20 +157,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn set_ack_req(&mut self, v: bool) {
-        set_bit(&mut self.bm()[8], ACKREQ, v);
+        wrflag(self.bm(), 8, ACKREQ, v);
     }
 
     /// Low 24 bits of `v`.
     pub fn set_psn(&mut self, v: u32) {
         wr24(self.bm(), 9, v);
-    }
-}
-
-fn set_bit(b: &mut u8, m: u8, v: bool) {
-    if v {
-        *b |= m;
-    } else {
-        *b &= !m;
     }
 }
 

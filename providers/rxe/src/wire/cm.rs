@@ -8,9 +8,9 @@
 //! decoded separately ([`Req::cma_header`]).
 
 use super::cma::CmaHdr;
-use super::field::{rd16, rd24, rd32, rd64, rdbits, wr16, wr24, wr32, wr64, wrbits};
 use super::mad::{self, DATA_LEN, MAD_LEN};
 use super::{need, Error, Result};
+use rnicpi::wire::{rd16, rd24, rd32, rd64, rdbits, wr16, wr24, wr32, wr64, wrbits};
 
 /// Attribute IDs.
 pub const ATTR_REQ: u16 = 0x0010;

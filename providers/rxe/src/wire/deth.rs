@@ -8,8 +8,8 @@
 //!
 //! A Q_Key with the top bit set is a controlled Q_Key; QP1 (GSI) uses [`GSI_QKEY`].
 
-use super::field::{rd24, rd32, wr24, wr32};
 use super::Result;
+use rnicpi::wire::{rd24, rd32, wr24, wr32};
 
 /// Size of the DETH.
 pub const HEADER_LEN: usize = 8;

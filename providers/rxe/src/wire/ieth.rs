@@ -1,8 +1,8 @@
 //! Invalidate Extended Transport Header (IBTA 9.3.5), 4 bytes: the R_Key that SEND with
 //! Invalidate asks the responder to invalidate.
 
-use super::field::{rd32, wr32};
 use super::Result;
+use rnicpi::wire::{rd32, wr32};
 
 /// Size of the IETH.
 pub const HEADER_LEN: usize = 4;

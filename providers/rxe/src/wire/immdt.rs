@@ -4,8 +4,8 @@
 //! The 32 bits are opaque to the transport. [`Repr::imm`] reads them big-endian, so it is the
 //! value verbs shows as `be32toh(wc.imm_data)`.
 
-use super::field::{rd32, wr32};
 use super::Result;
+use rnicpi::wire::{rd32, wr32};
 
 /// Size of the ImmDt.
 pub const HEADER_LEN: usize = 4;

@@ -15,8 +15,8 @@
 //! | 18..20 | reserved |
 //! | 20..24 | attribute modifier |
 
-use super::field::{rd16, rd32, rd64, wr16, wr32, wr64};
 use super::{Error, Result};
+use rnicpi::wire::{rd16, rd32, rd64, wr16, wr32, wr64};
 
 /// Size of the common header.
 pub const HEADER_LEN: usize = 24;

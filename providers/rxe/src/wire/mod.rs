@@ -5,6 +5,8 @@
 //! short, so no accessor can index out of bounds; setters exist when `T: AsMut<[u8]>`) and a
 //! high-level `Repr` with `parse`, `emit` and `buffer_len`. Nothing here panics on any input
 //! and nothing here is `unsafe`.
+//! The field helpers and the fixed-size view and property-test macros are shared with
+//! `siw::wire` ([`rnicpi::wire`]).
 //!
 //! | module | what |
 //! |---|---|
@@ -52,8 +54,6 @@
 //! ```
 
 use thiserror::Error;
-
-mod field;
 
 pub mod aeth;
 pub mod atomic_ack_eth;
@@ -145,98 +145,34 @@ pub enum Error {
 /// Result with this module's [`Error`](enum@Error).
 pub type Result<T> = core::result::Result<T, Error>;
 
-/// `Err(Truncated)` unless `have >= need`.
-pub(crate) fn need(need: usize, have: usize) -> Result<()> {
-    if have < need {
-        Err(Error::Truncated { need, have })
-    } else {
-        Ok(())
+impl From<rnicpi::wire::Truncated> for Error {
+    fn from(t: rnicpi::wire::Truncated) -> Error {
+        Error::Truncated {
+            need: t.need,
+            have: t.have,
+        }
     }
 }
 
-/// Generates the boilerplate of a fixed-size header view.
+/// `Err(Truncated)` unless `have >= need`.
+pub(crate) fn need(need: usize, have: usize) -> Result<()> {
+    Ok(rnicpi::wire::check_len(need, have)?)
+}
+
+/// [`rnicpi::fixed_header_view!`] for a header module here: its `Packet`, with [`Error`].
 macro_rules! fixed_header_view {
     ($len:expr, $what:literal) => {
-        #[doc = concat!("A view of ", $what, " at the start of a byte buffer.")]
-        #[derive(Debug, Clone, PartialEq, Eq)]
-        pub struct Packet<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-
-        impl<T: AsRef<[u8]>> Packet<T> {
-            #[doc = concat!("Wrap `buffer`; `Err(Truncated)` if it is shorter than ", stringify!($len), " bytes.")]
-            pub fn new_checked(buffer: T) -> $crate::wire::Result<Self> {
-                $crate::wire::need($len, buffer.as_ref().len())?;
-                Ok(Packet { buffer })
-            }
-
-            /// Crate-internal: the caller has checked the length.
-            #[allow(dead_code)]
-            pub(crate) fn new_unchecked(buffer: T) -> Self {
-                Packet { buffer }
-            }
-
-            /// The wrapped buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-
-            /// The header's own bytes (the buffer may be longer).
-            pub fn header_bytes(&self) -> &[u8] {
-                &self.buffer.as_ref()[..$len]
-            }
-
-            fn b(&self) -> &[u8] {
-                self.buffer.as_ref()
-            }
-        }
-
-        impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-            fn bm(&mut self) -> &mut [u8] {
-                self.buffer.as_mut()
-            }
-        }
+        rnicpi::fixed_header_view!(Packet, $len, $what, $crate::wire::Error);
     };
 }
 pub(crate) use fixed_header_view;
 
-/// Property tests shared by the fixed-size headers: emit→parse round trip, truncation at
-/// every length, random bytes. Expects `Packet`, `Repr` and `HEADER_LEN` in scope and a
-/// strategy for `Repr`.
+/// [`rnicpi::header_proptests!`] for a header module's `Packet`, `Repr` and `HEADER_LEN`,
+/// given a strategy for `Repr`.
 #[cfg(test)]
 macro_rules! header_proptests {
     ($strategy:expr) => {
-        proptest::proptest! {
-            #[test]
-            fn round_trip(r in $strategy) {
-                let mut b = vec![0x5au8; r.buffer_len() + 3];
-                r.emit(&mut Packet::new_checked(&mut b[..]).unwrap());
-                proptest::prop_assert_eq!(&b[HEADER_LEN..], &[0x5a, 0x5a, 0x5a][..], "writes only its own bytes");
-                let p = Packet::new_checked(&b[..]).unwrap();
-                proptest::prop_assert_eq!(Repr::parse(&p).unwrap(), r);
-            }
-
-            #[test]
-            fn truncated_rejected_at_every_length(len in 0usize..HEADER_LEN) {
-                let b = vec![0u8; len];
-                proptest::prop_assert_eq!(
-                    Packet::new_checked(&b[..]).err(),
-                    Some($crate::wire::Error::Truncated { need: HEADER_LEN, have: len })
-                );
-            }
-
-            #[test]
-            fn random_bytes_never_panic(b in proptest::collection::vec(proptest::num::u8::ANY, 0..2 * HEADER_LEN)) {
-                if let Ok(p) = Packet::new_checked(&b[..]) {
-                    if let Ok(r) = Repr::parse(&p) {
-                        let mut out = vec![0u8; HEADER_LEN];
-                        r.emit(&mut Packet::new_checked(&mut out[..]).unwrap());
-                        let again = Repr::parse(&Packet::new_checked(&out[..]).unwrap()).unwrap();
-                        proptest::prop_assert_eq!(again, r);
-                    }
-                }
-            }
-        }
+        rnicpi::header_proptests!(Packet, Repr, HEADER_LEN, $strategy, $crate::wire::Error);
     };
 }
 #[cfg(test)]

@@ -7,8 +7,8 @@
 //! | 8..12 | R_Key |
 //! | 12..16 | DMA length (of the whole message) |
 
-use super::field::{rd32, rd64, wr32, wr64};
 use super::Result;
+use rnicpi::wire::{rd32, rd64, wr32, wr64};
 
 /// Size of the RETH.
 pub const HEADER_LEN: usize = 16;

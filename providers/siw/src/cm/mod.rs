@@ -38,8 +38,8 @@ pub(crate) const MAX_BACKLOG: u32 = 1024;
 fn peer_ird_ord(f: &MpaFrame) -> Option<(u32, u32)> {
     f.ird_ord.map(|(i, o)| {
         (
-            (i & wire::RFC6581_MASK) as u32,
-            (o & wire::RFC6581_MASK) as u32,
+            (i & wire::mpa::IRD_ORD_MASK) as u32,
+            (o & wire::mpa::IRD_ORD_MASK) as u32,
         )
     })
 }
@@ -61,8 +61,7 @@ pub(crate) fn connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam) -> Res
             return Ok(());
         }
     };
-    let mut request = Vec::new();
-    mpa_frame(
+    let request = mpa_frame(
         false,
         dev.crc_required,
         false,
@@ -71,7 +70,7 @@ pub(crate) fn connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam) -> Res
         ord,
         &param.private_data,
     )
-    .emit(&mut request)
+    .to_vec()
     .map_err(|_| VerbsError::Invalid)?;
     reactor.send(Command::Connect(reactor::Active {
         stream,
@@ -315,9 +314,8 @@ impl ProviderListener for SiwListener {
             my_ord,
             &param.private_data,
         );
-        let mut bytes = Vec::new();
-        reply
-            .emit(&mut bytes)
+        let bytes = reply
+            .to_vec()
             .map_err(|e| mpa_failed(HandshakeError::BadFrame(e)))?;
         let local = p.stream.local_addr().ok();
         let established = Event::new(EventKind::Established)

@@ -1,12 +1,12 @@
 //! The MPA Request/Reply exchange on a non-blocking stream: reading one frame without
 //! ever taking a byte past its end, and writing one.
 
-use crate::wire::{self, MpaFrame, WireError};
+use crate::wire::{self, MpaFrame, MpaPacket};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 
 /// The longest MPA frame: 20 header bytes and 512 bytes of private data.
-const MAX_FRAME: usize = 20 + wire::MPA_MAX_PDATA;
+const MAX_FRAME: usize = wire::mpa::HEADER_LEN + wire::mpa::MAX_PRIVATE_DATA;
 
 /// Why an MPA exchange ended without a frame.
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +14,7 @@ pub(crate) enum HandshakeError {
     #[error("the peer closed the connection")]
     Closed,
     #[error("malformed MPA frame: {0}")]
-    BadFrame(WireError),
+    BadFrame(wire::Error),
     #[error("socket: {0}")]
     Io(#[from] io::Error),
 }
@@ -31,16 +31,13 @@ impl MpaReader {
     /// and belongs to the QP engine), so it never holds more than one frame.
     pub fn read_from(&mut self, s: &mut TcpStream) -> Result<Option<MpaFrame>, HandshakeError> {
         loop {
-            match MpaFrame::parse(&self.buf) {
-                Ok((f, _)) => return Ok(Some(f)),
-                Err(WireError::Truncated) => {}
+            match MpaFrame::parse_bytes(&self.buf) {
+                Ok(f) => return Ok(Some(f)),
+                Err(wire::Error::Truncated(_)) => {}
                 Err(e) => return Err(HandshakeError::BadFrame(e)),
             }
-            let want = if self.buf.len() < 20 {
-                20
-            } else {
-                20 + u16::from_be_bytes([self.buf[18], self.buf[19]]) as usize
-            };
+            let want = MpaPacket::new_checked(&self.buf[..])
+                .map_or(wire::mpa::HEADER_LEN, |p| p.frame_len());
             let have = self.buf.len();
             debug_assert!(want > have && want <= MAX_FRAME);
             self.buf.resize(want, 0);
@@ -68,8 +65,7 @@ impl MpaReader {
 /// the at most 532 bytes always fit its send buffer: a non-blocking stream that cannot
 /// take them at once is refused rather than waited for.
 pub(crate) fn send_mpa(s: &mut TcpStream, f: &MpaFrame) -> Result<(), HandshakeError> {
-    let mut out = Vec::with_capacity(MAX_FRAME);
-    f.emit(&mut out).map_err(HandshakeError::BadFrame)?;
+    let out = f.to_vec().map_err(HandshakeError::BadFrame)?;
     s.write_all(&out)?;
     Ok(())
 }
@@ -85,7 +81,7 @@ pub(crate) fn mpa_frame(
     ord: u32,
     pdata: &[u8],
 ) -> MpaFrame {
-    let word = |v: u32| v.min(wire::RFC6581_MASK as u32) as u16;
+    let word = |v: u32| v.min(wire::mpa::IRD_ORD_MASK as u32) as u16;
     MpaFrame {
         reply,
         markers: false,
@@ -117,8 +113,7 @@ mod tests {
             ird_ord: Some((4, 4)),
             private_data: b"hello".to_vec(),
         };
-        let mut bytes = Vec::new();
-        frame.emit(&mut bytes).unwrap();
+        let mut bytes = frame.to_vec().unwrap();
         bytes.extend_from_slice(b"FPDU");
         let mut r = MpaReader::default();
         assert!(r.read_from(&mut b).unwrap().is_none(), "nothing sent yet");
@@ -152,7 +147,7 @@ mod tests {
         let mut r = MpaReader::default();
         assert!(matches!(
             r.read_from(&mut b),
-            Err(HandshakeError::BadFrame(WireError::BadKey))
+            Err(HandshakeError::BadFrame(wire::Error::BadKey))
         ));
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut d, _) = l.accept().unwrap();

@@ -19,7 +19,7 @@ mod terminate;
 use crate::device::Shared;
 use crate::llp::Llp;
 use crate::orq::Orq;
-use crate::wire::{self, term, TermCode};
+use crate::wire::{self, mpa, term, TermCode};
 use io::{Mode, Tx};
 use parking_lot::{Condvar, Mutex};
 use rnicpi::*;
@@ -357,7 +357,7 @@ impl ProviderQp for SiwQp {
 
     fn connect(&self, peer: std::net::SocketAddr, param: ConnParam) -> Result<()> {
         let me = self.me.upgrade().ok_or(VerbsError::BadState)?;
-        if param.private_data.len() + 4 > wire::MPA_MAX_PDATA {
+        if param.private_data.len() > mpa::MAX_CONSUMER_PRIVATE_DATA {
             return Err(VerbsError::Invalid);
         }
         let before = {

@@ -5,7 +5,7 @@
 use super::state::{Conn, Inflight};
 use super::*;
 use crate::orq::OutstandingRead;
-use crate::wire::{Header, Model, Opcode, ReadRequest};
+use crate::wire::{Header, Model, Opcode, ReadRequest, ReadRequestPacket};
 use std::time::Instant;
 
 /// Room for a batch of FPDUs per socket write.
@@ -224,7 +224,7 @@ impl SiwQp {
                     src_to: w.remote_addr,
                 };
                 let start = wire::begin_fpdu(out);
-                Header {
+                let h = Header {
                     opcode: Opcode::ReadRequest,
                     last: true,
                     model: Model::Untagged {
@@ -233,9 +233,10 @@ impl SiwQp {
                         msn,
                         mo: 0,
                     },
-                }
-                .emit(out);
-                rr.emit(out);
+                };
+                h.emit(wire::grow(out, h.buffer_len()));
+                let body = wire::grow(out, rr.buffer_len());
+                rr.emit(&mut ReadRequestPacket::new_unchecked(body));
                 wire::finish_fpdu(out, start, crc).map_err(|_| WcStatus::LocLenErr)?;
                 self.dev.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
                 Ok(false)
@@ -277,12 +278,7 @@ impl SiwQp {
         opcode: Opcode,
         flush: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<(), WcStatus> {
-        let hdr = if opcode.tagged() {
-            wire::TAGGED_HDR
-        } else {
-            wire::UNTAGGED_HDR
-        };
-        let chunk = (max_ulpdu - hdr) as u64;
+        let chunk = (max_ulpdu - opcode.header_len()) as u64;
         let total = w.total_len();
         if total > u32::MAX as u64 {
             return Err(WcStatus::LocLenErr);
@@ -301,19 +297,18 @@ impl SiwQp {
         loop {
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
-            Header {
+            let h = Header {
                 opcode,
                 last: off + n == total,
                 model: model(off),
-            }
-            .emit(out);
-            let p = out.len();
-            out.resize(p + n as usize, 0);
+            };
+            h.emit(wire::grow(out, h.buffer_len()));
+            let payload = wire::grow(out, n as usize);
             if w.is_inline() {
-                out[p..].copy_from_slice(&w.inline_data[off as usize..(off + n) as usize]);
+                payload.copy_from_slice(&w.inline_data[off as usize..(off + n) as usize]);
             } else {
                 regions
-                    .read_at(off, &mut out[p..], Access::empty())
+                    .read_at(off, payload, Access::empty())
                     .map_err(|_| WcStatus::LocProtErr)?;
             }
             wire::finish_fpdu(out, start, crc).map_err(|_| WcStatus::LocLenErr)?;

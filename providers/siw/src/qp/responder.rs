@@ -7,7 +7,7 @@ use super::state::Conn;
 use super::state::{next_offset, RecvInProgress};
 use super::*;
 use crate::orq::Placement;
-use crate::wire::{Header, Model, Opcode, ReadRequest};
+use crate::wire::{ddp, Header, Model, Opcode, ReadRequest};
 
 impl SiwQp {
     pub(super) fn emit_read_response(
@@ -29,25 +29,24 @@ impl SiwQp {
         } else {
             None
         };
-        let chunk = (max_ulpdu - wire::TAGGED_HDR) as u64;
+        let chunk = (max_ulpdu - Opcode::ReadResponse.header_len()) as u64;
         let total = rr.size as u64;
         let mut off = 0u64;
         loop {
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
-            Header {
+            let h = Header {
                 opcode: Opcode::ReadResponse,
                 last: off + n == total,
                 model: Model::Tagged {
                     stag: rr.sink_stag,
                     to: rr.sink_to.wrapping_add(off),
                 },
-            }
-            .emit(out);
-            let p = out.len();
-            out.resize(p + n as usize, 0);
+            };
+            h.emit(wire::grow(out, h.buffer_len()));
+            let payload = wire::grow(out, n as usize);
             if let Some(r) = &region {
-                r.read(self.pd, rr.src_to + off, &mut out[p..], Access::REMOTE_READ)
+                r.read(self.pd, rr.src_to + off, payload, Access::REMOTE_READ)
                     .map_err(access_term)?;
             }
             wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
@@ -107,10 +106,10 @@ impl SiwQp {
         let u = match wire::check_fpdu(fpdu, crc) {
             Ok(u) => u,
             Err(e) => {
-                if e == wire::WireError::BadCrc {
+                if e == wire::Error::BadCrc {
                     self.dev.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
                 }
-                let ecode = if e == wire::WireError::BadCrc {
+                let ecode = if e == wire::Error::BadCrc {
                     term::LLP_CRC
                 } else {
                     term::LLP_BAD_FPDU
@@ -128,7 +127,7 @@ impl SiwQp {
         };
         if let Err(code) = self.on_ulpdu(u, access) {
             self.dev.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
-            self.fail(code, Some(&u[..u.len().min(wire::UNTAGGED_HDR)]));
+            self.fail(code, Some(&u[..u.len().min(ddp::UNTAGGED_HEADER_LEN)]));
             return false;
         }
         let mut st = self.st.lock();
@@ -146,24 +145,24 @@ impl SiwQp {
 
     /// One ULPDU, under the QP's access flags `access`.
     pub(super) fn on_ulpdu(&self, u: &[u8], access: Access) -> Result<(), TermCode> {
-        let (h, payload) = Header::parse(u).map_err(|e| match e {
-            wire::WireError::BadDdpVersion => TermCode {
+        let (h, payload) = Header::parse_bytes(u).map_err(|e| match e {
+            wire::Error::BadDdpVersion => TermCode {
                 layer: term::LAYER_DDP,
                 etype: term::DDP_CATASTROPHIC,
                 ecode: term::DDP_INV_VERSION,
             },
-            wire::WireError::BadRdmapVersion => TermCode {
+            wire::Error::BadRdmapVersion => TermCode {
                 layer: term::LAYER_RDMAP,
                 etype: term::RDMAP_REMOTE_OP,
                 ecode: term::RDMAP_INV_VERSION,
             },
-            wire::WireError::BadQueue(_) => TermCode {
+            wire::Error::BadQueue(_) => TermCode {
                 layer: term::LAYER_DDP,
                 etype: term::DDP_UNTAGGED_BUF,
                 ecode: term::DDP_UNTAGGED_INV_QN,
             },
             // The FPDU's length cannot hold the DDP header it announces.
-            wire::WireError::Truncated => TermCode {
+            wire::Error::Truncated(_) => TermCode {
                 layer: term::LAYER_LLP,
                 etype: 0,
                 ecode: term::LLP_BAD_FPDU,
@@ -193,10 +192,10 @@ impl SiwQp {
                 self.on_read_request(h.last, msn, mo, payload)
             }
             (Opcode::Terminate, _) => {
-                let code = payload
-                    .get(..4)
-                    .and_then(|b| b.try_into().ok())
-                    .map(|b| TermCode::from_u32(u32::from_be_bytes(b)));
+                let code = term::Packet::new_checked(payload)
+                    .and_then(|p| term::Repr::parse(&p))
+                    .map(|t| t.code)
+                    .ok();
                 rnicpi::warn_limited!(qpn = self.qpn, ?code, "siw peer terminated the connection");
                 self.dev
                     .counters
@@ -364,7 +363,8 @@ impl SiwQp {
             etype: term::DDP_UNTAGGED_BUF,
             ecode,
         };
-        let rr = ReadRequest::parse(payload).map_err(|_| untagged(term::DDP_UNTAGGED_TOO_LONG))?;
+        let rr =
+            ReadRequest::parse_bytes(payload).map_err(|_| untagged(term::DDP_UNTAGGED_TOO_LONG))?;
         let mut st = self.st.lock();
         if msn != st.rx_msn_read {
             return Err(untagged(term::DDP_UNTAGGED_INV_MSN));

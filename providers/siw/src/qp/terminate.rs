@@ -3,7 +3,7 @@
 
 use super::state::TermTx;
 use super::*;
-use crate::wire::{Header, Model, Opcode};
+use crate::wire::{ddp, Header, Model, Opcode};
 
 impl SiwQp {
     /// Move to Error: flush the send and receive queues with `WrFlushErr`. A request
@@ -116,7 +116,7 @@ impl SiwQp {
                 .fetch_add(1, Ordering::Relaxed);
             let mut t = Vec::with_capacity(64);
             let start = wire::begin_fpdu(&mut t);
-            Header {
+            let h = Header {
                 opcode: Opcode::Terminate,
                 last: true,
                 model: Model::Untagged {
@@ -125,15 +125,19 @@ impl SiwQp {
                     msn: 1,
                     mo: 0,
                 },
-            }
-            .emit(&mut t);
-            let mut ctrl = code.to_u32();
+            };
+            h.emit(wire::grow(&mut t, h.buffer_len()));
+            let ctrl = term::Repr {
+                code,
+                ddp_hdr: hdr.is_some(),
+                ..term::Repr::default()
+            };
+            ctrl.emit(&mut term::Packet::new_unchecked(wire::grow(
+                &mut t,
+                ctrl.buffer_len(),
+            )));
             if let Some(h) = hdr {
-                ctrl |= 1 << 14; // D: the DDP segment header is included
-                t.extend_from_slice(&ctrl.to_be_bytes());
-                t.extend_from_slice(&h[..h.len().min(wire::UNTAGGED_HDR)]);
-            } else {
-                t.extend_from_slice(&ctrl.to_be_bytes());
+                t.extend_from_slice(&h[..h.len().min(ddp::UNTAGGED_HEADER_LEN)]);
             }
             let _ = wire::finish_fpdu(&mut t, start, st.crc);
             st.term = TermTx::Queued(t);
