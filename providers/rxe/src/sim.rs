@@ -19,6 +19,7 @@ use crate::device::RxeDevice;
 use crate::net::Wire;
 use crate::qp::RxeQp;
 use crate::timer::Clock;
+use crate::wire::{RocePacket, RoceRepr};
 use crate::RxeConfig;
 use parking_lot::Mutex;
 use rnicpi::queue::ring_bytes;
@@ -104,11 +105,49 @@ struct LinkState {
     stats: LinkStats,
     /// Datagrams sent, by source address.
     sent_from: BTreeMap<IpAddr, u64>,
+    /// A digest of every datagram sent, in order: when, between whom, and its bytes.
+    digest: Fnv,
+}
+
+/// FNV-1a over the datagrams a link carries: two runs that send the same datagrams at the
+/// same simulated times in the same order have the same digest.
+struct Fnv(u64);
+
+impl Fnv {
+    const START: Fnv = Fnv(0xcbf2_9ce4_8422_2325);
+
+    fn add(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    /// A datagram, but for the memory keys and addresses its headers may carry: those are
+    /// random (keys) or wherever the heap put the buffer (addresses), so they differ from
+    /// run to run.
+    fn add_packet(&mut self, roce: &[u8]) {
+        self.add(&(roce.len() as u64).to_le_bytes());
+        let Ok(r) = RocePacket::new_checked(roce).and_then(|p| RoceRepr::parse(&p)) else {
+            return self.add(roce);
+        };
+        let fields = format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            r.bth,
+            r.aeth,
+            r.immdt,
+            r.atomic_ack_eth,
+            r.reth.map(|h| h.dma_len),
+            r.atomic_eth.map(|h| (h.swap_add, h.compare)),
+        );
+        self.add(fields.as_bytes());
+        self.add(r.payload);
+    }
 }
 
 /// The simulated link every device of a [`Sim`] transmits on.
 pub struct SimLink {
     clock: Arc<Mutex<Instant>>,
+    start: Instant,
     state: Mutex<LinkState>,
 }
 
@@ -125,6 +164,12 @@ impl Wire for SimLink {
         let mut st = self.state.lock();
         st.stats.sent += 1;
         *st.sent_from.entry(src).or_default() += 1;
+        let d = &mut st.digest;
+        d.add(&(now - self.start).as_nanos().to_le_bytes());
+        d.add(&ip_bytes(src));
+        d.add(&ip_bytes(dst));
+        d.add(&sport.to_le_bytes());
+        d.add_packet(roce);
         let imp = st.impairment;
         if st.rng.chance(imp.loss_ppm) {
             st.stats.lost += 1;
@@ -155,6 +200,13 @@ impl Wire for SimLink {
 
     fn has_ipv6(&self) -> bool {
         false
+    }
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
     }
 }
 
@@ -204,6 +256,7 @@ impl Sim {
         let clock = Arc::new(Mutex::new(start));
         let link = Arc::new(SimLink {
             clock: clock.clone(),
+            start,
             state: Mutex::new(LinkState {
                 rng: Rng(seed),
                 impairment,
@@ -211,6 +264,7 @@ impl Sim {
                 seq: 0,
                 stats: LinkStats::default(),
                 sent_from: BTreeMap::new(),
+                digest: Fnv::START,
             }),
         });
         Sim {
@@ -258,6 +312,12 @@ impl Sim {
 
     pub fn link_stats(&self) -> LinkStats {
         self.link.state.lock().stats
+    }
+
+    /// A digest of the datagrams sent so far (their times, addresses and bytes, in
+    /// order): equal for two runs only if they put the same sequence on the link.
+    pub fn digest(&self) -> u64 {
+        self.link.state.lock().digest.0
     }
 
     /// Datagrams the device serving `addr` has sent.

@@ -180,13 +180,17 @@ fn psn_wrap_under_loss() {
     }
 }
 
-/// The same seed replays the same run: same link events, same simulated duration.
+/// The same seed replays the same run: the same datagrams at the same times, the same
+/// link events, the same simulated duration.
 #[test]
 fn a_seed_replays_exactly() {
     let one = transfer(42, LOSSY, 512, (5, 6));
     let two = transfer(42, LOSSY, 512, (5, 6));
+    assert_eq!(one.sim.digest(), two.sim.digest());
     assert_eq!(one.sim.link_stats(), two.sim.link_stats());
     assert_eq!(one.sim.elapsed(), two.sim.elapsed());
+    let other = transfer(43, LOSSY, 512, (5, 6));
+    assert_ne!(one.sim.digest(), other.sim.digest());
 }
 
 /// A Send with no receive posted draws RNR NAKs; the requester backs off and succeeds
