@@ -6,7 +6,9 @@
 //!
 //! One mutex holds the protocol state; it is taken by the receive thread (one packet at
 //! a time), the transmit thread (a paced burst of packets), the timer thread and the
-//! consumer's doorbell, and never held across anything slower than a UDP `sendmsg`.
+//! consumer's doorbell. Nothing is sent under it: the engine queues the datagrams it
+//! produces in an outbox, and the thread that produced them sends them once the lock is
+//! released, in the order they were produced ([`TxOrder`]).
 
 mod completer;
 mod requester;
@@ -16,7 +18,7 @@ use crate::device::Shared;
 use crate::net::Datagram;
 use crate::timer::Target;
 use crate::wire::{self, RoceRepr};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use requester::Requester;
 use responder::Responder;
 use rnicpi::*;
@@ -32,6 +34,60 @@ pub(crate) struct Av {
     pub dst: IpAddr,
     /// UDP source port (entropy, from the flow label or the QP numbers).
     pub sport: u16,
+}
+
+/// A datagram the engine produced, waiting to be handed to the wire.
+pub(crate) struct Outgoing {
+    av: Av,
+    /// BTH .. ICRC slot (the wire fills the ICRC in).
+    roce: Vec<u8>,
+}
+
+/// The order in which one QP's datagrams reach the wire.
+///
+/// The engine produces datagrams under the state lock into `State::out`, and they are
+/// sent after the lock is released, so no thread holds the QP's state across a `sendmsg`.
+/// Several threads produce for one QP (receive, transmit, timer, a doorbell), and the
+/// wire must still see the datagrams in the order they were produced (PSN order). So
+/// each thread's batch takes a ticket while the lock is still held — tickets follow the
+/// order of production — and is sent when its ticket comes up; the outbox is empty
+/// whenever the lock is free.
+///
+/// A thread waiting for its turn holds no lock and waits only for the batches produced
+/// before its own, and each thread sends only what it produced itself (at most one
+/// budget's worth), so no thread runs ahead of the wire and the transmit thread's pacing
+/// still holds. Two other designs keep the order too, and were not taken: a transmit
+/// mutex taken before the state lock is released (simpler, but a thread then waits for
+/// another's sends while it holds the state), and a transmit token whose holder sends
+/// everybody's output (it never waits, but has no back-pressure: the transmit thread
+/// could queue read responses faster than the token's holder sends them).
+#[derive(Default)]
+struct TxOrder {
+    /// The ticket whose batch goes out now.
+    serving: Mutex<u64>,
+    turn: Condvar,
+}
+
+/// A thread's turn on the wire; the next ticket is served when it ends, even if the
+/// sending panicked (else every later batch of the QP would wait forever).
+struct Turn<'a>(&'a TxOrder);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.serving.lock() += 1;
+        self.0.turn.notify_all();
+    }
+}
+
+impl TxOrder {
+    /// Wait until batch `ticket` may go out.
+    fn wait_for(&self, ticket: u64) -> Turn<'_> {
+        let mut serving = self.serving.lock();
+        while *serving != ticket {
+            self.turn.wait(&mut serving);
+        }
+        Turn(self)
+    }
 }
 
 /// Packets in flight a requester allows before waiting for an acknowledgement.
@@ -67,6 +123,10 @@ pub(crate) struct State {
     pub last_wqe_sent: bool,
     /// The connection manager has told the consumer the connection ended.
     pub closed_reported: bool,
+    /// Datagrams produced and not yet sent, oldest first (empty while the lock is free).
+    out: Vec<Outgoing>,
+    /// The ticket of the next batch taken from `out` ([`TxOrder`]).
+    next_ticket: u64,
 }
 
 pub struct RxeQp {
@@ -82,6 +142,7 @@ pub struct RxeQp {
     pub(crate) sink: Arc<dyn EventSink>,
     pub(crate) stats: Arc<RingStats>,
     pub(crate) st: Mutex<State>,
+    tx_order: TxOrder,
     scheduled: AtomicBool,
     me: Weak<RxeQp>,
 }
@@ -116,7 +177,10 @@ impl RxeQp {
                 timer_queued: None,
                 last_wqe_sent: false,
                 closed_reported: false,
+                out: Vec::new(),
+                next_ticket: 0,
             }),
+            tx_order: TxOrder::default(),
             scheduled: AtomicBool::new(false),
             me: me.clone(),
         })
@@ -144,13 +208,31 @@ impl RxeQp {
         }
     }
 
+    /// Run `f` on the QP's state, then send the datagrams it produced — after the lock
+    /// is released, and after every batch produced before them ([`TxOrder`]).
+    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut st = self.st.lock();
+        let r = f(&mut st);
+        if st.out.is_empty() {
+            return r;
+        }
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        let batch = std::mem::take(&mut st.out);
+        drop(st);
+        let _turn = self.tx_order.wait_for(ticket);
+        for mut d in batch {
+            self.dev.send(d.av.src, d.av.dst, d.av.sport, &mut d.roce);
+        }
+        r
+    }
+
     /// One transmit step from the device's transmit thread.
     pub(crate) fn tx_step(&self) {
         self.scheduled.store(false, Ordering::Release);
-        let more = {
-            let mut st = self.st.lock();
+        let more = self.with_state(|st| {
             let mut budget = TX_BUDGET;
-            let m = self.transmit(&mut st, &mut budget);
+            let m = self.transmit(st, &mut budget);
             tracing::trace!(
                 qpn = self.qpn,
                 sent = TX_BUDGET - budget,
@@ -158,7 +240,7 @@ impl RxeQp {
                 "rxe tx step"
             );
             m
-        };
+        });
         if more {
             self.schedule();
         }
@@ -199,23 +281,22 @@ impl RxeQp {
 
     /// A heap entry of this QP queued for `fired` came due.
     pub(crate) fn on_timer(&self, fired: Instant) {
-        let more = {
-            let mut st = self.st.lock();
+        let more = self.with_state(|st| {
             if st.timer_queued == Some(fired) {
                 st.timer_queued = None;
             }
             match st.timer_at {
-                None => return,
+                None => return false,
                 Some(at) if at > self.dev.clock.now() => {
-                    self.queue_timer(&mut st, at);
-                    return;
+                    self.queue_timer(st, at);
+                    return false;
                 }
                 Some(_) => {}
             }
             st.timer_at = None;
-            self.requester_timeout(&mut st);
+            self.requester_timeout(st);
             true
-        };
+        });
         if more {
             self.schedule();
         }
@@ -225,38 +306,38 @@ impl RxeQp {
 
     /// One verified packet addressed to this QP.
     pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>) {
-        let schedule = {
-            let mut st = self.st.lock();
+        let schedule = self.with_state(|st| {
             if st.av.is_some_and(|av| av.dst != d.src) {
                 self.dev.count(&self.dev.counters.rx_wrong_source);
-                return;
+                return false;
             }
             if p.bth.opcode.transport() != wire::opcode::Transport::Rc {
                 self.dev.count(&self.dev.counters.rx_malformed);
-                return;
+                return false;
             }
             let ready = match p.bth.opcode.direction() {
                 wire::Direction::Request => {
                     if !matches!(st.qp, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                         self.dev.count(&self.dev.counters.rx_dropped_state);
-                        return;
+                        return false;
                     }
-                    self.on_request(&mut st, p)
+                    self.on_request(st, p)
                 }
                 wire::Direction::Response => {
                     if !matches!(st.qp, QpState::Rts | QpState::Sqd) {
                         self.dev.count(&self.dev.counters.rx_dropped_state);
-                        return;
+                        return false;
                     }
-                    self.on_response(&mut st, p)
+                    self.on_response(st, p)
                 }
             };
             // What the packet made ready (an ACK, a Read response, the next window of
-            // requests) goes out from this thread while it is here; only a remainder waits
-            // for the transmit thread, which saves a thread wake-up per message.
+            // requests) goes out from this thread once it leaves the lock; only a
+            // remainder waits for the transmit thread, which saves a thread wake-up per
+            // message.
             let mut budget = INLINE_BUDGET;
-            ready && self.transmit(&mut st, &mut budget)
-        };
+            ready && self.transmit(st, &mut budget)
+        });
         if schedule {
             self.schedule();
         }
@@ -264,10 +345,12 @@ impl RxeQp {
 
     // ---- output helpers ---------------------------------------------------------------
 
-    /// Send one packet to the QP's peer.
-    pub(crate) fn send_packet(&self, st: &State, repr: &RoceRepr<'_>) {
-        if let Some(av) = st.av {
-            self.dev.send_repr(av.src, av.dst, av.sport, repr);
+    /// Queue one packet to the QP's peer; it is sent when the lock is released.
+    pub(crate) fn send_packet(&self, st: &mut State, repr: &RoceRepr<'_>) {
+        let Some(av) = st.av else { return };
+        match repr.to_vec() {
+            Ok(roce) => st.out.push(Outgoing { av, roce }),
+            Err(e) => tracing::warn!(qpn = self.qpn, error = %e, "rxe: cannot emit packet"),
         }
     }
 
@@ -542,16 +625,15 @@ impl ProviderQp for RxeQp {
     }
 
     fn doorbell(&self) {
-        let more = {
-            let mut st = self.st.lock();
+        let more = self.with_state(|st| {
             if st.qp == QpState::Error {
                 // Work posted to a QP in Error completes flushed at once.
-                self.flush_rings(&mut st);
-                return;
+                self.flush_rings(st);
+                return false;
             }
             let mut budget = INLINE_BUDGET;
-            self.transmit(&mut st, &mut budget)
-        };
+            self.transmit(st, &mut budget)
+        });
         if more {
             self.schedule();
         }
@@ -601,5 +683,33 @@ pub(crate) fn cqe_for(w: &Wqe, qpn: u32, status: WcStatus, byte_len: u32) -> Cqe
         imm_or_inv: 0,
         src_qp: 0,
         vendor_err: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TxOrder;
+    use std::sync::Arc;
+
+    /// Batches go out in ticket order whatever order their threads come in, and a
+    /// thread that panics on its turn does not stop the ones after it.
+    #[test]
+    fn batches_leave_in_ticket_order() {
+        let order = Arc::new(TxOrder::default());
+        let wire = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let threads: Vec<_> = (0..8u64)
+            .rev()
+            .map(|ticket| {
+                let (order, wire) = (order.clone(), wire.clone());
+                std::thread::spawn(move || {
+                    let _turn = order.wait_for(ticket);
+                    wire.lock().push(ticket);
+                    assert_ne!(ticket, 3, "a send that panics");
+                })
+            })
+            .collect();
+        let panicked = threads.into_iter().filter_map(|t| t.join().err()).count();
+        assert_eq!(panicked, 1);
+        assert_eq!(*wire.lock(), (0..8).collect::<Vec<_>>());
     }
 }
