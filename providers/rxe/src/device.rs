@@ -90,6 +90,8 @@ pub(crate) struct Shared {
     pub clock: Clock,
     /// QP numbers: random, or one after the other in a simulation (reproducible runs).
     qpns: QpnSource,
+    /// The serial of the next QP object (never reused, unlike QP numbers).
+    qp_serials: AtomicU64,
     pub services: Arc<dyn KalServices>,
     pub config: RxeConfig,
     pub qps: RwLock<HashMap<u32, Weak<RxeQp>>>,
@@ -321,6 +323,11 @@ impl RxeDevice {
                 reject: crate::wire::cm::REJ_PRIVATE_DATA_LEN as u16,
             },
         };
+        let cm = Cm::new(crate::cm::Config {
+            node_guid: attr.node_guid,
+            max_ird: attr.max_ird,
+            max_ord: attr.max_ord,
+        });
         let (tx, rx) = crossbeam_channel::unbounded();
         let gids = gid_table(services.addresses());
         let shared = Arc::new(Shared {
@@ -331,11 +338,12 @@ impl RxeDevice {
             raw: io.raw,
             clock: io.clock,
             qpns: io.qpns,
+            qp_serials: AtomicU64::new(1),
             services,
             config,
             qps: RwLock::new(HashMap::new()),
             timers: Timers::new(),
-            cm: Cm::new(),
+            cm,
             tx_queue: tx,
             stop: AtomicBool::new(false),
             gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), gids)),
@@ -528,7 +536,8 @@ impl Provider for RxeDevice {
                 break n;
             }
         };
-        let qp = RxeQp::new(self.shared.clone(), qpn, init);
+        let serial = self.shared.qp_serials.fetch_add(1, Ordering::Relaxed);
+        let qp = RxeQp::new(self.shared.clone(), qpn, serial, init);
         qps.insert(qpn, Arc::downgrade(&qp));
         drop(qps);
         self.shared.count(&self.shared.counters.qps_created);

@@ -26,7 +26,27 @@ pub(crate) fn u64() -> Result<u64> {
     getrandom::u64().map_err(failed)
 }
 
-/// A random 24-bit PSN.
-pub(crate) fn psn() -> Result<u32> {
-    Ok(u32()? & crate::wire::PSN_MASK)
+/// Where the connection manager draws its identifiers from: the kernel's CSPRNG ([`Os`]),
+/// or, in its tests, a fixed sequence.
+pub(crate) trait Entropy: Send {
+    fn u32(&mut self) -> Result<u32>;
+    fn u64(&mut self) -> Result<u64>;
+
+    /// A 24-bit PSN.
+    fn psn(&mut self) -> Result<u32> {
+        Ok(self.u32()? & crate::wire::PSN_MASK)
+    }
+}
+
+/// The kernel's CSPRNG.
+pub(crate) struct Os;
+
+impl Entropy for Os {
+    fn u32(&mut self) -> Result<u32> {
+        u32()
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        u64()
+    }
 }

@@ -131,6 +131,8 @@ pub(crate) struct State {
 
 pub struct RxeQp {
     pub qpn: u32,
+    /// The device's serial of this QP object: unlike its number, never reused.
+    serial: u64,
     pub(crate) pd: u32,
     pub(crate) dev: Arc<Shared>,
     pub(crate) caps: QpCaps,
@@ -148,7 +150,7 @@ pub struct RxeQp {
 }
 
 impl RxeQp {
-    pub(crate) fn new(dev: Arc<Shared>, qpn: u32, init: QpInit) -> Arc<RxeQp> {
+    pub(crate) fn new(dev: Arc<Shared>, qpn: u32, serial: u64, init: QpInit) -> Arc<RxeQp> {
         let attr = QpAttr {
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
@@ -156,6 +158,7 @@ impl RxeQp {
         };
         Arc::new_cyclic(|me| RxeQp {
             qpn,
+            serial,
             pd: init.pd,
             dev,
             caps: init.caps,
@@ -188,6 +191,14 @@ impl RxeQp {
 
     pub(crate) fn arc(&self) -> Option<Arc<RxeQp>> {
         self.me.upgrade()
+    }
+
+    /// This QP as the connection manager names it.
+    pub(crate) fn cm_ref(&self) -> crate::cm::QpRef {
+        crate::cm::QpRef {
+            qpn: self.qpn,
+            serial: self.serial,
+        }
     }
 
     /// Claim the transmit-queue slot; false when the QP is already queued.
