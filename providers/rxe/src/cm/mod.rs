@@ -31,6 +31,8 @@ mod close;
 mod driver;
 mod passive;
 mod table;
+#[cfg(test)]
+mod tests;
 
 pub use driver::{connect, disconnect, listen, Cm};
 
