@@ -41,6 +41,23 @@ pub(crate) trait Entropy: Send {
 /// The kernel's CSPRNG.
 pub(crate) struct Os;
 
+/// A fixed sequence drawn from a seed (SplitMix64): for a simulation, which must replay
+/// exactly, and tests; never for a device on a network.
+pub(crate) struct Seeded(pub u64);
+
+impl Entropy for Seeded {
+    fn u32(&mut self) -> Result<u32> {
+        Ok(self.u64()? as u32)
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Ok(z ^ (z >> 31))
+    }
+}
+
 impl Entropy for Os {
     fn u32(&mut self) -> Result<u32> {
         u32()

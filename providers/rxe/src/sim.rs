@@ -243,6 +243,7 @@ struct Node {
 
 /// A simulated clock, a link and the devices on it.
 pub struct Sim {
+    seed: u64,
     clock: Arc<Mutex<Instant>>,
     link: Arc<SimLink>,
     nodes: Vec<Node>,
@@ -268,6 +269,7 @@ impl Sim {
             }),
         });
         Sim {
+            seed,
             clock,
             link,
             nodes: Vec::new(),
@@ -288,6 +290,8 @@ impl Sim {
             Arc::new(NoHost),
             self.link.clone(),
             Clock::Sim(self.clock.clone()),
+            // Each device's connection manager its own sequence, the same in every replay.
+            self.seed ^ (self.nodes.len() as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d),
         );
         self.nodes.push(Node {
             addr: addr.into(),
@@ -417,6 +421,11 @@ pub struct Events(Mutex<Vec<Event>>);
 impl Events {
     pub fn kinds(&self) -> Vec<EventKind> {
         self.0.lock().iter().map(|e| e.kind).collect()
+    }
+
+    /// The events delivered so far, oldest first.
+    pub fn all(&self) -> Vec<Event> {
+        self.0.lock().clone()
     }
 }
 

@@ -11,7 +11,7 @@ use super::{Action, BringUp, Config, Connect, Count, Link, Machine, QpRef};
 use crate::device::Shared;
 use crate::net::{canonical, Datagram};
 use crate::qp::RxeQp;
-use crate::random::Os;
+use crate::random::Entropy;
 use crate::wire::cm::{self, CmMad};
 use crate::wire::mad::MAD_LEN;
 use crate::wire::{icrc, RoceRepr};
@@ -32,9 +32,9 @@ pub struct Cm {
 }
 
 impl Cm {
-    pub(crate) fn new(config: Config) -> Cm {
+    pub(crate) fn new(config: Config, rng: Box<dyn Entropy>) -> Cm {
         Cm {
-            machine: Mutex::new(Machine::new(config, Box::new(Os))),
+            machine: Mutex::new(Machine::new(config, rng)),
             gsi_psn: AtomicU32::new(0),
         }
     }

@@ -2,6 +2,7 @@
 //! machines answer each other's MADs by hand (`carry`), and time is what the test says.
 
 use super::*;
+use crate::random::Seeded;
 use crate::wire::cm::{msg_ref, rej_reason, CmMad, CmMessage};
 use crate::wire::cma;
 use std::collections::VecDeque;
@@ -11,22 +12,6 @@ const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
 const EVE: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 66));
 const PORT: u16 = 7471;
-
-/// A fixed sequence of "random" values (SplitMix64).
-struct Seq(u64);
-
-impl Entropy for Seq {
-    fn u32(&mut self) -> Result<u32> {
-        Ok(self.u64()? as u32)
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Ok(z ^ (z >> 31))
-    }
-}
 
 /// Values given one by one; none left is the generator failing.
 struct Script(VecDeque<u32>);
@@ -51,7 +36,7 @@ fn machine_with(seed: u64, rng: Box<dyn Entropy>) -> Machine {
 }
 
 fn machine(seed: u64) -> Machine {
-    machine_with(seed, Box::new(Seq(seed)))
+    machine_with(seed, Box::new(Seeded(seed)))
 }
 
 fn qp(qpn: u32) -> QpRef {
