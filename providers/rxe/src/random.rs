@@ -8,6 +8,10 @@
 //! `getrandom(2)` blocks until the kernel's pool is seeded and then never fails; should it
 //! (no syscall, no `/dev/urandom`), the operation that needed the value fails with `Io`
 //! rather than go on with something predictable.
+//!
+//! The connection manager takes its randomness as an [`Entropy`]: the kernel's ([`Os`]) on
+//! every device on a network; a seeded sequence ([`Seeded`]) only in a simulation, which
+//! must replay exactly, and in tests.
 
 use rnicpi::{Result, VerbsError};
 

@@ -2,15 +2,16 @@
 //! test bed (no socket, no thread, no root), in the manner of quinn-proto's test pairs.
 //!
 //! A [`Sim`] holds the clock, the link and the devices on it. The devices are the real
-//! engine (QPs, requester, completer, responder, timers, transmit queue) assembled with
-//! the link as their [`Wire`] and the simulation's [`Clock`]; the simulation plays their
-//! three threads: [`Sim::step`] delivers the datagrams that are due, fires the timers that
-//! are due and runs the QPs queued for transmit, and [`Sim::run_until`] moves the clock
-//! to the next thing due when nothing is left to do now. The link loses, duplicates and
-//! delays (so reorders) datagrams as its [`Impairment`] says, drawing from one seeded
-//! generator in a fixed order, so a seed replays exactly. Datagrams carry no ICRC here:
-//! the engine is fed what the receive thread hands it after checking one (the framing has
-//! its own tests and fuzz target).
+//! engine (QPs, requester, completer, responder, connection manager, timers, transmit
+//! queue) assembled with the link as their [`Wire`], the simulation's [`Clock`] and
+//! identifiers drawn from its seed; the simulation plays their three threads: [`Sim::step`]
+//! delivers the datagrams that are due, fires the timers that are due and runs the QPs
+//! queued for transmit, and [`Sim::run_until`] moves the clock to the next thing due when
+//! nothing is left to do now. The link loses, duplicates and delays (so reorders) datagrams
+//! as its [`Impairment`] says, drawing from one seeded generator in a fixed order, so a
+//! seed replays exactly (the same datagrams at the same times: [`Sim::digest`]). Datagrams
+//! carry no ICRC here: the engine is fed what the receive thread hands it after checking
+//! one (the framing has its own tests and fuzz target).
 //!
 //! [`SimQp`] is a QP with the consumer's ends of its rings and a registered buffer, for
 //! tests to post to and poll as a verbs consumer would.
