@@ -90,6 +90,8 @@ pub(crate) struct Shared {
     pub clock: Clock,
     /// QP numbers: random, or one after the other in a simulation (reproducible runs).
     qpns: QpnSource,
+    /// The serial of the next QP object (never reused, unlike QP numbers).
+    qp_serials: AtomicU64,
     pub services: Arc<dyn KalServices>,
     pub config: RxeConfig,
     pub qps: RwLock<HashMap<u32, Weak<RxeQp>>>,
@@ -238,6 +240,7 @@ impl RxeDevice {
             raw: net.is_raw(),
             clock: Clock::Host,
             qpns: QpnSource::Random,
+            entropy: Box::new(crate::random::Os),
         };
         let (shared, rx) = Self::assemble(config, services, io);
         let port = net.port();
@@ -258,19 +261,21 @@ impl RxeDevice {
     }
 
     /// The device without threads or sockets: what it transmits goes to `wire`, time is
-    /// `clock`'s, and the returned driver runs its timers and transmit queue
-    /// (`crate::sim`).
+    /// `clock`'s, its connection manager draws its identifiers from `seed`, and the
+    /// returned driver runs its timers and transmit queue (`crate::sim`).
     pub(crate) fn assemble_driven(
         config: RxeConfig,
         services: Arc<dyn KalServices>,
         wire: Arc<dyn Wire>,
         clock: Clock,
+        seed: u64,
     ) -> (Arc<RxeDevice>, crossbeam_channel::Receiver<Weak<RxeQp>>) {
         let io = Io {
             wire,
             raw: false,
             clock,
             qpns: QpnSource::Sequential(AtomicU32::new(2)),
+            entropy: Box::new(crate::random::Seeded(seed)),
         };
         let (shared, rx) = Self::assemble(config, services, io);
         (Arc::new(RxeDevice { shared }), rx)
@@ -321,6 +326,12 @@ impl RxeDevice {
                 reject: crate::wire::cm::REJ_PRIVATE_DATA_LEN as u16,
             },
         };
+        let cm_config = crate::cm::Config {
+            node_guid: attr.node_guid,
+            max_ird: attr.max_ird,
+            max_ord: attr.max_ord,
+        };
+        let cm = Cm::new(cm_config, io.entropy);
         let (tx, rx) = crossbeam_channel::unbounded();
         let gids = gid_table(services.addresses());
         let shared = Arc::new(Shared {
@@ -331,11 +342,12 @@ impl RxeDevice {
             raw: io.raw,
             clock: io.clock,
             qpns: io.qpns,
+            qp_serials: AtomicU64::new(1),
             services,
             config,
             qps: RwLock::new(HashMap::new()),
             timers: Timers::new(),
-            cm: Cm::new(),
+            cm,
             tx_queue: tx,
             stop: AtomicBool::new(false),
             gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), gids)),
@@ -350,6 +362,8 @@ struct Io {
     raw: bool,
     clock: Clock,
     qpns: QpnSource,
+    /// What the connection manager draws its identifiers from.
+    entropy: Box<dyn crate::random::Entropy>,
 }
 
 /// Where QP numbers come from.
@@ -528,7 +542,8 @@ impl Provider for RxeDevice {
                 break n;
             }
         };
-        let qp = RxeQp::new(self.shared.clone(), qpn, init);
+        let serial = self.shared.qp_serials.fetch_add(1, Ordering::Relaxed);
+        let qp = RxeQp::new(self.shared.clone(), qpn, serial, init);
         qps.insert(qpn, Arc::downgrade(&qp));
         drop(qps);
         self.shared.count(&self.shared.counters.qps_created);

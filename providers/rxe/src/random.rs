@@ -8,6 +8,10 @@
 //! `getrandom(2)` blocks until the kernel's pool is seeded and then never fails; should it
 //! (no syscall, no `/dev/urandom`), the operation that needed the value fails with `Io`
 //! rather than go on with something predictable.
+//!
+//! The connection manager takes its randomness as an [`Entropy`]: the kernel's ([`Os`]) on
+//! every device on a network; a seeded sequence ([`Seeded`]) only in a simulation, which
+//! must replay exactly, and in tests.
 
 use rnicpi::{Result, VerbsError};
 
@@ -26,7 +30,44 @@ pub(crate) fn u64() -> Result<u64> {
     getrandom::u64().map_err(failed)
 }
 
-/// A random 24-bit PSN.
-pub(crate) fn psn() -> Result<u32> {
-    Ok(u32()? & crate::wire::PSN_MASK)
+/// Where the connection manager draws its identifiers from: the kernel's CSPRNG ([`Os`]),
+/// or, in its tests, a fixed sequence.
+pub(crate) trait Entropy: Send {
+    fn u32(&mut self) -> Result<u32>;
+    fn u64(&mut self) -> Result<u64>;
+
+    /// A 24-bit PSN.
+    fn psn(&mut self) -> Result<u32> {
+        Ok(self.u32()? & crate::wire::PSN_MASK)
+    }
+}
+
+/// The kernel's CSPRNG.
+pub(crate) struct Os;
+
+/// A fixed sequence drawn from a seed (SplitMix64): for a simulation, which must replay
+/// exactly, and tests; never for a device on a network.
+pub(crate) struct Seeded(pub u64);
+
+impl Entropy for Seeded {
+    fn u32(&mut self) -> Result<u32> {
+        Ok(self.u64()? as u32)
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Ok(z ^ (z >> 31))
+    }
+}
+
+impl Entropy for Os {
+    fn u32(&mut self) -> Result<u32> {
+        u32()
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        u64()
+    }
 }

@@ -2,15 +2,16 @@
 //! test bed (no socket, no thread, no root), in the manner of quinn-proto's test pairs.
 //!
 //! A [`Sim`] holds the clock, the link and the devices on it. The devices are the real
-//! engine (QPs, requester, completer, responder, timers, transmit queue) assembled with
-//! the link as their [`Wire`] and the simulation's [`Clock`]; the simulation plays their
-//! three threads: [`Sim::step`] delivers the datagrams that are due, fires the timers that
-//! are due and runs the QPs queued for transmit, and [`Sim::run_until`] moves the clock
-//! to the next thing due when nothing is left to do now. The link loses, duplicates and
-//! delays (so reorders) datagrams as its [`Impairment`] says, drawing from one seeded
-//! generator in a fixed order, so a seed replays exactly. Datagrams carry no ICRC here:
-//! the engine is fed what the receive thread hands it after checking one (the framing has
-//! its own tests and fuzz target).
+//! engine (QPs, requester, completer, responder, connection manager, timers, transmit
+//! queue) assembled with the link as their [`Wire`], the simulation's [`Clock`] and
+//! identifiers drawn from its seed; the simulation plays their three threads: [`Sim::step`]
+//! delivers the datagrams that are due, fires the timers that are due and runs the QPs
+//! queued for transmit, and [`Sim::run_until`] moves the clock to the next thing due when
+//! nothing is left to do now. The link loses, duplicates and delays (so reorders) datagrams
+//! as its [`Impairment`] says, drawing from one seeded generator in a fixed order, so a
+//! seed replays exactly (the same datagrams at the same times: [`Sim::digest`]). Datagrams
+//! carry no ICRC here: the engine is fed what the receive thread hands it after checking
+//! one (the framing has its own tests and fuzz target).
 //!
 //! [`SimQp`] is a QP with the consumer's ends of its rings and a registered buffer, for
 //! tests to post to and poll as a verbs consumer would.
@@ -19,6 +20,7 @@ use crate::device::RxeDevice;
 use crate::net::Wire;
 use crate::qp::RxeQp;
 use crate::timer::Clock;
+use crate::wire::{RocePacket, RoceRepr};
 use crate::RxeConfig;
 use parking_lot::Mutex;
 use rnicpi::queue::ring_bytes;
@@ -104,12 +106,53 @@ struct LinkState {
     stats: LinkStats,
     /// Datagrams sent, by source address.
     sent_from: BTreeMap<IpAddr, u64>,
+    /// A digest of every datagram sent, in order: when, between whom, and its bytes.
+    digest: Fnv,
+}
+
+/// FNV-1a over the datagrams a link carries: two runs that send the same datagrams at the
+/// same simulated times in the same order have the same digest.
+struct Fnv(u64);
+
+impl Fnv {
+    const START: Fnv = Fnv(0xcbf2_9ce4_8422_2325);
+
+    fn add(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    /// A datagram, but for the memory keys and addresses its headers may carry: those are
+    /// random (keys) or wherever the heap put the buffer (addresses), so they differ from
+    /// run to run.
+    fn add_packet(&mut self, roce: &[u8]) {
+        self.add(&(roce.len() as u64).to_le_bytes());
+        let Ok(r) = RocePacket::new_checked(roce).and_then(|p| RoceRepr::parse(&p)) else {
+            return self.add(roce);
+        };
+        let fields = format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            r.bth,
+            r.aeth,
+            r.immdt,
+            r.atomic_ack_eth,
+            r.reth.map(|h| h.dma_len),
+            r.atomic_eth.map(|h| (h.swap_add, h.compare)),
+        );
+        self.add(fields.as_bytes());
+        self.add(r.payload);
+    }
 }
 
 /// The simulated link every device of a [`Sim`] transmits on.
 pub struct SimLink {
     clock: Arc<Mutex<Instant>>,
+    start: Instant,
     state: Mutex<LinkState>,
+    /// Host time each send spends before it reaches the link, as a `sendmsg` would (0
+    /// but in tests of threads sending at once; simulated time does not move).
+    send_cost_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Wire for SimLink {
@@ -121,10 +164,21 @@ impl Wire for SimLink {
         _dport: u16,
         roce: &mut [u8],
     ) -> io::Result<()> {
+        let cost = self.send_cost_ns.load(std::sync::atomic::Ordering::Relaxed);
+        let t = Instant::now();
+        while t.elapsed().as_nanos() < u128::from(cost) {
+            std::hint::spin_loop();
+        }
         let now = *self.clock.lock();
         let mut st = self.state.lock();
         st.stats.sent += 1;
         *st.sent_from.entry(src).or_default() += 1;
+        let d = &mut st.digest;
+        d.add(&(now - self.start).as_nanos().to_le_bytes());
+        d.add(&ip_bytes(src));
+        d.add(&ip_bytes(dst));
+        d.add(&sport.to_le_bytes());
+        d.add_packet(roce);
         let imp = st.impairment;
         if st.rng.chance(imp.loss_ppm) {
             st.stats.lost += 1;
@@ -155,6 +209,13 @@ impl Wire for SimLink {
 
     fn has_ipv6(&self) -> bool {
         false
+    }
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
     }
 }
 
@@ -191,6 +252,7 @@ struct Node {
 
 /// A simulated clock, a link and the devices on it.
 pub struct Sim {
+    seed: u64,
     clock: Arc<Mutex<Instant>>,
     link: Arc<SimLink>,
     nodes: Vec<Node>,
@@ -204,6 +266,7 @@ impl Sim {
         let clock = Arc::new(Mutex::new(start));
         let link = Arc::new(SimLink {
             clock: clock.clone(),
+            start,
             state: Mutex::new(LinkState {
                 rng: Rng(seed),
                 impairment,
@@ -211,9 +274,12 @@ impl Sim {
                 seq: 0,
                 stats: LinkStats::default(),
                 sent_from: BTreeMap::new(),
+                digest: Fnv::START,
             }),
+            send_cost_ns: Default::default(),
         });
         Sim {
+            seed,
             clock,
             link,
             nodes: Vec::new(),
@@ -234,6 +300,8 @@ impl Sim {
             Arc::new(NoHost),
             self.link.clone(),
             Clock::Sim(self.clock.clone()),
+            // Each device's connection manager its own sequence, the same in every replay.
+            self.seed ^ (self.nodes.len() as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d),
         );
         self.nodes.push(Node {
             addr: addr.into(),
@@ -258,6 +326,12 @@ impl Sim {
 
     pub fn link_stats(&self) -> LinkStats {
         self.link.state.lock().stats
+    }
+
+    /// A digest of the datagrams sent so far (their times, addresses and bytes, in
+    /// order): equal for two runs only if they put the same sequence on the link.
+    pub fn digest(&self) -> u64 {
+        self.link.state.lock().digest.0
     }
 
     /// Datagrams the device serving `addr` has sent.
@@ -357,6 +431,11 @@ pub struct Events(Mutex<Vec<Event>>);
 impl Events {
     pub fn kinds(&self) -> Vec<EventKind> {
         self.0.lock().iter().map(|e| e.kind).collect()
+    }
+
+    /// The events delivered so far, oldest first.
+    pub fn all(&self) -> Vec<Event> {
+        self.0.lock().clone()
     }
 }
 
@@ -529,5 +608,84 @@ pub fn connect(
             ..QpAttr::default()
         };
         q.modify(&rts, QpAttrMask::RC_RTS).expect("rts");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Ipv4Addr = Ipv4Addr::new(127, 10, 0, 1);
+    const B: Ipv4Addr = Ipv4Addr::new(127, 10, 0, 2);
+
+    /// The PSNs of the datagrams on their way from `src`, in the order they were sent.
+    fn psns_from(sim: &Sim, src: Ipv4Addr) -> Vec<u32> {
+        let st = sim.link.state.lock();
+        st.in_flight
+            .values()
+            .filter(|d| d.src == IpAddr::V4(src))
+            .map(|d| u32::from_be_bytes([0, d.bytes[9], d.bytes[10], d.bytes[11]]))
+            .collect()
+    }
+
+    /// Doorbells rung from two threads and transmit steps run from a third all make
+    /// requests of one QP at once, each sending from its own thread, with sends slow
+    /// enough to overlap: the link still sees every PSN once, in order.
+    #[test]
+    fn threads_sending_for_one_qp_keep_psn_order() {
+        let mut sim = Sim::new(1, Impairment::CLEAN);
+        sim.link
+            .send_cost_ns
+            .store(2_000, std::sync::atomic::Ordering::Relaxed);
+        let da = sim.add_device("rxe-a", A);
+        let db = sim.add_device("rxe-b", B);
+        let (a, b) = (SimQp::new(&da, 4096, 128), SimQp::new(&db, 4096, 128));
+        let retry = QpAttr {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ..QpAttr::default()
+        };
+        connect(&a, A, &b, B, 1024, (7, 9), retry);
+        let qp = a.engine.as_any().downcast_ref::<RxeQp>().unwrap();
+        let sends: u32 = 100;
+        for round in 0..50u32 {
+            for i in 0..sends {
+                b.user
+                    .post_recv(&Wqe::recv(i.into(), &[b.sge(0, 64)]))
+                    .unwrap();
+            }
+            let first = sim.sent_from(A);
+            let done = || sim.sent_from(A) >= first + u64::from(sends);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    while !done() {
+                        qp.tx_step();
+                    }
+                });
+                s.spawn(|| {
+                    while !done() {
+                        a.engine.doorbell();
+                    }
+                });
+                let batch: Vec<Wqe> = (0..sends)
+                    .map(|i| Wqe::new(i.into(), WrOpcode::Send, &[a.sge(0, 64)]))
+                    .collect();
+                a.user.post_send_batch(&batch).unwrap();
+                while !done() {
+                    a.engine.doorbell();
+                }
+            });
+            let psns = psns_from(&sim, A);
+            let start = 7 + round * sends;
+            let want: Vec<u32> = (start..start + sends).collect();
+            assert_eq!(psns, want, "round {round}");
+            // Deliver them; the acknowledgements open the window for the next round.
+            let mut got = 0;
+            assert!(sim.run_until(Duration::from_secs(1), || {
+                got += b.poll().len();
+                got == sends as usize
+            }));
+        }
     }
 }

@@ -12,6 +12,13 @@
 //! duplicates are answered again (REP → RTU again; DREQ → DREP even when the connection
 //! is already gone).
 //!
+//! The protocol is a [`Machine`] without I/O, locks or clocks: each message, timer or
+//! local request goes in with the time, and what to do comes out as [`Action`]s — MADs
+//! to send, timers to arm, QPs to bring up or fail, events to deliver, counters to count.
+//! Its randomness is handed to it ([`Entropy`]). The [`driver`] holds the machine under a
+//! mutex, feeds it and performs its actions once the mutex is released; the tests
+//! (`tests`) play machines against each other with no socket, thread or device.
+//!
 //! Nothing here trusts the network: communication IDs, PSNs and transaction IDs are
 //! random (`crate::random`); every message after the REQ must come from the connection's
 //! peer address and name the IDs both sides agreed on, or it is dropped and counted
@@ -21,28 +28,27 @@
 
 mod active;
 mod close;
+mod driver;
 mod passive;
 mod table;
+#[cfg(test)]
+mod tests;
 
-pub use active::connect;
-pub use close::disconnect;
-pub use passive::listen;
+pub use driver::{connect, disconnect, listen, Cm};
 
-use crate::device::Shared;
-use crate::net::Datagram;
-use crate::qp::RxeQp;
+use crate::random::Entropy;
 use crate::timer::Target;
-use crate::wire::cm::{self, rej_reason, CmMad, CmMessage};
+use crate::wire::cm::{self, CmMad, CmMessage};
 use crate::wire::mad::MAD_LEN;
-use crate::wire::{icrc, RoceRepr};
-use parking_lot::Mutex;
 use rnicpi::*;
 use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
-use table::Conns;
+use std::time::{Duration, Instant};
+use table::{Conn, Conns};
+
+pub(crate) use active::Connect;
 
 /// Time between retries of an unanswered REQ, REP or DREQ.
 const MAD_RETRY: Duration = Duration::from_millis(500);
@@ -50,8 +56,9 @@ const MAD_RETRY: Duration = Duration::from_millis(500);
 const MAD_RETRIES: u32 = 15;
 /// Consumer private data a REQ can carry after the rdma_cm header.
 pub const REQ_PDATA_MAX: usize = cm::REQ_PRIVATE_DATA_LEN - crate::wire::cma::HEADER_LEN;
-/// Q_Key of the GSI.
-const GSI_QKEY: u32 = crate::wire::deth::GSI_QKEY;
+
+/// One CM MAD, as sent.
+type Mad = [u8; MAD_LEN];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -68,6 +75,116 @@ enum Phase {
     DreqSent,
 }
 
+/// A QP as the connection manager knows it: its number, and the serial the device gave
+/// the QP object, so a later QP that gets the same number is never taken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QpRef {
+    pub qpn: u32,
+    pub serial: u64,
+}
+
+/// What a connection fixes for its QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub peer: IpAddr,
+    pub local: IpAddr,
+    pub remote_qpn: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub mtu: u32,
+    /// Our responder resources (the peer's RDMA Reads and atomics we serve at once).
+    pub ird: u32,
+    pub ord: u32,
+}
+
+/// Bring connection `id`'s QP up (Init → RTR → RTS) over `link`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BringUp {
+    pub id: u32,
+    /// The peer's communication ID (for the REJ should the QP not come up).
+    pub remote_id: u32,
+    pub qp: QpRef,
+    pub link: Link,
+}
+
+/// The device counters the connection manager counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    /// `cm_retries`: an unanswered MAD sent again.
+    Retry,
+    /// `cm_unmatched`: a message of no connection of its sender.
+    Unmatched,
+    /// `cm_req_evicted`: a waiting request pushed out by a newer one.
+    ReqEvicted,
+    /// `cm_req_expired`: a request its consumer did not answer in time.
+    ReqExpired,
+    /// `cm_req_refused`: a request refused for want of resources.
+    ReqRefused,
+}
+
+/// A listener's event sink, carried in an [`Action::Offer`].
+#[derive(Clone)]
+pub(crate) struct Sink(pub Arc<dyn EventSink>);
+
+impl fmt::Debug for Sink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Sink")
+    }
+}
+
+/// What the machine asks its driver to do, in order.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Send a MAD from our QP1 at `src` to the peer's at `dst`.
+    Send {
+        src: IpAddr,
+        dst: IpAddr,
+        mad: Box<Mad>,
+    },
+    /// Fire `target` with `gen` at `at` (an entry of an older generation is ignored).
+    Timer {
+        target: Target,
+        gen: u64,
+        at: Instant,
+    },
+    /// Bring a QP up. If it does not come up, the actions after this one are dropped and
+    /// [`Machine::bring_up_failed`] says what to do instead.
+    BringUp(BringUp),
+    /// Move a QP to Error (flushing what it holds).
+    QpError(QpRef),
+    /// A connection attempt failed: move the QP to Error and give its consumer `event`.
+    Fail {
+        qp: QpRef,
+        event: Event,
+    },
+    /// The QP's connection ended: move it to Error and tell its consumer once.
+    Closed {
+        qp: QpRef,
+        kind: EventKind,
+    },
+    /// Give a QP's consumer `event`.
+    Deliver {
+        qp: QpRef,
+        event: Event,
+    },
+    /// Offer connection request `id` to a listener's consumer. If it has no room,
+    /// [`Machine::offer_refused`] says what to do.
+    Offer {
+        sink: Sink,
+        id: u32,
+        event: Event,
+    },
+    Count(Count),
+}
+
+/// What the device tells its connection manager once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Config {
+    pub node_guid: u64,
+    pub max_ird: u32,
+    pub max_ord: u32,
+}
+
 struct ListenEntry {
     addr: Option<IpAddr>,
     sink: Arc<dyn EventSink>,
@@ -76,47 +193,231 @@ struct ListenEntry {
     backlog: usize,
 }
 
-#[derive(Default)]
-struct Inner {
+/// The connection manager of one device (its QP1) without I/O: connections and
+/// listeners, driven by [`Machine::on_mad`], [`Machine::on_timer`], [`Machine::on_sweep`]
+/// and the local requests, each of which returns the [`Action`]s that follow.
+pub(crate) struct Machine {
+    config: Config,
+    rng: Box<dyn Entropy>,
     conns: Conns,
     listeners: HashMap<u16, Vec<ListenEntry>>,
     /// Generation of the armed expiry sweep of waiting requests, if one is armed.
     sweep: Option<u64>,
     sweep_gen: u64,
+    next_listener: u64,
 }
 
-/// The device's connection manager (its QP1).
-#[derive(Default)]
-pub struct Cm {
-    inner: Mutex<Inner>,
-    next_listener: AtomicU64,
-    gsi_psn: AtomicU32,
-}
-
-impl Cm {
-    pub fn new() -> Cm {
-        Cm {
-            next_listener: AtomicU64::new(1),
-            ..Cm::default()
+impl Machine {
+    pub fn new(config: Config, rng: Box<dyn Entropy>) -> Machine {
+        Machine {
+            config,
+            rng,
+            conns: Conns::default(),
+            listeners: HashMap::new(),
+            sweep: None,
+            sweep_gen: 0,
+            next_listener: 1,
         }
     }
 
     /// Connections (in any phase) the device holds, and requests waiting for a consumer.
     pub fn sizes(&self) -> (usize, usize) {
-        let i = self.inner.lock();
-        (i.conns.len(), i.conns.pending())
+        (self.conns.len(), self.conns.pending())
     }
-}
 
-impl Inner {
     /// A communication ID no connection uses (never 0, which means "unknown" in a REJ).
-    fn new_id(&self) -> Result<u32> {
+    fn new_id(&mut self) -> Result<u32> {
         loop {
-            let id = crate::random::u32()?;
+            let id = self.rng.u32()?;
             if id != 0 && !self.conns.contains(id) {
                 return Ok(id);
             }
         }
+    }
+
+    /// A MAD with a fresh random transaction ID.
+    fn mad(&mut self, msg: CmMessage) -> Result<Box<Mad>> {
+        Ok(Box::new(CmMad::new(self.rng.u64()?, msg).to_bytes()))
+    }
+
+    /// The REJ of a connection (`local_id` ours, `remote_id` the peer's).
+    fn rej(
+        &mut self,
+        (local_id, remote_id): (u32, u32),
+        which: u8,
+        reason: u16,
+        pdata: &[u8],
+    ) -> Result<Box<Mad>> {
+        self.mad(CmMessage::Rej(cm::Rej {
+            local_comm_id: local_id,
+            remote_comm_id: remote_id,
+            message_rejected: which,
+            rejected_info_length: 0,
+            reason,
+            ari: [0; cm::REJ_ARI_LEN],
+            private_data: pad(pdata),
+        }))
+    }
+
+    /// Send a REJ from `src` to `dst`, unless no transaction ID could be drawn (then the
+    /// peer times out).
+    fn send_rej(
+        &mut self,
+        out: &mut Vec<Action>,
+        (src, dst): (IpAddr, IpAddr),
+        ids: (u32, u32),
+        which: u8,
+        reason: u16,
+    ) {
+        if let Ok(mad) = self.rej(ids, which, reason, &[]) {
+            out.push(Action::Send { src, dst, mad });
+        }
+    }
+
+    /// A CM MAD from `src` to our address `dst`.
+    pub fn on_mad(&mut self, src: IpAddr, dst: IpAddr, mad: CmMad, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        let tid = mad.transaction_id;
+        let matched = match mad.message {
+            CmMessage::Req(req) => {
+                self.on_req(&mut out, src, dst, req, now);
+                true
+            }
+            CmMessage::Rep(rep) => self.on_rep(&mut out, src, tid, rep),
+            CmMessage::Rtu(rtu) => self.on_rtu(&mut out, src, rtu),
+            CmMessage::Rej(rej) => self.on_rej(&mut out, src, rej),
+            CmMessage::Dreq(dreq) => self.on_dreq(&mut out, src, dst, tid, dreq),
+            CmMessage::Drep(drep) => self.on_drep(&mut out, src, drep),
+            CmMessage::Mra(mra) => self.on_mra(src, mra),
+        };
+        if !matched {
+            tracing::debug!(%src, "rxe CM: message of no connection of that peer");
+            out.push(Action::Count(Count::Unmatched));
+        }
+        out
+    }
+
+    /// The peer needs more time: keep our retries going. True when it named one of its
+    /// connections.
+    fn on_mra(&mut self, src: IpAddr, mra: cm::Mra) -> bool {
+        match self.conns.get_mut(mra.remote_comm_id) {
+            Some(c) if c.is_from(src, mra.local_comm_id) && c.retry.is_some() => {
+                c.retries_left = MAD_RETRIES;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A REJ: of our REQ or REP (the attempt fails), or the active side giving up on a
+    /// request that waits for our consumer. True when it named a connection of its sender.
+    fn on_rej(&mut self, out: &mut Vec<Action>, src: IpAddr, rej: cm::Rej) -> bool {
+        // The connection this peer knows by the REJ's sender ID; or, for our REQ before
+        // the peer told us its ID, ours by the REJ's remote ID.
+        let known = self
+            .conns
+            .by_remote(src, rej.local_comm_id)
+            .filter(|&id| rej.remote_comm_id == 0 || rej.remote_comm_id == id);
+        let id = known.or_else(|| {
+            self.conns
+                .get(rej.remote_comm_id)
+                .filter(|c| c.phase == Phase::ReqSent && c.is_from(src, rej.local_comm_id))
+                .map(|c| c.local_id)
+        });
+        let Some(id) = id else { return false };
+        match self.conns.get(id).map(|c| c.phase) {
+            Some(Phase::ReqSent | Phase::RepSent) => {}
+            Some(Phase::ReqRcvd) => {
+                self.conns.remove(id);
+                tracing::info!(conn = id, reason = rej.reason, "rxe CM: request withdrawn");
+                return true;
+            }
+            _ => return true,
+        }
+        let Some(qp) = self.conns.remove(id).and_then(|c| c.qp()) else {
+            return true;
+        };
+        tracing::info!(qpn = qp.qpn, reason = rej.reason, "rxe CM: rejected");
+        let kind = if rej.reason == cm::rej_reason::CONSUMER_DEFINED {
+            EventKind::Rejected
+        } else {
+            EventKind::Unreachable
+        };
+        let event = Event::new(kind)
+            .with_status(libc::ECONNREFUSED)
+            .with_param(&ConnParam {
+                private_data: rej.private_data.to_vec(),
+                ird: 0,
+                ord: 0,
+            });
+        out.push(Action::Fail { qp, event });
+        true
+    }
+
+    /// The QP of connection `id` if the connection drains its send queue before closing
+    /// (the driver then tells [`Machine::on_timer`] whether the queue is still busy).
+    pub fn draining_qp(&self, id: u32) -> Option<QpRef> {
+        self.conns
+            .get(id)
+            .filter(|c| c.phase == Phase::Draining)
+            .and_then(Conn::qp)
+    }
+
+    /// Connection `id`'s timer of generation `gen` fired; `send_busy`: whether its QP
+    /// still has send work (what an orderly close waits for, see
+    /// [`Machine::draining_qp`]).
+    pub fn on_timer(&mut self, id: u32, gen: u64, send_busy: bool, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(c) = self.conns.get_mut(id) else {
+            return out;
+        };
+        if c.gen != gen {
+            return out;
+        }
+        if c.phase == Phase::Draining {
+            self.drain_tick(&mut out, id, send_busy, now);
+            return out;
+        }
+        let Some(mad) = c.retry else { return out };
+        if c.retries_left > 0 {
+            c.retries_left -= 1;
+            out.push(arm(c, MAD_RETRY, now));
+            out.push(Action::Count(Count::Retry));
+            out.push(Action::Send {
+                src: c.local,
+                dst: c.peer,
+                mad: Box::new(mad),
+            });
+            return out;
+        }
+        let Some(c) = self.conns.remove(id) else {
+            return out;
+        };
+        tracing::debug!(conn = id, phase = ?c.phase, "rxe CM: no answer, giving up");
+        match (c.phase, c.qp()) {
+            (Phase::ReqSent, qp) => self.gave_up(&mut out, &c, qp),
+            (Phase::DreqSent, Some(qp)) => out.push(Action::Closed {
+                qp,
+                kind: EventKind::Disconnected,
+            }),
+            (Phase::RepSent, Some(qp)) => out.push(Action::Closed {
+                qp,
+                kind: EventKind::ConnectionBroken,
+            }),
+            _ => {}
+        }
+        out
+    }
+}
+
+/// Arm connection `c`'s timer `after` from `now`, in a new generation (the entry armed
+/// before, if any, is ignored when it fires).
+fn arm(c: &mut Conn, after: Duration, now: Instant) -> Action {
+    c.gen += 1;
+    Action::Timer {
+        target: Target::Cm(c.local_id),
+        gen: c.gen,
+        at: now + after,
     }
 }
 
@@ -138,254 +439,7 @@ fn mtu_code(bytes: u32) -> u8 {
     }
 }
 
-/// Send one MAD from our QP1 to `peer`'s.
-fn send_mad(s: &Shared, src: IpAddr, peer: IpAddr, mad: &[u8; MAD_LEN]) {
-    let psn = s.cm.gsi_psn.fetch_add(1, Ordering::Relaxed) & crate::wire::PSN_MASK;
-    let repr: RoceRepr<'_> = cm::gsi_packet(mad, crate::wire::bth::DEFAULT_PKEY, psn);
-    s.send_repr(src, peer, icrc::rxe_qp_udp_sport(1), &repr);
-    s.count(&s.counters.cm_sent);
-}
-
-/// A MAD with a fresh random transaction ID.
-fn mad_bytes(msg: CmMessage) -> Result<[u8; MAD_LEN]> {
-    Ok(CmMad::new(crate::random::u64()?, msg).to_bytes())
-}
-
-/// The REJ of a connection (`local_id` ours, `remote_id` the peer's).
-fn rej_mad(
-    local_id: u32,
-    remote_id: u32,
-    which: u8,
-    reason: u16,
-    pdata: &[u8],
-) -> Result<[u8; MAD_LEN]> {
-    mad_bytes(CmMessage::Rej(cm::Rej {
-        local_comm_id: local_id,
-        remote_comm_id: remote_id,
-        message_rejected: which,
-        rejected_info_length: 0,
-        reason,
-        ari: [0; cm::REJ_ARI_LEN],
-        private_data: pad(pdata),
-    }))
-}
-
-/// Send a REJ, unless no transaction ID could be drawn (then the peer times out).
-fn send_rej(
-    s: &Shared,
-    (src, dst): (IpAddr, IpAddr),
-    (local_id, remote_id): (u32, u32),
-    which: u8,
-    reason: u16,
-    pdata: &[u8],
-) {
-    if let Ok(rej) = rej_mad(local_id, remote_id, which, reason, pdata) {
-        send_mad(s, src, dst, &rej);
-    }
-}
-
-fn arm(s: &Shared, c: &mut table::Conn) {
-    arm_after(s, c, MAD_RETRY);
-}
-
-fn arm_after(s: &Shared, c: &mut table::Conn, after: Duration) {
-    c.gen += 1;
-    s.timers
-        .arm(Target::Cm(c.local_id), c.gen, s.clock.now() + after);
-}
-
-/// What a connection fixes for its QP.
-struct Link {
-    peer: IpAddr,
-    local: IpAddr,
-    remote_qpn: u32,
-    rq_psn: u32,
-    sq_psn: u32,
-    mtu: u32,
-    /// Our responder resources (the peer's RDMA Reads and atomics we serve at once).
-    ird: u32,
-    ord: u32,
-}
-
-/// The remote rights a connection gives a QP the consumer left in Reset: as the kernel's
-/// IB CM does (`cm_init_qp_init_attr`), RDMA Write always, RDMA Read and atomics only when
-/// the consumer offered responder resources. A QP the consumer moved to Init itself keeps
-/// the rights it chose there.
-fn default_access(ird: u32) -> Access {
-    if ird > 0 {
-        Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
-    } else {
-        Access::REMOTE_WRITE
-    }
-}
-
-/// Move `qp` through Init → RTR → RTS for a connection.
-fn bring_up(s: &Shared, qp: &RxeQp, l: &Link) -> Result<()> {
-    if qp.state() == QpState::Reset {
-        let init = QpAttr {
-            state: QpState::Init,
-            access: default_access(l.ird),
-            ..QpAttr::default()
-        };
-        qp.cm_modify(&init, QpAttrMask::STATE | QpAttrMask::ACCESS)?;
-    }
-    let sgid_index = s.addrs().iter().position(|a| *a == l.local).unwrap_or(0) as u8;
-    let rtr = QpAttr {
-        state: QpState::Rtr,
-        path_mtu: l.mtu,
-        dest_qpn: l.remote_qpn,
-        rq_psn: l.rq_psn,
-        max_dest_rd_atomic: l.ird.clamp(1, 255) as u8,
-        min_rnr_timer: 12,
-        dgid: ip_to_gid(l.peer),
-        sgid_index,
-        hop_limit: 64,
-        ..QpAttr::default()
-    };
-    qp.cm_modify(&rtr, QpAttrMask::RC_RTR)?;
-    let rts = QpAttr {
-        state: QpState::Rts,
-        sq_psn: l.sq_psn,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: l.ord.clamp(1, 255) as u8,
-        ..QpAttr::default()
-    };
-    qp.cm_modify(&rts, QpAttrMask::RC_RTS)
-}
-
-impl Cm {
-    /// A packet for QP1: a CM MAD from `d.src`.
-    pub fn on_packet(&self, s: &Arc<Shared>, d: &Datagram<'_>, p: &RoceRepr<'_>) {
-        if p.deth.map(|x| x.qkey) != Some(GSI_QKEY) {
-            return s.count(&s.counters.rx_malformed);
-        }
-        let mad = match CmMad::parse(p.payload) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::debug!(src = %d.src, error = %e, "rxe CM: MAD dropped");
-                return s.count(&s.counters.rx_malformed);
-            }
-        };
-        s.count(&s.counters.cm_rcvd);
-        let tid = mad.transaction_id;
-        let matched = match mad.message {
-            CmMessage::Req(req) => return self.on_req(s, d, req),
-            CmMessage::Rep(rep) => self.on_rep(s, d, tid, rep),
-            CmMessage::Rtu(rtu) => self.on_rtu(d, rtu),
-            CmMessage::Rej(rej) => self.on_rej(d, rej),
-            CmMessage::Dreq(dreq) => self.on_dreq(s, d, tid, dreq),
-            CmMessage::Drep(drep) => self.on_drep(d, drep),
-            CmMessage::Mra(mra) => self.on_mra(d, mra),
-        };
-        if !matched {
-            tracing::debug!(src = %d.src, "rxe CM: message of no connection of that peer");
-            s.count(&s.counters.cm_unmatched);
-        }
-    }
-
-    /// The peer needs more time: keep our retries going. True when it named one of its
-    /// connections.
-    fn on_mra(&self, d: &Datagram<'_>, mra: cm::Mra) -> bool {
-        let mut i = self.inner.lock();
-        match i.conns.get_mut(mra.remote_comm_id) {
-            Some(c) if c.is_from(d.src, mra.local_comm_id) && c.retry.is_some() => {
-                c.retries_left = MAD_RETRIES;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// A REJ: of our REQ or REP (the attempt fails), or the active side giving up on a
-    /// request that waits for our consumer. True when it named a connection of its sender.
-    fn on_rej(&self, d: &Datagram<'_>, rej: cm::Rej) -> bool {
-        let mut i = self.inner.lock();
-        // The connection this peer knows by the REJ's sender ID; or, for our REQ before
-        // the peer told us its ID, ours by the REJ's remote ID.
-        let known = i
-            .conns
-            .by_remote(d.src, rej.local_comm_id)
-            .filter(|&id| rej.remote_comm_id == 0 || rej.remote_comm_id == id);
-        let id = known.or_else(|| {
-            i.conns
-                .get(rej.remote_comm_id)
-                .filter(|c| c.phase == Phase::ReqSent && c.is_from(d.src, rej.local_comm_id))
-                .map(|c| c.local_id)
-        });
-        let Some(id) = id else { return false };
-        let phase = i.conns.get(id).map(|c| c.phase);
-        match phase {
-            Some(Phase::ReqSent | Phase::RepSent) => {}
-            Some(Phase::ReqRcvd) => {
-                i.conns.remove(id);
-                tracing::info!(conn = id, reason = rej.reason, "rxe CM: request withdrawn");
-                return true;
-            }
-            _ => return true,
-        }
-        let Some(c) = i.conns.remove(id) else {
-            return true;
-        };
-        drop(i);
-        let Some(qp) = c.qp.upgrade() else {
-            return true;
-        };
-        tracing::info!(qpn = qp.qpn, reason = rej.reason, "rxe CM: rejected");
-        let kind = if rej.reason == rej_reason::CONSUMER_DEFINED {
-            EventKind::Rejected
-        } else {
-            EventKind::Unreachable
-        };
-        {
-            let mut st = qp.st.lock();
-            qp.to_error(&mut st);
-        }
-        qp.sink.deliver(
-            Event::new(kind)
-                .with_status(libc::ECONNREFUSED)
-                .with_param(&ConnParam {
-                    private_data: rej.private_data.to_vec(),
-                    ird: 0,
-                    ord: 0,
-                }),
-        );
-        true
-    }
-
-    /// A retry timer of connection `id` fired.
-    pub fn on_timer(&self, s: &Arc<Shared>, id: u32, gen: u64) {
-        let mut i = self.inner.lock();
-        let Some(c) = i.conns.get_mut(id) else {
-            return;
-        };
-        if c.gen != gen {
-            return;
-        }
-        if c.phase == Phase::Draining {
-            drop(i);
-            return close::drain_tick(s, id);
-        }
-        let Some(mad) = c.retry else { return };
-        if c.retries_left == 0 {
-            let c = i.conns.remove(id);
-            drop(i);
-            let Some(c) = c else { return };
-            let qp = c.qp.upgrade();
-            match (c.phase, qp) {
-                (Phase::ReqSent, qp) => active::gave_up(s, &c, qp),
-                (Phase::DreqSent, Some(qp)) => qp.cm_closed(EventKind::Disconnected),
-                (Phase::RepSent, Some(qp)) => qp.cm_closed(EventKind::ConnectionBroken),
-                _ => {}
-            }
-            return;
-        }
-        c.retries_left -= 1;
-        arm(s, c);
-        let (src, dst) = (c.local, c.peer);
-        drop(i);
-        s.count(&s.counters.cm_retries);
-        send_mad(s, src, dst, &mad);
-    }
+/// The address of a connection event: `ip` and `port`.
+fn sockaddr(ip: IpAddr, port: u16) -> Option<SocketAddr> {
+    Some(SocketAddr::new(ip, port))
 }

@@ -16,18 +16,16 @@
 
 use super::table::{Conn, Scope};
 use super::{
-    bring_up, mad_bytes, pad, send_mad, send_rej, Cm, Link, ListenEntry, Phase, MAD_RETRIES,
+    arm, pad, sockaddr, Action, Count, Link, ListenEntry, Machine, Mad, Phase, QpRef, Sink,
+    MAD_RETRIES, MAD_RETRY,
 };
-use crate::device::Shared;
-use crate::net::{canonical, Datagram};
-use crate::qp::RxeQp;
 use crate::timer::Target;
-use crate::wire::cm::{self, rej_reason, CmMessage};
+use crate::wire::cm::{self, msg_ref, rej_reason, CmMessage};
 use crate::wire::cma;
 use rnicpi::*;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Connection requests the device holds for consumers at most, over all listeners.
 pub const MAX_PENDING: usize = 4096;
@@ -48,67 +46,60 @@ fn request_ttl(req: &cm::Req) -> Duration {
     (per_try * (req.max_cm_retries as u32 + 1)).clamp(REQUEST_TTL_MIN, REQUEST_TTL_MAX)
 }
 
-/// A passive endpoint on an rdma_cm port.
-pub struct RxeListener {
-    shared: Weak<Shared>,
-    addr: SocketAddr,
-    id: u64,
+/// An accept the machine has checked: the QP comes up over `link`, then
+/// [`Machine::accepted`] sends `rep`.
+pub(crate) struct Accept {
+    id: u32,
+    qp: QpRef,
+    pub link: Link,
+    rep: Box<Mad>,
 }
 
-pub fn listen(
-    s: &Arc<Shared>,
-    addr: SocketAddr,
-    backlog: u32,
-    sink: Arc<dyn EventSink>,
-) -> Result<Arc<dyn ProviderListener>> {
-    let ip = Some(canonical(addr.ip())).filter(|a| !a.is_unspecified());
-    if let Some(a) = ip {
-        if !s.addrs().contains(&a) {
-            return Err(VerbsError::Unreachable);
-        }
-    }
-    let mut i = s.cm.inner.lock();
-    let port = if addr.port() == 0 {
-        loop {
-            let p = 0x8000 | (crate::random::u32()? as u16 & 0x3fff);
-            if !i.listeners.contains_key(&p) {
-                break p;
+impl Machine {
+    /// Listen on `port` (0: pick a free one) of `ip` (`None`: every address); the
+    /// listener's ID and its port.
+    pub fn listen(
+        &mut self,
+        ip: Option<IpAddr>,
+        port: u16,
+        backlog: u32,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<(u64, u16)> {
+        let port = if port == 0 {
+            loop {
+                let p = 0x8000 | (self.rng.u32()? as u16 & 0x3fff);
+                if !self.listeners.contains_key(&p) {
+                    break p;
+                }
             }
+        } else {
+            port
+        };
+        let entries = self.listeners.entry(port).or_default();
+        if entries
+            .iter()
+            .any(|e| e.addr.is_none() || ip.is_none() || e.addr == ip)
+        {
+            return Err(VerbsError::AddrInUse);
         }
-    } else {
-        addr.port()
-    };
-    let entries = i.listeners.entry(port).or_default();
-    if entries
-        .iter()
-        .any(|e| e.addr.is_none() || ip.is_none() || e.addr == ip)
-    {
-        return Err(VerbsError::AddrInUse);
+        let id = self.next_listener;
+        self.next_listener += 1;
+        let backlog = (backlog as usize).clamp(1, MAX_PENDING);
+        entries.push(ListenEntry {
+            addr: ip,
+            sink,
+            id,
+            backlog,
+        });
+        tracing::info!(port, ?ip, backlog, "rxe CM: listening");
+        Ok((id, port))
     }
-    let id =
-        s.cm.next_listener
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let backlog = (backlog as usize).clamp(1, MAX_PENDING);
-    entries.push(ListenEntry {
-        addr: ip,
-        sink,
-        id,
-        backlog,
-    });
-    tracing::info!(port, ?ip, backlog, "rxe CM: listening");
-    Ok(Arc::new(RxeListener {
-        shared: Arc::downgrade(s),
-        addr: SocketAddr::new(ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), port),
-        id,
-    }))
-}
 
-impl RxeListener {
-    /// The request `conn_id` if it was delivered to this listener and still waits.
-    fn request(&self, i: &super::Inner, conn_id: u64) -> Result<u32> {
+    /// The request `conn_id` if it was delivered to `listener` and still waits.
+    fn request(&self, listener: u64, conn_id: u64) -> Result<u32> {
         let id = u32::try_from(conn_id).map_err(|_| VerbsError::NoSuchResource)?;
-        match i.conns.get(id) {
-            Some(c) if c.listener() == Some(self.id) => match c.phase {
+        match self.conns.get(id) {
+            Some(c) if c.listener() == Some(listener) => match c.phase {
                 Phase::ReqRcvd => Ok(id),
                 _ => Err(VerbsError::BadState),
             },
@@ -116,36 +107,33 @@ impl RxeListener {
             _ => Err(VerbsError::NoSuchResource),
         }
     }
-}
 
-impl ProviderListener for RxeListener {
-    fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    fn accept(&self, conn_id: u64, qp: &Arc<dyn ProviderQp>, param: ConnParam) -> Result<()> {
-        let s = self.shared.upgrade().ok_or(VerbsError::BadState)?;
-        let rqp = qp
-            .as_any()
-            .downcast_ref::<RxeQp>()
-            .and_then(RxeQp::arc)
-            .ok_or(VerbsError::Invalid)?;
+    /// Check `listener`'s consumer accepting request `conn_id` onto `qp`. Nothing changes
+    /// until [`Machine::accepted`]: the driver brings the QP up in between, and if it
+    /// does not come up, the request still waits.
+    pub fn accept(
+        &mut self,
+        listener: u64,
+        conn_id: u64,
+        qp: QpRef,
+        param: &ConnParam,
+        port_mtu: u32,
+    ) -> Result<Accept> {
         if param.private_data.len() > cm::REP_PRIVATE_DATA_LEN {
             return Err(VerbsError::Invalid);
         }
-        let mut i = s.cm.inner.lock();
-        let id = self.request(&i, conn_id)?;
-        if i.conns.of_qp(&rqp).is_some() {
+        let id = self.request(listener, conn_id)?;
+        if self.conns.of_qp(qp).is_some() {
             return Err(VerbsError::BadState);
         }
-        let rq_psn = crate::random::psn()?;
-        let c = i.conns.get(id).ok_or(VerbsError::NoSuchResource)?;
+        let rq_psn = self.rng.psn()?;
+        let c = self.conns.get(id).ok_or(VerbsError::NoSuchResource)?;
         let req = c.req.ok_or(VerbsError::BadState)?;
         let mtu = cm::mtu_bytes(req.path_mtu)
             .map(|m| m as u32)
             .unwrap_or(1024)
-            .min(s.active_mtu());
-        let ird = param.ird.min(s.attr.max_ird);
+            .min(port_mtu);
+        let ird = param.ird.min(self.config.max_ird);
         let link = Link {
             peer: c.peer,
             local: c.local,
@@ -160,199 +148,192 @@ impl ProviderListener for RxeListener {
             local_comm_id: c.local_id,
             remote_comm_id: c.remote_id(),
             local_qkey: 0,
-            local_qpn: rqp.qpn,
+            local_qpn: qp.qpn,
             local_eecn: 0,
             starting_psn: rq_psn,
             responder_resources: ird as u8,
-            initiator_depth: param.ord.clamp(1, s.attr.max_ord) as u8,
+            initiator_depth: param.ord.clamp(1, self.config.max_ord) as u8,
             target_ack_delay: 0,
             failover_accepted: 0,
             end_to_end_flow_control: false,
             rnr_retry_count: 7,
             srq: false,
-            local_ca_guid: s.attr.node_guid,
+            local_ca_guid: self.config.node_guid,
             private_data: pad(&param.private_data),
         };
-        let mad = mad_bytes(CmMessage::Rep(rep))?;
-        bring_up(&s, &rqp, &link)?;
-        i.conns.accepted(id, &rqp);
-        let Some(c) = i.conns.get_mut(id) else {
-            return Err(VerbsError::NoSuchResource);
-        };
-        c.phase = Phase::RepSent;
-        c.remote_qpn = req.local_qpn;
-        c.rq_psn = rq_psn;
-        c.retry = Some(mad);
-        c.retries_left = MAD_RETRIES;
-        super::arm(&s, c);
-        let (src, dst) = (c.local, c.peer);
-        drop(i);
-        tracing::info!(qpn = rqp.qpn, conn = id, "rxe CM: REP");
-        send_mad(&s, src, dst, &mad);
-        Ok(())
+        let rep = self.mad(CmMessage::Rep(rep))?;
+        Ok(Accept { id, qp, link, rep })
     }
 
-    fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()> {
-        let s = self.shared.upgrade().ok_or(VerbsError::BadState)?;
-        let mut i = s.cm.inner.lock();
-        let id = self.request(&i, conn_id)?;
-        let c = i.conns.remove(id).ok_or(VerbsError::NoSuchResource)?;
-        drop(i);
+    /// The QP of a checked accept is up: send the REP, retried until the RTU comes.
+    pub fn accepted(&mut self, a: Accept, now: Instant) -> Result<Vec<Action>> {
+        self.conns.accepted(a.id, a.qp);
+        let c = self.conns.get_mut(a.id).ok_or(VerbsError::NoSuchResource)?;
+        c.phase = Phase::RepSent;
+        c.remote_qpn = a.link.remote_qpn;
+        c.rq_psn = a.link.rq_psn;
+        c.retry = Some(*a.rep);
+        c.retries_left = MAD_RETRIES;
+        let timer = arm(c, MAD_RETRY, now);
+        tracing::info!(qpn = a.qp.qpn, conn = a.id, "rxe CM: REP");
+        let send = Action::Send {
+            src: c.local,
+            dst: c.peer,
+            mad: a.rep,
+        };
+        Ok(vec![timer, send])
+    }
+
+    /// `listener`'s consumer rejects request `conn_id` (REJ, consumer-defined, with
+    /// `private_data`).
+    pub fn reject(
+        &mut self,
+        listener: u64,
+        conn_id: u64,
+        private_data: &[u8],
+    ) -> Result<Vec<Action>> {
+        let id = self.request(listener, conn_id)?;
+        let c = self.conns.remove(id).ok_or(VerbsError::NoSuchResource)?;
         let ids = (c.local_id, c.remote_id());
-        let rej = super::rej_mad(
-            ids.0,
-            ids.1,
-            cm::msg_ref::REQ,
+        let mad = self.rej(
+            ids,
+            msg_ref::REQ,
             rej_reason::CONSUMER_DEFINED,
             private_data,
         )?;
-        send_mad(&s, c.local, c.peer, &rej);
-        Ok(())
+        Ok(vec![Action::Send {
+            src: c.local,
+            dst: c.peer,
+            mad,
+        }])
     }
 
-    fn close(&self) {
-        let Some(s) = self.shared.upgrade() else {
-            return;
-        };
-        let mut i = s.cm.inner.lock();
-        for entries in i.listeners.values_mut() {
-            entries.retain(|e| e.id != self.id);
+    /// `listener` closes: the requests nobody will answer now are refused.
+    pub fn close_listener(&mut self, listener: u64) -> Vec<Action> {
+        for entries in self.listeners.values_mut() {
+            entries.retain(|e| e.id != listener);
         }
-        i.listeners.retain(|_, v| !v.is_empty());
-        // Refuse the requests nobody will answer now.
-        let refused: Vec<Conn> = i
+        self.listeners.retain(|_, v| !v.is_empty());
+        let refused: Vec<Conn> = self
             .conns
-            .pending_ids_of(self.id)
+            .pending_ids_of(listener)
             .into_iter()
-            .filter_map(|id| i.conns.remove(id))
+            .filter_map(|id| self.conns.remove(id))
             .collect();
-        drop(i);
+        let mut out = Vec::new();
         for c in refused {
-            send_rej(
-                &s,
-                (c.local, c.peer),
-                (c.local_id, c.remote_id()),
-                cm::msg_ref::REQ,
-                rej_reason::CONSUMER_DEFINED,
-                &[],
-            );
+            let ids = (c.local_id, c.remote_id());
+            let reason = rej_reason::CONSUMER_DEFINED;
+            self.send_rej(&mut out, (c.local, c.peer), ids, msg_ref::REQ, reason);
         }
+        out
     }
-}
 
-/// Refuse a REQ we keep no state for.
-fn refuse(s: &Shared, d: &Datagram<'_>, req: &cm::Req, reason: u16) {
-    send_rej(
-        s,
-        (d.dst, d.src),
-        (0, req.local_comm_id),
-        cm::msg_ref::REQ,
-        reason,
-        &[],
-    );
-}
+    /// Refuse a REQ from `src` to `dst` we keep no state for.
+    fn refuse(&mut self, out: &mut Vec<Action>, src: IpAddr, dst: IpAddr, req: &cm::Req, why: u16) {
+        let ids = (0, req.local_comm_id);
+        self.send_rej(out, (dst, src), ids, msg_ref::REQ, why);
+    }
 
-impl Cm {
-    pub(super) fn on_req(&self, s: &Arc<Shared>, d: &Datagram<'_>, req: cm::Req) {
-        let mut i = self.inner.lock();
+    pub(super) fn on_req(
+        &mut self,
+        out: &mut Vec<Action>,
+        src: IpAddr,
+        dst: IpAddr,
+        req: cm::Req,
+        now: Instant,
+    ) {
         // A retry of a REQ we already know: answer again if we have answered.
-        if let Some(id) = i.conns.by_remote(d.src, req.local_comm_id) {
-            let again = i
+        if let Some(id) = self.conns.by_remote(src, req.local_comm_id) {
+            let answered = self
                 .conns
                 .get(id)
-                .filter(|c| matches!(c.phase, Phase::RepSent | Phase::Established))
-                .and_then(|c| c.retry.map(|m| (c.local, c.peer, m)));
-            drop(i);
-            if let Some((src, dst, m)) = again {
-                send_mad(s, src, dst, &m);
+                .filter(|c| matches!(c.phase, Phase::RepSent | Phase::Established));
+            if let Some((c, mad)) = answered.and_then(|c| Some((c, c.retry?))) {
+                out.push(Action::Send {
+                    src: c.local,
+                    dst: c.peer,
+                    mad: Box::new(mad),
+                });
             }
             return;
         }
         let port = match cma::parse_service_id(req.service_id) {
             Some((cma::RDMA_PS_TCP, port)) => port,
-            _ => {
-                drop(i);
-                return refuse(s, d, &req, rej_reason::INVALID_SERVICE_ID);
-            }
+            _ => return self.refuse(out, src, dst, &req, rej_reason::INVALID_SERVICE_ID),
         };
-        let listener = i.listeners.get(&port).and_then(|v| {
+        let listener = self.listeners.get(&port).and_then(|v| {
             v.iter()
-                .find(|e| e.addr.is_none() || e.addr == Some(d.dst))
+                .find(|e| e.addr.is_none() || e.addr == Some(dst))
                 .map(|e| (e.id, e.backlog, e.sink.clone()))
         });
         let Some((listener, backlog, sink)) = listener else {
-            drop(i);
-            return refuse(s, d, &req, rej_reason::INVALID_SERVICE_ID);
+            return self.refuse(out, src, dst, &req, rej_reason::INVALID_SERVICE_ID);
         };
-        let Ok(local_id) = i.new_id() else {
-            drop(i);
-            s.count(&s.counters.cm_req_refused);
-            return refuse(s, d, &req, rej_reason::NO_RESOURCES);
+        let Ok(local_id) = self.new_id() else {
+            out.push(Action::Count(Count::ReqRefused));
+            return self.refuse(out, src, dst, &req, rej_reason::NO_RESOURCES);
         };
         // Room for it: push out the oldest request of this listener (its backlog is
         // full) or of the device (all listeners together are at the device's bound).
-        let crowded = if i.conns.pending_of(listener) >= backlog {
+        let crowded = if self.conns.pending_of(listener) >= backlog {
             Some(Scope::Listener(listener))
-        } else if i.conns.pending() >= MAX_PENDING {
+        } else if self.conns.pending() >= MAX_PENDING {
             Some(Scope::Device)
         } else {
             None
         };
         let evicted = crowded
-            .and_then(|scope| i.conns.oldest_pending(scope))
-            .and_then(|old| i.conns.remove(old));
-        let expires = s.clock.now() + request_ttl(&req);
-        i.conns.insert(Conn::request(
-            local_id, d.dst, d.src, req, listener, expires,
-        ));
-        if i.sweep.is_none() {
-            arm_sweep(s, &mut i, SWEEP_EVERY);
+            .and_then(|scope| self.conns.oldest_pending(scope))
+            .and_then(|old| self.conns.remove(old));
+        let expires = now + request_ttl(&req);
+        self.conns
+            .insert(Conn::request(local_id, (dst, src), req, listener, expires));
+        if self.sweep.is_none() {
+            out.push(self.arm_sweep(SWEEP_EVERY, now));
         }
-        drop(i);
         if let Some(old) = evicted {
-            s.count(&s.counters.cm_req_evicted);
+            out.push(Action::Count(Count::ReqEvicted));
             tracing::debug!(conn = old.local_id, peer = %old.peer, "rxe CM: request pushed out");
-            send_rej(
-                s,
-                (old.local, old.peer),
-                (old.local_id, old.remote_id()),
-                cm::msg_ref::REQ,
-                rej_reason::NO_RESOURCES,
-                &[],
-            );
+            let ids = (old.local_id, old.remote_id());
+            let reason = rej_reason::NO_RESOURCES;
+            self.send_rej(out, (old.local, old.peer), ids, msg_ref::REQ, reason);
         }
-        let hdr = req.cma_header().ok();
-        let peer_port = hdr.map(|h| h.src_port).unwrap_or(0);
-        let ev = Event::new(EventKind::ConnectRequest)
+        let peer_port = req.cma_header().map(|h| h.src_port).unwrap_or(0);
+        let event = Event::new(EventKind::ConnectRequest)
             .with_conn(local_id as u64)
-            .with_addrs(
-                Some(SocketAddr::new(d.dst, port)),
-                Some(SocketAddr::new(d.src, peer_port)),
-            )
+            .with_addrs(sockaddr(dst, port), sockaddr(src, peer_port))
             .with_param(&ConnParam {
                 private_data: req.private_data[cma::HEADER_LEN..].to_vec(),
                 ird: req.responder_resources as u32,
                 ord: req.initiator_depth as u32,
             });
-        tracing::info!(conn = local_id, peer = %d.src, sport = d.sport, port, "rxe CM: connect request");
-        if !sink.offer_request(ev) {
-            // The consumer's queue has no room for more requests.
-            let refused = self.inner.lock().conns.remove(local_id);
-            s.count(&s.counters.cm_req_refused);
-            if refused.is_some() {
-                refuse(s, d, &req, rej_reason::NO_RESOURCES);
-            }
+        tracing::info!(conn = local_id, peer = %src, port, "rxe CM: connect request");
+        out.push(Action::Offer {
+            sink: Sink(sink),
+            id: local_id,
+            event,
+        });
+    }
+
+    /// The consumer's event queue had no room for request `id`: refuse it.
+    pub fn offer_refused(&mut self, id: u32) -> Vec<Action> {
+        let mut out = vec![Action::Count(Count::ReqRefused)];
+        if let Some(c) = self.conns.remove(id) {
+            let ids = (0, c.remote_id());
+            let reason = rej_reason::NO_RESOURCES;
+            self.send_rej(&mut out, (c.local, c.peer), ids, msg_ref::REQ, reason);
         }
+        out
     }
 
     /// The RTU to our REP: the passive side is established. True when it came from the
     /// peer of the connection it names, with that peer's ID.
-    pub(super) fn on_rtu(&self, d: &Datagram<'_>, rtu: cm::Rtu) -> bool {
-        let mut i = self.inner.lock();
-        let Some(c) = i
+    pub(super) fn on_rtu(&mut self, out: &mut Vec<Action>, src: IpAddr, rtu: cm::Rtu) -> bool {
+        let Some(c) = self
             .conns
             .get_mut(rtu.remote_comm_id)
-            .filter(|c| c.peer == d.src && c.remote_id() == rtu.local_comm_id)
+            .filter(|c| c.peer == src && c.remote_id() == rtu.local_comm_id)
         else {
             return false;
         };
@@ -361,63 +342,59 @@ impl Cm {
         }
         c.phase = Phase::Established;
         c.gen += 1; // stop retrying the REP
-        let (qp, local, peer) = (c.qp.upgrade(), c.local, c.peer);
         let port = c.req.map(|r| r.service_id as u16).unwrap_or(0);
-        drop(i);
-        if let Some(qp) = qp {
+        if let Some(qp) = c.qp() {
             tracing::info!(qpn = qp.qpn, "rxe CM: established (passive)");
-            qp.sink
-                .deliver(Event::new(EventKind::Established).with_addrs(
-                    Some(SocketAddr::new(local, port)),
-                    Some(SocketAddr::new(peer, 0)),
-                ));
+            let event = Event::new(EventKind::Established)
+                .with_addrs(sockaddr(c.local, port), sockaddr(c.peer, 0));
+            out.push(Action::Deliver { qp, event });
         }
         true
     }
 
-    /// The expiry sweep fired: refuse the requests whose consumer did not answer in time.
-    pub fn on_sweep(&self, s: &Arc<Shared>, gen: u64) {
-        let mut i = self.inner.lock();
-        if i.sweep != Some(gen) {
-            return;
+    /// The expiry sweep of generation `gen` fired: refuse the requests whose consumer
+    /// did not answer in time.
+    pub fn on_sweep(&mut self, gen: u64, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.sweep != Some(gen) {
+            return out;
         }
-        i.sweep = None;
-        let expired: Vec<Conn> = i
+        self.sweep = None;
+        let expired: Vec<Conn> = self
             .conns
-            .expired(s.clock.now(), SWEEP_BUDGET)
+            .expired(now, SWEEP_BUDGET)
             .into_iter()
-            .filter_map(|id| i.conns.remove(id))
+            .filter_map(|id| self.conns.remove(id))
             .collect();
-        if i.conns.pending() > 0 {
+        if self.conns.pending() > 0 {
             let again = if expired.len() == SWEEP_BUDGET {
                 SWEEP_AGAIN
             } else {
                 SWEEP_EVERY
             };
-            arm_sweep(s, &mut i, again);
+            out.push(self.arm_sweep(again, now));
         }
-        drop(i);
         for c in expired {
-            s.count(&s.counters.cm_req_expired);
+            out.push(Action::Count(Count::ReqExpired));
             tracing::debug!(conn = c.local_id, peer = %c.peer, "rxe CM: request expired unanswered");
-            send_rej(
-                s,
-                (c.local, c.peer),
-                (c.local_id, c.remote_id()),
-                cm::msg_ref::REQ,
-                rej_reason::CONSUMER_DEFINED,
-                &[],
-            );
+            let ids = (c.local_id, c.remote_id());
+            let reason = rej_reason::CONSUMER_DEFINED;
+            self.send_rej(&mut out, (c.local, c.peer), ids, msg_ref::REQ, reason);
+        }
+        out
+    }
+
+    /// Arm the expiry sweep `after` from `now` (one sweep entry in the timer heap at a
+    /// time).
+    fn arm_sweep(&mut self, after: Duration, now: Instant) -> Action {
+        self.sweep_gen += 1;
+        self.sweep = Some(self.sweep_gen);
+        Action::Timer {
+            target: Target::CmSweep,
+            gen: self.sweep_gen,
+            at: now + after,
         }
     }
-}
-
-/// Arm the expiry sweep `after` from now (one sweep entry in the timer heap at a time).
-fn arm_sweep(s: &Shared, i: &mut super::Inner, after: Duration) {
-    i.sweep_gen += 1;
-    i.sweep = Some(i.sweep_gen);
-    s.timers
-        .arm(Target::CmSweep, i.sweep_gen, s.clock.now() + after);
 }
 
 #[cfg(test)]

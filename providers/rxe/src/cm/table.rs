@@ -8,14 +8,11 @@
 //! fields they are built on (the peer's ID, the QP, the listener, the expiry) are private
 //! and change only through its methods.
 
-use super::Phase;
-use crate::qp::RxeQp;
+use super::{Mad, Phase, QpRef, MAD_RETRIES};
 use crate::wire::cm;
-use crate::wire::mad::MAD_LEN;
 use rnicpi::ConnParam;
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 /// One connection (or connection attempt).
@@ -26,9 +23,8 @@ pub(super) struct Conn {
     remote_id: u32,
     pub local: IpAddr,
     pub peer: IpAddr,
-    pub qp: Weak<RxeQp>,
-    /// Our QP's number, once the connection has one.
-    qpn: Option<u32>,
+    /// Our QP, once the connection has one.
+    qp: Option<QpRef>,
     /// The peer's QP number (from its REQ or REP).
     pub remote_qpn: u32,
     /// Passive side: the REQ.
@@ -39,27 +35,27 @@ pub(super) struct Conn {
     /// Passive side, while the request waits for its consumer: when it expires.
     expires: Option<Instant>,
     /// The message to retry while waiting, and how often it may still be sent.
-    pub retry: Option<[u8; MAD_LEN]>,
+    pub retry: Option<Mad>,
     pub retries_left: u32,
     pub gen: u64,
     /// Our receive PSN (sent in the REQ or REP).
     pub rq_psn: u32,
-    /// Active side: what the consumer asked for.
+    /// Active side: what the consumer asked for, and the path MTU the REQ offered.
     pub param: ConnParam,
+    pub mtu: u32,
 }
 
 impl Conn {
-    /// An active connection attempt of `qp` (REQ about to be sent).
-    #[allow(clippy::too_many_arguments)]
+    /// An active connection attempt of `qp` from `local` to `peer`, whose REQ `retry`
+    /// is about to be sent.
     pub fn active(
         local_id: u32,
-        local: IpAddr,
-        peer: IpAddr,
-        qp: &Arc<RxeQp>,
+        (local, peer): (IpAddr, IpAddr),
+        qp: QpRef,
         rq_psn: u32,
         param: ConnParam,
-        retry: [u8; MAD_LEN],
-        retries: u32,
+        mtu: u32,
+        retry: Mad,
     ) -> Conn {
         Conn {
             phase: Phase::ReqSent,
@@ -67,25 +63,25 @@ impl Conn {
             remote_id: 0,
             local,
             peer,
-            qp: Arc::downgrade(qp),
-            qpn: Some(qp.qpn),
+            qp: Some(qp),
             remote_qpn: 0,
             req: None,
             listener: None,
             expires: None,
             retry: Some(retry),
-            retries_left: retries,
+            retries_left: MAD_RETRIES,
             gen: 0,
             rq_psn,
             param,
+            mtu,
         }
     }
 
-    /// A connection request from `peer` delivered to `listener`, waiting until `expires`.
+    /// A connection request from `peer` to our `local` delivered to `listener`, waiting
+    /// until `expires`.
     pub fn request(
         local_id: u32,
-        local: IpAddr,
-        peer: IpAddr,
+        (local, peer): (IpAddr, IpAddr),
         req: cm::Req,
         listener: u64,
         expires: Instant,
@@ -96,8 +92,7 @@ impl Conn {
             remote_id: req.local_comm_id,
             local,
             peer,
-            qp: Weak::new(),
-            qpn: None,
+            qp: None,
             remote_qpn: req.local_qpn,
             req: Some(req),
             listener: Some(listener),
@@ -107,6 +102,7 @@ impl Conn {
             gen: 0,
             rq_psn: 0,
             param: ConnParam::default(),
+            mtu: 0,
         }
     }
 
@@ -114,8 +110,8 @@ impl Conn {
         self.remote_id
     }
 
-    pub fn qpn(&self) -> Option<u32> {
-        self.qpn
+    pub fn qp(&self) -> Option<QpRef> {
+        self.qp
     }
 
     pub fn listener(&self) -> Option<u64> {
@@ -183,12 +179,9 @@ impl Conns {
     }
 
     /// Our ID of the connection of `qp` (not of an earlier QP that had its number).
-    pub fn of_qp(&self, qp: &Arc<RxeQp>) -> Option<u32> {
+    pub fn of_qp(&self, qp: QpRef) -> Option<u32> {
         let id = *self.by_qp.get(&qp.qpn)?;
-        let c = self.by_id.get(&id)?;
-        c.qp.upgrade()
-            .is_some_and(|q| Arc::ptr_eq(&q, qp))
-            .then_some(id)
+        (self.by_id.get(&id)?.qp == Some(qp)).then_some(id)
     }
 
     /// Add a connection. Its peer's ID and its QP must not name another connection
@@ -198,8 +191,8 @@ impl Conns {
         if c.remote_id != 0 {
             self.by_remote.insert((c.peer, c.remote_id), id);
         }
-        if let Some(qpn) = c.qpn {
-            self.by_qp.insert(qpn, id);
+        if let Some(qp) = c.qp {
+            self.by_qp.insert(qp.qpn, id);
         }
         if let (Some(at), Some(l)) = (c.expires, c.listener) {
             self.pending.insert((at, id));
@@ -213,9 +206,9 @@ impl Conns {
         if c.remote_id != 0 && self.by_remote.get(&(c.peer, c.remote_id)) == Some(&id) {
             self.by_remote.remove(&(c.peer, c.remote_id));
         }
-        if let Some(qpn) = c.qpn {
-            if self.by_qp.get(&qpn) == Some(&id) {
-                self.by_qp.remove(&qpn);
+        if let Some(qp) = c.qp {
+            if self.by_qp.get(&qp.qpn) == Some(&id) {
+                self.by_qp.remove(&qp.qpn);
             }
         }
         self.unpend(&c);
@@ -241,12 +234,11 @@ impl Conns {
     }
 
     /// The consumer answered request `id` by accepting it onto `qp`: it stops waiting.
-    pub fn accepted(&mut self, id: u32, qp: &Arc<RxeQp>) {
+    pub fn accepted(&mut self, id: u32, qp: QpRef) {
         let Some(c) = self.by_id.get_mut(&id) else {
             return;
         };
-        c.qp = Arc::downgrade(qp);
-        c.qpn = Some(qp.qpn);
+        c.qp = Some(qp);
         self.by_qp.insert(qp.qpn, id);
         let at = c.expires.take();
         if let (Some(at), Some(l)) = (at, c.listener) {
@@ -320,7 +312,7 @@ mod tests {
         let now = Instant::now();
         for i in 1..=3u32 {
             let at = now + Duration::from_secs(i as u64);
-            t.insert(Conn::request(i, local, peer, req(100 + i), 7, at));
+            t.insert(Conn::request(i, (local, peer), req(100 + i), 7, at));
         }
         assert_eq!((t.len(), t.pending(), t.pending_of(7)), (3, 3, 3));
         assert_eq!(t.by_remote(peer, 102), Some(2));
@@ -344,8 +336,8 @@ mod tests {
         let mut t = Conns::default();
         let peer: IpAddr = [10, 0, 0, 1].into();
         let at = Instant::now();
-        t.insert(Conn::request(1, peer, peer, req(55), 1, at));
-        t.insert(Conn::request(2, peer, peer, req(56), 1, at));
+        t.insert(Conn::request(1, (peer, peer), req(55), 1, at));
+        t.insert(Conn::request(2, (peer, peer), req(56), 1, at));
         assert!(!t.set_remote(2, 55), "55 names connection 1");
         assert!(t.set_remote(2, 57));
         assert_eq!(

@@ -323,7 +323,7 @@ impl RxeQp {
         }
     }
 
-    fn emit_ack(&self, st: &State, psn: u32, aeth: AethRepr) {
+    fn emit_ack(&self, st: &mut State, psn: u32, aeth: AethRepr) {
         let mut r = RoceRepr::new(self.bth(st, Opcode::RcAcknowledge, psn), &[]);
         r.aeth = Some(aeth);
         self.send_packet(st, &r);
@@ -626,7 +626,7 @@ impl RxeQp {
         Verdict::Done { npkts: 1 }
     }
 
-    fn emit_atomic_ack(&self, st: &State, psn: u32, orig: u64, msn: u32) {
+    fn emit_atomic_ack(&self, st: &mut State, psn: u32, orig: u64, msn: u32) {
         let mut r = RoceRepr::new(self.bth(st, Opcode::RcAtomicAcknowledge, psn), &[]);
         r.aeth = Some(ack_aeth(msn));
         r.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
