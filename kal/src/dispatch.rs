@@ -196,7 +196,9 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
             };
             let half_open = charge(kal, c, None, &[(Resource::HalfOpen, 1)])?;
             conn.begin(connection(kal, c, dev)?, Some(half_open))?;
-            qp.connect(rnicpi::sockaddr_from_parts(a.addr, a.port), param)
+            let peer = rnicpi::sockaddr_from_parts(a.addr, a.port);
+            kal.device(dev)?
+                .connect(&qp, peer, param)
                 .inspect_err(|_| conn.abandon())
         }
         Command::Accept(a) => {

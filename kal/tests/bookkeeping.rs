@@ -53,9 +53,6 @@ impl ProviderQp for TestQp {
         // Raise an event per doorbell, to exercise the event queue bound.
         self.1.deliver(Event::new(EventKind::SqDrained));
     }
-    fn connect(&self, _p: SocketAddr, _c: ConnParam) -> Result<()> {
-        Err(VerbsError::Unsupported)
-    }
     fn disconnect(&self, _a: bool) -> Result<()> {
         Ok(())
     }
@@ -93,6 +90,9 @@ impl Provider for TestDev {
     }
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
         Ok(Arc::new(TestQp(self.log.clone(), init.sink)))
+    }
+    fn connect(&self, _qp: &Arc<dyn ProviderQp>, _p: SocketAddr, _c: ConnParam) -> Result<()> {
+        Err(VerbsError::Unsupported)
     }
     fn reg_mr(
         &self,

@@ -56,6 +56,10 @@
 //!         self.mrs.register(pd, base, len, access, mem)
 //!     }
 //!     fn dereg_mr(&self, stag: u32) -> Result<()> { self.mrs.deregister(stag) }
+//!     fn connect(&self, _qp: &Arc<dyn ProviderQp>, _peer: SocketAddr, _p: ConnParam)
+//!                -> Result<()> {
+//!         Err(VerbsError::Unsupported) // a real provider starts its connection manager here
+//!     }
 //!     fn listen(&self, _a: SocketAddr, _b: u32, _s: Arc<dyn EventSink>)
 //!               -> Result<Arc<dyn ProviderListener>> {
 //!         Err(VerbsError::Unsupported)

@@ -191,6 +191,14 @@ pub trait Provider: Send + Sync + 'static {
         0
     }
 
+    /// Connect `qp`, one of this device's QPs, to a listener at `peer` (iWARP: TCP and
+    /// MPA; IB: a CM REQ) with the consumer's parameters — the active half of what
+    /// [`ProviderListener::accept`] is the passive half of; neither is the QP's business.
+    /// The outcome arrives on the QP's sink as `Established`, `Rejected` or
+    /// `Unreachable`. A QP of another device is refused (`Invalid`), and so is one
+    /// already connected or connecting, or in a state it cannot connect from (`BadState`).
+    fn connect(&self, qp: &Arc<dyn ProviderQp>, peer: SocketAddr, param: ConnParam) -> Result<()>;
+
     /// Listen for connection requests on `addr`. `ConnectRequest` events go to `sink`.
     fn listen(
         &self,
@@ -242,9 +250,6 @@ pub trait ProviderQp: Send + Sync + 'static {
     /// cannot block: a non-blocking send that hands the rest to its engine thread on
     /// `EAGAIN`.
     fn doorbell(&self);
-    /// Active connect (iWARP: TCP + MPA; IB: CM REQ). Completion arrives as an
-    /// `Established`, `Rejected` or `Unreachable` event on the QP's sink.
-    fn connect(&self, peer: SocketAddr, param: ConnParam) -> Result<()>;
     /// Close the connection: orderly (flush, then `Disconnected`) or abortive.
     fn disconnect(&self, abortive: bool) -> Result<()>;
     /// Tear down: flush outstanding work, tell the peer, free everything (idempotent).

@@ -48,6 +48,11 @@ impl Events {
     pub fn kinds(&self) -> Vec<EventKind> {
         self.0.lock().iter().map(|e| e.kind).collect()
     }
+
+    /// The events delivered so far, oldest first.
+    pub fn all(&self) -> Vec<Event> {
+        self.0.lock().clone()
+    }
 }
 
 impl EventSink for Events {

@@ -550,6 +550,11 @@ impl Provider for RxeDevice {
         Ok(qp)
     }
 
+    fn connect(&self, qp: &Arc<dyn ProviderQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
+        let qp = RxeQp::of(qp, &self.shared)?;
+        crate::cm::connect(&self.shared, &qp, peer, param)
+    }
+
     fn listen(
         &self,
         addr: SocketAddr,

@@ -23,7 +23,8 @@ use crate::timer::Clock;
 use crate::wire::{RocePacket, RoceRepr};
 use crate::RxeConfig;
 use parking_lot::Mutex;
-use rnicpi::queue::ring_bytes;
+use rnicpi::sim::SimRng;
+pub use rnicpi::sim::{Events, SimQp};
 use rnicpi::*;
 use std::collections::BTreeMap;
 use std::io;
@@ -66,27 +67,11 @@ pub struct LinkStats {
     pub delivered: u64,
 }
 
-/// A small seeded generator (SplitMix64): reproducible, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn chance(&mut self, ppm: u32) -> bool {
-        ppm > 0 && self.next() % 1_000_000 < u64::from(ppm)
-    }
-
-    fn upto(&mut self, d: Duration) -> Duration {
-        match d.as_nanos() as u64 {
-            0 => Duration::ZERO,
-            n => Duration::from_nanos(self.next() % (n + 1)),
-        }
+/// A delay in `0..=d` drawn from `rng` (nothing drawn for a zero `d`).
+fn jitter(rng: &mut SimRng, d: Duration) -> Duration {
+    match d.as_nanos() as u64 {
+        0 => Duration::ZERO,
+        n => Duration::from_nanos(rng.upto(n)),
     }
 }
 
@@ -98,7 +83,7 @@ struct Datagram {
 }
 
 struct LinkState {
-    rng: Rng,
+    rng: SimRng,
     impairment: Impairment,
     /// In flight, by (delivery time, sequence number): delivered in that order.
     in_flight: BTreeMap<(Instant, u64), Datagram>,
@@ -191,7 +176,7 @@ impl Wire for SimLink {
             1
         };
         for _ in 0..copies {
-            let at = now + imp.latency + st.rng.upto(imp.jitter);
+            let at = now + imp.latency + jitter(&mut st.rng, imp.jitter);
             st.seq += 1;
             let key = (at, st.seq);
             st.in_flight.insert(
@@ -268,7 +253,7 @@ impl Sim {
             clock: clock.clone(),
             start,
             state: Mutex::new(LinkState {
-                rng: Rng(seed),
+                rng: SimRng::new(seed),
                 impairment,
                 in_flight: BTreeMap::new(),
                 seq: 0,
@@ -424,144 +409,6 @@ impl Sim {
     }
 }
 
-/// Events delivered to a simulated QP, kept for the test to look at.
-#[derive(Default)]
-pub struct Events(Mutex<Vec<Event>>);
-
-impl Events {
-    pub fn kinds(&self) -> Vec<EventKind> {
-        self.0.lock().iter().map(|e| e.kind).collect()
-    }
-
-    /// The events delivered so far, oldest first.
-    pub fn all(&self) -> Vec<Event> {
-        self.0.lock().clone()
-    }
-}
-
-impl EventSink for Events {
-    fn deliver(&self, ev: Event) {
-        self.0.lock().push(ev);
-    }
-}
-
-struct Bell(Weak<dyn ProviderQp>);
-
-impl Doorbell for Bell {
-    fn ring(&self) {
-        if let Some(q) = self.0.upgrade() {
-            q.doorbell();
-        }
-    }
-}
-
-/// A QP of a simulated device with what its consumer holds: the posting ends of its
-/// rings, its CQ's polling end, and one registered buffer.
-pub struct SimQp {
-    pub engine: Arc<dyn ProviderQp>,
-    pub user: UserQp,
-    pub cq: UserCq,
-    pub events: Arc<Events>,
-    pub mr: Arc<Region>,
-    pub buf: Vec<u8>,
-    _engine_cq: Arc<dyn ProviderCq>,
-}
-
-impl SimQp {
-    /// A QP on `dev` with a `len`-byte buffer registered for local and remote access.
-    pub fn new(dev: &RxeDevice, len: usize, depth: u32) -> SimQp {
-        let pd = dev.alloc_pd().expect("pd");
-        let cq_depth = (2 * depth).next_power_of_two();
-        let cq_mem =
-            Arc::new(SharedMem::create("sim-cq", ring_bytes::<Cqe>(cq_depth)).expect("cq"));
-        let events = Arc::new(Events::default());
-        let engine_cq = dev
-            .create_cq(CqInit {
-                depth: cq_depth,
-                ring: Ring::attach(cq_mem.clone(), 0, cq_depth)
-                    .expect("ring")
-                    .producer(),
-                sink: events.clone(),
-                stats: Arc::new(RingStats::default()),
-            })
-            .expect("cq");
-        let cq = UserCq::new(Ring::attach(cq_mem, 0, cq_depth).expect("ring").consumer());
-        let layout = QpRingLayout::new(depth, depth).expect("layout");
-        let mem = Arc::new(SharedMem::create("sim-qp", layout.total).expect("qp rings"));
-        let ring = |off, cap| Ring::<Wqe>::attach(mem.clone(), off, cap).expect("ring");
-        let caps = QpCaps {
-            max_send_wr: depth,
-            max_recv_wr: depth,
-            max_send_sge: 2,
-            max_recv_sge: 2,
-            max_inline: 64,
-        };
-        let engine = dev
-            .create_qp(QpInit {
-                qp_type: QpType::Rc,
-                pd,
-                send_cq: engine_cq.clone(),
-                recv_cq: engine_cq.clone(),
-                caps,
-                sq: ring(layout.sq_offset, layout.sq_depth).consumer(),
-                rq: ring(layout.rq_offset, layout.rq_depth).consumer(),
-                srq: None,
-                sink: events.clone(),
-                stats: Arc::new(RingStats::default()),
-            })
-            .expect("qp");
-        let user = UserQp::new(
-            engine.qp_num(),
-            caps,
-            ring(layout.sq_offset, layout.sq_depth).producer(),
-            ring(layout.rq_offset, layout.rq_depth).producer(),
-            Arc::new(Bell(Arc::downgrade(&engine))),
-        );
-        let mut buf = vec![0u8; len];
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        let mr = dev
-            .reg_mr(
-                pd,
-                buf.as_mut_ptr() as u64,
-                len as u64,
-                access,
-                Arc::new(LocalMemory),
-            )
-            .expect("registration");
-        SimQp {
-            engine,
-            user,
-            cq,
-            events,
-            mr,
-            buf,
-            _engine_cq: engine_cq,
-        }
-    }
-
-    /// `len` bytes of the buffer from `off`, as a gather/scatter element.
-    pub fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: self.mr.base + off,
-            length: len,
-            lkey: self.mr.stag,
-        }
-    }
-
-    /// Where a peer's RDMA reaches this buffer: (address, rkey).
-    pub fn remote(&self) -> (u64, u32) {
-        (self.mr.base, self.mr.stag)
-    }
-
-    /// Completions polled now.
-    pub fn poll(&self) -> Vec<Cqe> {
-        let mut out = vec![Cqe::default(); 64];
-        let n = self.cq.poll(&mut out);
-        out.truncate(n);
-        out
-    }
-}
-
 /// Connect `a` (on `a_addr`) and `b` (on `b_addr`) out of band, as `ibv_rc_pingpong`
 /// does: INIT, RTR towards the other's QP number and GID, RTS, with the PSNs given.
 pub fn connect(
@@ -639,7 +486,7 @@ mod tests {
             .store(2_000, std::sync::atomic::Ordering::Relaxed);
         let da = sim.add_device("rxe-a", A);
         let db = sim.add_device("rxe-b", B);
-        let (a, b) = (SimQp::new(&da, 4096, 128), SimQp::new(&db, 4096, 128));
+        let (a, b) = (SimQp::new(&*da, 4096, 128), SimQp::new(&*db, 4096, 128));
         let retry = QpAttr {
             timeout: 14,
             retry_cnt: 7,

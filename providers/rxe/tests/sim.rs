@@ -48,8 +48,8 @@ fn pair(
     let mut sim = Sim::new(seed, link);
     let da = sim.add_device("rxe-a", A);
     let db = sim.add_device("rxe-b", B);
-    let a = SimQp::new(&da, len, 64);
-    let b = SimQp::new(&db, len, 64);
+    let a = SimQp::new(&*da, len, 64);
+    let b = SimQp::new(&*db, len, 64);
     connect(&a, A, &b, B, mtu, psns, retry);
     Pair { sim, a, b }
 }
@@ -327,8 +327,8 @@ fn cm_run(seed: u64, link: Impairment) -> CmRun {
     let mut sim = Sim::new(seed, link);
     let da = sim.add_device("rxe-a", A);
     let db = sim.add_device("rxe-b", B);
-    let a = SimQp::new(&da, 4096, 16);
-    let b = SimQp::new(&db, 4096, 16);
+    let a = SimQp::new(&*da, 4096, 16);
+    let b = SimQp::new(&*db, 4096, 16);
     let service = SocketAddr::new(B.into(), 7471);
     let requests = Arc::new(Events::default());
     let listener = db.listen(service, 8, requests.clone()).unwrap();
@@ -337,7 +337,7 @@ fn cm_run(seed: u64, link: Impairment) -> CmRun {
         ird: 1,
         ord: 1,
     };
-    a.engine.connect(service, param(b"hello")).unwrap();
+    da.connect(&a.engine, service, param(b"hello")).unwrap();
     let request = || {
         let all = requests.all();
         all.into_iter()

@@ -214,6 +214,10 @@ impl Provider for SiwDevice {
         Ok(SiwQp::new(self.shared.clone(), qpn, init))
     }
 
+    fn connect(&self, qp: &Arc<dyn ProviderQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
+        crate::cm::connect(SiwQp::of(qp, &self.shared)?, peer, param)
+    }
+
     fn listen(
         &self,
         addr: SocketAddr,

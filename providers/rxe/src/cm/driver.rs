@@ -145,12 +145,7 @@ impl ProviderListener for RxeListener {
     fn accept(&self, conn_id: u64, qp: &Arc<dyn ProviderQp>, param: ConnParam) -> Result<()> {
         let s = self.shared.upgrade().ok_or(VerbsError::BadState)?;
         // A QP of this very device (the connection manager finds its QPs in its table).
-        let rqp = qp
-            .as_any()
-            .downcast_ref::<RxeQp>()
-            .and_then(RxeQp::arc)
-            .filter(|q| Arc::ptr_eq(&q.dev, &s))
-            .ok_or(VerbsError::Invalid)?;
+        let rqp = RxeQp::of(qp, &s)?;
         let mtu = s.active_mtu();
         let mut m = s.cm.machine.lock();
         let accept = m.accept(self.id, conn_id, rqp.cm_ref(), &param, mtu)?;

@@ -169,6 +169,16 @@ impl RxeQp {
         self.me.upgrade()
     }
 
+    /// `qp` as a QP of the device `dev` (the connection manager gets QPs as trait
+    /// objects): `Invalid` for another provider's QP or another rxe device's.
+    pub(crate) fn of(qp: &Arc<dyn ProviderQp>, dev: &Arc<Shared>) -> Result<Arc<RxeQp>> {
+        qp.as_any()
+            .downcast_ref::<RxeQp>()
+            .and_then(RxeQp::arc)
+            .filter(|q| Arc::ptr_eq(&q.dev, dev))
+            .ok_or(VerbsError::Invalid)
+    }
+
     /// This QP as the connection manager names it.
     pub(crate) fn cm_ref(&self) -> crate::cm::QpRef {
         crate::cm::QpRef {
@@ -658,11 +668,6 @@ impl ProviderQp for RxeQp {
         if more {
             self.schedule();
         }
-    }
-
-    fn connect(&self, peer: std::net::SocketAddr, param: ConnParam) -> Result<()> {
-        let me = self.arc().ok_or(VerbsError::BadState)?;
-        crate::cm::connect(&self.dev, &me, peer, param)
     }
 
     fn disconnect(&self, abortive: bool) -> Result<()> {

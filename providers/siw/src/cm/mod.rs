@@ -47,6 +47,13 @@ fn peer_ird_ord(f: &MpaFrame) -> Option<(u32, u32)> {
 /// Start an active connect: the TCP connection is begun here without waiting, the rest
 /// runs in the device's CM reactor, and the outcome arrives as an event on the QP.
 pub(crate) fn connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
+    if param.private_data.len() > wire::mpa::MAX_CONSUMER_PRIVATE_DATA {
+        return Err(VerbsError::Invalid);
+    }
+    qp.clone().connecting(|| start_connect(qp, peer, param))
+}
+
+fn start_connect(qp: Arc<SiwQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
     let dev = qp.shared().clone();
     let reactor = dev.cm()?;
     let (ird, ord) = qp.limits();
@@ -293,11 +300,7 @@ impl ProviderListener for SiwListener {
     }
 
     fn accept(&self, conn_id: u64, qp: &Arc<dyn ProviderQp>, param: ConnParam) -> Result<()> {
-        let qp = qp
-            .as_any()
-            .downcast_ref::<SiwQp>()
-            .ok_or(VerbsError::Invalid)?
-            .arc()?;
+        let qp = SiwQp::of(qp, &self.dev)?;
         let p = self.take(conn_id)?;
         let (ird, ord) = qp.limits();
         let (pird, pord) = peer_ird_ord(&p.req).unwrap_or((1, 1));

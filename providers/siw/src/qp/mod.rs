@@ -19,7 +19,7 @@ mod terminate;
 use crate::device::Shared;
 use crate::llp::Llp;
 use crate::orq::Orq;
-use crate::wire::{self, mpa, term, TermCode};
+use crate::wire::{self, term, TermCode};
 use io::{Mode, Tx};
 use parking_lot::{Condvar, Mutex};
 use rnicpi::*;
@@ -171,6 +171,45 @@ impl SiwQp {
     /// A strong reference to this QP.
     pub(crate) fn arc(&self) -> Result<Arc<SiwQp>> {
         self.me.upgrade().ok_or(VerbsError::BadState)
+    }
+
+    /// `qp` as a QP of the device `dev` (the connection manager's QPs come as trait
+    /// objects): `Invalid` for another provider's QP or another siw device's.
+    pub(crate) fn of(qp: &Arc<dyn ProviderQp>, dev: &Arc<Shared>) -> Result<Arc<SiwQp>> {
+        let qp = qp
+            .as_any()
+            .downcast_ref::<SiwQp>()
+            .ok_or(VerbsError::Invalid)?
+            .arc()?;
+        if !Arc::ptr_eq(&qp.dev, dev) {
+            return Err(VerbsError::Invalid);
+        }
+        Ok(qp)
+    }
+
+    /// Run `start`, an active connect's first steps, with the QP marked as connecting;
+    /// if they fail the QP is as it was. Refused unless the QP is unconnected and in
+    /// Reset, Init or RTR.
+    pub(crate) fn connecting(&self, start: impl FnOnce() -> Result<()>) -> Result<()> {
+        let before = {
+            let mut st = self.st.lock();
+            if !matches!(st.conn, Conn::Idle | Conn::Closed)
+                || !matches!(st.qp, QpState::Reset | QpState::Init | QpState::Rtr)
+            {
+                return Err(VerbsError::BadState);
+            }
+            let before = st.conn;
+            self.set_conn(&mut st, Conn::Connecting);
+            before
+        };
+        let started = start();
+        if started.is_err() {
+            let mut st = self.st.lock();
+            if st.conn == Conn::Connecting {
+                self.set_conn(&mut st, before);
+            }
+        }
+        started
     }
 
     pub(crate) fn limits(&self) -> (u32, u32) {
@@ -353,32 +392,6 @@ impl ProviderQp for SiwQp {
         // them; nothing here ever waits for the socket or for the tx thread.
         self.pump(Mode::Inline);
         self.cv.notify_one();
-    }
-
-    fn connect(&self, peer: std::net::SocketAddr, param: ConnParam) -> Result<()> {
-        let me = self.me.upgrade().ok_or(VerbsError::BadState)?;
-        if param.private_data.len() > mpa::MAX_CONSUMER_PRIVATE_DATA {
-            return Err(VerbsError::Invalid);
-        }
-        let before = {
-            let mut st = self.st.lock();
-            if !matches!(st.conn, Conn::Idle | Conn::Closed)
-                || !matches!(st.qp, QpState::Reset | QpState::Init | QpState::Rtr)
-            {
-                return Err(VerbsError::BadState);
-            }
-            let before = st.conn;
-            self.set_conn(&mut st, Conn::Connecting);
-            before
-        };
-        let started = crate::cm::connect(me, peer, param);
-        if started.is_err() {
-            let mut st = self.st.lock();
-            if st.conn == Conn::Connecting {
-                self.set_conn(&mut st, before);
-            }
-        }
-        started
     }
 
     fn disconnect(&self, abortive: bool) -> Result<()> {

@@ -446,7 +446,7 @@ impl World {
                         ord: ord as u32 % 20,
                     };
                     let to = SocketAddr::new(self.rig.peer.into(), 7000);
-                    let _ = qp.engine.connect(to, param);
+                    let _ = self.rig.dev.connect(&qp.engine, to, param);
                     self.qps.push(qp);
                 }
             }
