@@ -28,4 +28,5 @@ done
 [ $fail = 0 ] || exit 1
 cargo check -q --profile ci -p krdma-ual -p krdma-itapi-capi -p krdma-dapl-provider \
     -p krdma-sdp-preload --no-default-features
+bash "$(dirname "$0")/crate-graph.sh" --check
 echo "layering: ok"

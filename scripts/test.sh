@@ -9,6 +9,7 @@ need_apt=()
 command -v tshark >/dev/null || need_apt+=(tshark)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v cc >/dev/null || need_apt+=(gcc)
+command -v nm >/dev/null || need_apt+=(binutils)
 command -v ethtool >/dev/null || need_apt+=(ethtool)
 command -v ip >/dev/null || need_apt+=(iproute2)
 # Debian's uDAPL: libdat2 and the unmodified test programs the dapl tests run.

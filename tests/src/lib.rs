@@ -1,5 +1,7 @@
 //! Shared helpers for the end-to-end tests: the two kAL front doors (embedded, and a
 //! private `krdmad` instance serving a FUSE device), and data checks.
+//!
+//! Over 600 lines: the helpers every end-to-end test file shares.
 
 pub mod impair;
 pub mod probe;

@@ -12,6 +12,9 @@
 //! rendezvous, connection qualifier 45248, dapltest's own), so each test runs its cases
 //! one after the other (and the crate's tests run one at a time, `.config/nextest.toml`);
 //! every program dies with the test process.
+//!
+//! Over 600 lines: one test per mode of Debian's dapl2-utils programs, sharing their
+//! process helpers.
 
 use krdma_tests::{daemon_possible, private_loopback, Daemon};
 use std::io::{BufRead, BufReader, Read};

@@ -3,6 +3,9 @@
 //! consumer churns or corrupts. Every attack runs through both front doors, with a
 //! [`Bystander`] created before it whose round trips must stay under [`BOUND`], and the
 //! kAL (the daemon's FUSE threads) must keep answering another context's calls.
+//!
+//! Over 600 lines: independent tests of one attack surface (the shared rings), sharing
+//! their set-up.
 
 use bytemuck::{Pod, Zeroable};
 use krdma_tests::{connected_pair, each_front_door, kal_counter, Bystander, FrontDoor};

@@ -144,6 +144,40 @@ fn declared_functions() -> Vec<String> {
     names
 }
 
+/// The symbol names (demangled) defined in the object file at `path`.
+fn defined_symbols(path: &Path) -> Vec<String> {
+    let out = Command::new("nm")
+        .args(["--defined-only", "-C"])
+        .arg(path)
+        .output()
+        .expect("nm (binutils)");
+    assert!(out.status.success(), "nm {}", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn libitapi_links_no_fuse_front_door() {
+    // The layering (docs/architecture.md): a consumer library reaches the kAL in its own
+    // process at most (embedded mode), never the daemon's FUSE front door.
+    let daemon_only = |s: &String| s.contains("fuser::") || s.contains("kal::fuse::");
+    let lib = defined_symbols(&lib_dir().join("libitapi.so"));
+    assert!(
+        lib.iter().any(|s| s.contains("it_ia_create")) && lib.iter().any(|s| s.contains("ual::")),
+        "libitapi.so's symbol table is not there to check (stripped?)"
+    );
+    let fuse: Vec<&String> = lib.iter().filter(|s| daemon_only(s)).take(5).collect();
+    assert!(fuse.is_empty(), "libitapi.so links FUSE code: {fuse:?}");
+    // The same names are found where they belong, so the check above can fail.
+    let daemon = defined_symbols(&krdma_tests::krdmad_bin());
+    assert!(
+        daemon.iter().any(daemon_only),
+        "krdmad has no FUSE symbols?"
+    );
+}
+
 #[test]
 fn itapi_c_every_declared_function_links() {
     let names = declared_functions();

@@ -11,6 +11,9 @@
 //! bound to a loopback address of the process's own), and iperf3 also through a
 //! `krdmad`. The programs come from Debian (`scripts/test.sh` installs them); without them
 //! the test fails under `CI=true` and is skipped with a note otherwise.
+//!
+//! Over 600 lines: independent tests of the unmodified programs, sharing their process,
+//! port and report helpers.
 
 use krdma_tests::{daemon_possible, fill_pattern, private_loopback, Daemon};
 use std::io::Read;

@@ -41,6 +41,9 @@
 //! Two things `krdma perf` does beyond the wire format, both to meet kernel siw 6.1 (see
 //! `docs/interop.md`): the client pauses briefly between the control connection coming up
 //! and its first Send, and it keeps perftest's close order.
+//!
+//! Over 600 lines: perftest's control exchange and report, which must match perftest 4.5
+//! byte for byte; the traffic is in `perftest/`.
 
 mod control;
 mod params;

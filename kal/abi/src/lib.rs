@@ -5,6 +5,9 @@
 //! the kAL validates every field, and writes the results back into the same struct. All
 //! structs are `#[repr(C)]` plain old data with explicit padding, so any byte pattern is
 //! a valid value and the kAL can never be confused by the layout, only by the values.
+//!
+//! Over 600 lines: the whole ABI kept in one file, as a C header would be, so its version
+//! and layouts are reviewed together; the last 50 lines are tests.
 
 use bytemuck::{Pod, Zeroable};
 

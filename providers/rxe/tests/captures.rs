@@ -10,6 +10,9 @@
 //! for the same files. CM MADs on QP1 are decoded and checked against the data packets
 //! (QPNs, starting PSNs) and the rdma_cm header. The packets found also seed a mutation
 //! fuzz test.
+//!
+//! Over 600 lines: one test per set of captures, sharing the pcap reader and the frame
+//! checks.
 
 use proptest::prelude::*;
 use rxe::wire::cm::{self, CmMad, CmMessage};

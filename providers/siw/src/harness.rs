@@ -10,6 +10,9 @@
 //! offsets, MSNs and sizes close to the real ones), Read Responses aimed at the reads
 //! outstanding, raw bytes, polls, access-flag changes and closes. Nothing here runs a
 //! thread: the harness plays the tx thread by pumping after each action.
+//!
+//! Over 600 lines: the harness (guarded memory, in-memory LLP, action decoder and
+//! encoder, capture replay) is the first 920 lines; the rest are its tests.
 
 use crate::llp::Llp;
 use crate::qp::SiwQp;

@@ -18,6 +18,9 @@
 //! The library's own sockets (the RDMA stack's, the progress thread's) are never taken
 //! for the program's: every thread this library starts, and every call made while it
 //! works, passes straight to the C library.
+//!
+//! Over 600 lines: every interposed libc call and its fall-back to the real one, kept
+//! together so the interposition table is reviewed as a whole.
 
 // The exported functions are the C library's own socket calls, with the C library's
 // contracts (documented in its manual pages), not new unsafe interfaces of ours.

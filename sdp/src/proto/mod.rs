@@ -29,6 +29,10 @@
 //! does not want zero copy answers SendSm; a source that gives up (a timeout, a signal)
 //! sends SrcAvailCancel and waits for the sink's SendSm. After SendSm the source sends
 //! what was not read by buffered copy.
+//!
+//! Over 600 lines: one connection's protocol machine, whose buffered-copy, zero-copy,
+//! credit and close paths share its state (tests are in `tests.rs`); zero copy could move
+//! to its own file next.
 
 mod counters;
 pub mod sim;

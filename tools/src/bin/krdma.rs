@@ -1,4 +1,7 @@
 //! `krdma` — the command line of the krdma stack.
+//!
+//! Over 600 lines: one small function per subcommand over `tools` and the uAL, beside the
+//! one table of commands they answer.
 
 use clap::{Parser, Subcommand};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};

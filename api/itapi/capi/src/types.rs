@@ -2,6 +2,9 @@
 //! writes, with the header's member names (in Rust case). Enums travel as `u32`,
 //! `it_boolean_t` as `u32`, handles as `*mut c_void`. `tests/tests/itapi_c_abi.rs`
 //! compares every size and offset here with what the C compiler makes of the header.
+//!
+//! Over 600 lines: one `#[repr(C)]` mirror per structure of `it_api.h`, kept together as
+//! the header keeps them.
 
 use bytemuck::Zeroable;
 use std::ffi::{c_char, c_void};

@@ -1,5 +1,7 @@
 //! The connection manager's machine on its own: no socket, thread, device or clock. Two
 //! machines answer each other's MADs by hand (`carry`), and time is what the test says.
+//!
+//! Over 600 lines: tests only.
 
 use super::*;
 use crate::random::Seeded;

@@ -4,6 +4,9 @@
 //! the records play against. Packets reach the device through `RxeDevice::receive`, the
 //! receive thread's own hand-off; what the device sends goes to the fake peer's address,
 //! where the rig reads it back to learn the IDs and PSNs a real peer would see.
+//!
+//! Over 600 lines: the fuzz rig and the decoder of its actions, which must change
+//! together.
 
 use crate::arena::Arena;
 use crate::input::*;
