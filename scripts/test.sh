@@ -10,6 +10,8 @@ command -v tshark >/dev/null || need_apt+=(tshark)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v cc >/dev/null || need_apt+=(gcc)
 command -v nm >/dev/null || need_apt+=(binutils)
+# scripts/crate-graph.sh (run by the layering check) reads cargo metadata with python3.
+command -v python3 >/dev/null || need_apt+=(python3)
 command -v ethtool >/dev/null || need_apt+=(ethtool)
 command -v ip >/dev/null || need_apt+=(iproute2)
 # Debian's uDAPL: libdat2 and the unmodified test programs the dapl tests run.
