@@ -7,9 +7,8 @@
 #   bash scripts/crate-graph.sh --check   # fail if the block is not what cargo says (test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo metadata --format-version 1 --no-deps --offline 2>/dev/null >/tmp/krdma-metadata.$$ ||
-    cargo metadata --format-version 1 --no-deps >/tmp/krdma-metadata.$$
 trap 'rm -f /tmp/krdma-metadata.$$' EXIT
+cargo metadata --format-version 1 --no-deps >/tmp/krdma-metadata.$$
 python3 - "$@" /tmp/krdma-metadata.$$ docs/architecture.md <<'EOF'
 import json, re, sys
 check = "--check" in sys.argv

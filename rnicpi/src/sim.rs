@@ -7,6 +7,7 @@
 use crate::queue::ring_bytes;
 use crate::*;
 use parking_lot::Mutex;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 
 /// A small seeded generator (SplitMix64): reproducible, no dependency.
@@ -37,6 +38,34 @@ impl SimRng {
             u64::MAX => self.next_u64(),
             m => self.next_u64() % (m + 1),
         }
+    }
+}
+
+/// Host services for a device that lives in a simulation or a test rig: no addresses to
+/// list, no route to anything, no TCP; every link is `link_mtu` bytes (`None`: unknown).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoNetwork {
+    pub link_mtu: Option<u32>,
+}
+
+impl KalServices for NoNetwork {
+    fn addresses(&self) -> Vec<IfAddr> {
+        Vec::new()
+    }
+    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
+        self.link_mtu
+    }
+    fn route(&self, _peer: IpAddr) -> Result<Route> {
+        Err(VerbsError::Unreachable)
+    }
+    fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
+        None
+    }
+    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
+        Err(VerbsError::Unreachable)
+    }
+    fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
+        Err(VerbsError::Unsupported)
     }
 }
 

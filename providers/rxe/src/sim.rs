@@ -23,12 +23,12 @@ use crate::timer::Clock;
 use crate::wire::{RocePacket, RoceRepr};
 use crate::RxeConfig;
 use parking_lot::Mutex;
-use rnicpi::sim::SimRng;
 pub use rnicpi::sim::{Events, SimQp};
+use rnicpi::sim::{NoNetwork, SimRng};
 use rnicpi::*;
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -204,31 +204,6 @@ fn ip_bytes(ip: IpAddr) -> Vec<u8> {
     }
 }
 
-/// A host without a network: the simulated devices serve fixed loopback addresses, so
-/// they ask for no route; links are loopback-sized.
-struct NoHost;
-
-impl KalServices for NoHost {
-    fn route(&self, _peer: IpAddr) -> Result<Route> {
-        Err(VerbsError::Unsupported)
-    }
-    fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
-        None
-    }
-    fn addresses(&self) -> Vec<IfAddr> {
-        Vec::new()
-    }
-    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
-        Some(65536)
-    }
-    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
-        Err(VerbsError::Unsupported)
-    }
-    fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
-        Err(VerbsError::Unsupported)
-    }
-}
-
 struct Node {
     addr: IpAddr,
     dev: Arc<RxeDevice>,
@@ -282,7 +257,11 @@ impl Sim {
         };
         let (dev, tx) = RxeDevice::assemble_driven(
             config,
-            Arc::new(NoHost),
+            // The devices serve fixed loopback addresses, so they ask for no route;
+            // links are loopback-sized.
+            Arc::new(NoNetwork {
+                link_mtu: Some(65536),
+            }),
             self.link.clone(),
             Clock::Sim(self.clock.clone()),
             // Each device's connection manager its own sequence, the same in every replay.

@@ -19,9 +19,10 @@ use crate::qp::SiwQp;
 use crate::wire::{self, Header, Model, Opcode, ReadRequest, ReadRequestPacket};
 use crate::{SiwConfig, SiwDevice};
 use parking_lot::Mutex;
+use rnicpi::sim::NoNetwork;
 use rnicpi::*;
 use std::io;
-use std::net::{IpAddr, Shutdown, SocketAddr};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -188,30 +189,6 @@ impl Llp for MemoryLlp {
 
     fn abort(&self) {
         self.closed.store(true, Ordering::Release);
-    }
-}
-
-/// A network that is not there: the harness's QP is connected over memory.
-pub(crate) struct NoNetwork;
-
-impl KalServices for NoNetwork {
-    fn addresses(&self) -> Vec<IfAddr> {
-        Vec::new()
-    }
-    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
-        None
-    }
-    fn route(&self, _peer: IpAddr) -> Result<Route> {
-        Err(VerbsError::Unreachable)
-    }
-    fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
-        None
-    }
-    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
-        Err(VerbsError::Unreachable)
-    }
-    fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
-        Err(VerbsError::Unsupported)
     }
 }
 
@@ -572,7 +549,7 @@ pub struct Harness {
 impl Harness {
     /// A QP in RTS (MPA CRC on or off), with a receive-capable CQ and four registrations.
     pub fn new(crc: bool) -> Harness {
-        let dev = SiwDevice::new(SiwConfig::default(), Arc::new(NoNetwork));
+        let dev = SiwDevice::new(SiwConfig::default(), Arc::new(NoNetwork::default()));
         let ring_mem = |n: usize| Arc::new(SharedMem::create("siw-harness", n).expect("memfd"));
         let cq_mem = ring_mem(queue::ring_bytes::<Cqe>(CQ_DEPTH));
         let stats = Arc::new(RingStats::default());

@@ -11,13 +11,12 @@
 //! and the transmit thread's pump — and moves the bytes between them in chunks and at
 //! moments the seed chooses.
 
-use crate::harness::NoNetwork;
 use crate::llp::Llp;
 use crate::qp::SiwQp;
 use crate::wire::FpduDecoder;
 use crate::{SiwConfig, SiwDevice};
 use parking_lot::Mutex;
-use rnicpi::sim::{SimQp, SimRng};
+use rnicpi::sim::{NoNetwork, SimQp, SimRng};
 use std::collections::VecDeque;
 use std::io;
 use std::net::Shutdown;
@@ -125,7 +124,7 @@ impl Sim {
     /// Two QPs on one siw device, each with a `buf_len`-byte registered buffer and
     /// queues `depth` deep, connected (RTS, IRD = ORD = 4) over a simulated stream.
     pub fn new(seed: u64, model: StreamModel, buf_len: usize, depth: u32) -> Sim {
-        let dev = SiwDevice::new(SiwConfig::default(), Arc::new(NoNetwork));
+        let dev = SiwDevice::new(SiwConfig::default(), Arc::new(NoNetwork::default()));
         let end = || {
             let qp = SimQp::new(&*dev, buf_len, depth);
             let engine = qp
@@ -196,12 +195,6 @@ impl Sim {
         let from = ready[self.rng.upto(ready.len() as u64 - 1) as usize];
         self.deliver(from);
         true
-    }
-
-    /// Step until nothing is left to do, at most `limit` steps; false if the limit was
-    /// reached (something keeps going: a livelock).
-    pub fn run(&mut self, limit: usize) -> bool {
-        (0..limit).any(|_| !self.step())
     }
 
     /// Whether the stream from `from` has something for its reader: bytes, its end, or

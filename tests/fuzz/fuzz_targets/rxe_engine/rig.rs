@@ -11,6 +11,7 @@
 use crate::arena::Arena;
 use crate::input::*;
 use rnicpi::queue::ring_bytes;
+use rnicpi::sim::NoNetwork;
 use rnicpi::*;
 use rxe::wire::cm::{self, CmMad, CmMessage, CmPath};
 use rxe::wire::{
@@ -18,7 +19,7 @@ use rxe::wire::{
     Opcode, RethRepr, RocePacket, RoceRepr, Syndrome,
 };
 use rxe::{RxeConfig, RxeDevice};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The fake peer's QP number.
@@ -38,31 +39,6 @@ const MRS: [(u64, Access); 3] = [
     (1024, Access::LOCAL_WRITE),
     (512, Access::REMOTE_READ),
 ];
-
-/// The device serves one address, so it never asks the host for a route, and rxe has
-/// no TCP: this rig offers no host services.
-struct NoHostServices;
-
-impl KalServices for NoHostServices {
-    fn addresses(&self) -> Vec<IfAddr> {
-        Vec::new()
-    }
-    fn link_mtu(&self, _ifname: &str) -> Option<u32> {
-        None
-    }
-    fn route(&self, _peer: IpAddr) -> Result<Route> {
-        Err(VerbsError::Unsupported)
-    }
-    fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
-        None
-    }
-    fn tcp_connect_start(&self, _peer: SocketAddr) -> Result<std::net::TcpStream> {
-        Err(VerbsError::Unsupported)
-    }
-    fn tcp_listen(&self, _addr: SocketAddr, _backlog: u32) -> Result<std::net::TcpListener> {
-        Err(VerbsError::Unsupported)
-    }
-}
 
 /// What lives for the whole process.
 pub struct Rig {
@@ -87,7 +63,12 @@ pub fn rig() -> &'static Rig {
             port: rxe::wire::ROCEV2_UDP_PORT,
             raw: false,
         };
-        let dev = RxeDevice::new(config, Arc::new(NoHostServices)).expect("rxe device");
+        let dev = RxeDevice::new(
+            config,
+            // The device serves one address, so it never asks the host for a route,
+            // and rxe has no TCP.
+            Arc::new(NoNetwork::default()),
+        ).expect("rxe device");
         let wire = UdpSocket::bind((peer, rxe::wire::ROCEV2_UDP_PORT)).expect("peer port");
         wire.set_nonblocking(true).unwrap();
         let shape: Vec<(u64, bool)> = MRS
