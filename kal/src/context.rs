@@ -88,6 +88,17 @@ pub enum Object {
         dev: u32,
         listener: Arc<dyn ProviderListener>,
     },
+    /// An object the consumer created through its device's user verbs provider
+    /// (`rnicpi::user`): the kAL holds its place in the tree, its charges and pinned
+    /// bytes, never the object itself.
+    Mirror {
+        dev: u32,
+        kind: Kind,
+        /// Parent handles (PD first), 0 for none.
+        parents: [u32; 4],
+        pinned: u64,
+        users: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -111,6 +122,15 @@ impl Object {
             Object::Listener { .. } => Kind::Listener,
             Object::Srq { .. } => Kind::Srq,
             Object::Mw { .. } => Kind::Mw,
+            Object::Mirror { kind, .. } => *kind,
+        }
+    }
+
+    /// Bytes of the user's pin allowance the object holds.
+    pub fn pinned(&self) -> u64 {
+        match self {
+            Object::Mr { pinned, .. } | Object::Mirror { pinned, .. } => *pinned,
+            _ => 0,
         }
     }
 }
@@ -181,9 +201,7 @@ impl Objects {
 
     pub fn insert(&mut self, handle: u32, obj: Object, charges: Charges) {
         *self.slot(obj.kind()) += 1;
-        if let Object::Mr { pinned, .. } = obj {
-            self.pinned += pinned;
-        }
+        self.pinned += obj.pinned();
         self.map.insert(handle, Entry { obj, charges });
     }
 
@@ -206,9 +224,7 @@ impl Objects {
     pub fn remove(&mut self, handle: u32) -> Option<(Object, Charges)> {
         let Entry { obj, charges } = self.map.remove(&handle)?;
         *self.slot(obj.kind()) -= 1;
-        if let Object::Mr { pinned, .. } = obj {
-            self.pinned -= pinned;
-        }
+        self.pinned -= obj.pinned();
         Some((obj, charges))
     }
 
@@ -252,10 +268,22 @@ impl Objects {
         }
     }
 
+    /// A mirrored object of `kind` on device `dev` (the parent of another mirror).
+    pub fn mirror(&self, handle: u32, dev: u32, kind: Kind) -> Result<()> {
+        match self.get(handle)? {
+            Object::Mirror { dev: d, kind: k, .. } if *d == dev && *k == kind => Ok(()),
+            _ => Err(VerbsError::NoSuchResource),
+        }
+    }
+
     /// Adjust the use count of a PD, CQ or SRQ.
     pub fn use_parent(&mut self, handle: u32, delta: i32) {
-        if let Ok(Object::Pd { users, .. } | Object::Cq { users, .. } | Object::Srq { users, .. }) =
-            self.get_mut(handle)
+        if let Ok(
+            Object::Pd { users, .. }
+            | Object::Cq { users, .. }
+            | Object::Srq { users, .. }
+            | Object::Mirror { users, .. },
+        ) = self.get_mut(handle)
         {
             *users = users.saturating_add_signed(delta);
         }
@@ -278,6 +306,7 @@ impl Objects {
                 v
             }
             Object::Mr { pd, .. } | Object::Srq { pd, .. } | Object::Mw { pd, .. } => vec![*pd],
+            Object::Mirror { parents, .. } => parents.iter().copied().filter(|&h| h != 0).collect(),
             _ => Vec::new(),
         }
     }
@@ -400,6 +429,9 @@ pub fn destroy_object(dev: &dyn Provider, obj: &Object) {
         Object::Mw { key, .. } => {
             let _ = dev.dealloc_mw(*key);
         }
+        // The consumer destroys the object itself; its device's driver frees what a dead
+        // process held.
+        Object::Mirror { .. } => {}
     }
 }
 
@@ -411,6 +443,7 @@ pub fn object_dev(obj: &Object) -> u32 {
         | Object::Mr { dev, .. }
         | Object::Srq { dev, .. }
         | Object::Mw { dev, .. }
+        | Object::Mirror { dev, .. }
         | Object::Listener { dev, .. } => *dev,
     }
 }

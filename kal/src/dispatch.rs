@@ -12,7 +12,7 @@ use crate::quota::{Charges, Resource};
 use crate::{peer, pin, Kal};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
-    Access, ConnParam, CqInit, Cqe, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpType, Result, Ring,
+    Access, FastPath, ConnParam, CqInit, Cqe, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpType, Result, Ring,
     SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
 };
 use std::os::fd::AsFd;
@@ -236,6 +236,7 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
             Ok(())
         }
         Command::StatDevice(a) => stat_device(kal, a),
+        Command::Mirror(a) => mirror(kal, c, a),
     }
 }
 
@@ -452,6 +453,16 @@ fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()>
     Ok(())
 }
 
+/// How many bytes the caller's user may have pinned: the kAL's configured limit, else
+/// the caller's own `RLIMIT_MEMLOCK` (none with `CAP_IPC_LOCK`).
+fn pin_limit(kal: &Kal, c: &Context) -> Option<u64> {
+    match (kal.config.pin_limit, c.peer.unlimited_pin()) {
+        (Some(l), _) => Some(l),
+        (None, true) => None,
+        (None, false) => c.peer.memlock_limit(),
+    }
+}
+
 fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     let access = Access::from_bits(a.access).ok_or(VerbsError::Invalid)?;
     if !access.is_consistent() {
@@ -478,12 +489,7 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
             VerbsError::BadAddress
         },
     )?;
-    let limit = match (kal.config.pin_limit, c.peer.unlimited_pin()) {
-        (Some(l), _) => Some(l),
-        (None, true) => None,
-        (None, false) => c.peer.memlock_limit(),
-    };
-    kal.pins.charge(c.caller.uid, span, limit)?;
+    kal.pins.charge(c.caller.uid, span, pin_limit(kal, c))?;
     let mut memory = c.peer.memory_for(&vmas, a.addr, a.length);
     if memory.mapped_bytes() > 0 {
         // Mapped directly into the daemon: charged as a mapping, or, past the quota,
@@ -524,6 +530,62 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     Ok(())
 }
 
+/// Record an object the consumer created on a device whose fast path is its own: the same
+/// limits, quotas and pin allowance as for an object the kAL creates, and a place in the
+/// tree (children before parents on teardown).
+fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
+    let dev = kal.device(a.dev)?;
+    if dev.attr().fast_path == FastPath::Kal {
+        return Err(VerbsError::Invalid); // its objects are made by CREATE_*, not mirrored
+    }
+    // What each kind is, its quota, and the kinds of its parents in order.
+    let (kind, resource, parents): (Kind, Resource, &[Kind]) = match a.kind {
+        abi::MIRROR_PD => (Kind::Pd, Resource::Pd, &[]),
+        abi::MIRROR_CQ => (Kind::Cq, Resource::Cq, &[]),
+        abi::MIRROR_MR => (Kind::Mr, Resource::Mr, &[Kind::Pd]),
+        abi::MIRROR_SRQ => (Kind::Srq, Resource::Srq, &[Kind::Pd]),
+        abi::MIRROR_QP => (Kind::Qp, Resource::Qp, &[Kind::Pd, Kind::Cq, Kind::Cq, Kind::Srq]),
+        abi::MIRROR_LISTENER => (Kind::Listener, Resource::Listener, &[]),
+        _ => return Err(VerbsError::Invalid),
+    };
+    let mut objs = c.objects.lock();
+    for (i, &h) in a.parents.iter().enumerate() {
+        match parents.get(i) {
+            // A QP's SRQ is optional; every other parent is required.
+            Some(Kind::Srq) if kind == Kind::Qp && h == 0 => {}
+            Some(&k) => objs.mirror(h, a.dev, k)?,
+            None if h == 0 => {}
+            None => return Err(VerbsError::Invalid),
+        }
+    }
+    objs.check_limit(kind, &kal.config.limits)?;
+    let mut pinned = 0;
+    if kind == Kind::Mr {
+        if a.length == 0 || a.length > dev.attr().max_mr_size {
+            return Err(VerbsError::Invalid);
+        }
+        pinned = pin::pinned_span(a.addr, a.length).ok_or(VerbsError::Invalid)?;
+    }
+    let charges = charge(kal, c, Some(a.dev), &[(resource, 1)])?;
+    let h = objs.next_handle()?;
+    if pinned > 0 {
+        kal.pins.charge(c.caller.uid, pinned, pin_limit(kal, c))?;
+    }
+    let obj = Object::Mirror {
+        dev: a.dev,
+        kind,
+        parents: a.parents,
+        pinned,
+        users: 0,
+    };
+    for p in crate::context::Objects::parents(&obj) {
+        objs.use_parent(p, 1);
+    }
+    objs.insert(h, obj, charges);
+    a.handle = h;
+    Ok(())
+}
+
 fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
     let (obj, charges) = {
         let mut objs = c.objects.lock();
@@ -531,7 +593,11 @@ fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
         if o.kind() != want {
             return Err(VerbsError::NoSuchResource);
         }
-        if let Object::Pd { users, .. } | Object::Cq { users, .. } | Object::Srq { users, .. } = o {
+        if let Object::Pd { users, .. }
+        | Object::Cq { users, .. }
+        | Object::Srq { users, .. }
+        | Object::Mirror { users, .. } = o
+        {
             if *users > 0 {
                 return Err(VerbsError::Busy);
             }

@@ -331,8 +331,8 @@ impl Kal {
         if let Ok(dev) = self.device(context::object_dev(obj)) {
             context::destroy_object(dev.as_ref(), obj);
         }
-        if let context::Object::Mr { pinned, .. } = obj {
-            self.pins.release(c.caller.uid, *pinned);
+        if obj.pinned() > 0 {
+            self.pins.release(c.caller.uid, obj.pinned());
         }
     }
 

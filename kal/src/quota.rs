@@ -476,6 +476,7 @@ mod tests {
                 accept: 196,
                 reject: 148,
             },
+            fast_path: rnicpi::FastPath::Kal,
         }
     }
 

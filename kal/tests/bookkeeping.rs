@@ -147,6 +147,7 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
             accept: 196,
             reject: 148,
         },
+        fast_path: rnicpi::FastPath::Kal,
     };
     kal.register(Arc::new(TestDev {
         attr,

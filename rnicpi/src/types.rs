@@ -57,6 +57,9 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     /// How much private data this device's connection messages carry.
     pub private_data: PrivateDataLimits,
+    /// Where the device's fast path runs (shared rings to the kAL, or the consumer's own
+    /// user verbs provider: see [`crate::user`]).
+    pub fast_path: crate::user::FastPath,
 }
 
 /// The largest private data (bytes) a consumer may pass in a connect, an accept and a

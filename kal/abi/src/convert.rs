@@ -2,9 +2,12 @@
 //! both sides: the kAL encodes what a provider answers and decodes what a consumer asks;
 //! the uAL does the reverse. Decoding checks every value a hostile caller could set.
 
-use crate::{name_to_str, str_to_name, QpAttrs, QueryDevice, QueryPort, MAX_GIDS};
+use crate::{
+    name_to_str, str_to_name, QpAttrs, QueryDevice, QueryPort, FAST_PATH_CONSUMER, FAST_PATH_KAL,
+    MAX_GIDS,
+};
 use rnicpi::{
-    Access, DeviceAttr, PortAttr, PortState, PrivateDataLimits, QpAttr, QpAttrMask, QpState,
+    Access, DeviceAttr, FastPath, PortAttr, PortState, PrivateDataLimits, QpAttr, QpAttrMask, QpState,
     Transport,
 };
 
@@ -34,9 +37,21 @@ impl QueryDevice {
             pdata_connect: d.private_data.connect,
             pdata_accept: d.private_data.accept,
             pdata_reject: d.private_data.reject,
-            _pad: [0; 6],
+            fast_path: match d.fast_path {
+                FastPath::Kal => FAST_PATH_KAL,
+                FastPath::Consumer { .. } => FAST_PATH_CONSUMER,
+            },
+            _pad: [0; 5],
             max_mr_size: d.max_mr_size,
             name: str_to_name(&d.name),
+            uvp_driver: match &d.fast_path {
+                FastPath::Consumer { driver, .. } => str_to_name(driver),
+                FastPath::Kal => [0; 32],
+            },
+            uvp_device: match &d.fast_path {
+                FastPath::Consumer { device, .. } => str_to_name(device),
+                FastPath::Kal => [0; 32],
+            },
         }
     }
 
@@ -67,6 +82,14 @@ impl QueryDevice {
                 connect: self.pdata_connect,
                 accept: self.pdata_accept,
                 reject: self.pdata_reject,
+            },
+            fast_path: match self.fast_path {
+                FAST_PATH_KAL => FastPath::Kal,
+                FAST_PATH_CONSUMER => FastPath::Consumer {
+                    driver: name_to_str(&self.uvp_driver).to_string(),
+                    device: name_to_str(&self.uvp_device).to_string(),
+                },
+                _ => return None,
             },
         })
     }
@@ -192,6 +215,7 @@ mod tests {
                 accept: 196,
                 reject: 148,
             },
+            fast_path: FastPath::Kal,
         }
     }
 
@@ -199,6 +223,17 @@ mod tests {
     fn device_attributes_round_trip() {
         let d = device();
         assert_eq!(QueryDevice::encode(3, &d).decode(), Some(d));
+        let d = DeviceAttr {
+            fast_path: FastPath::Consumer {
+                driver: "ibverbs".into(),
+                device: "mlx5_0".into(),
+            },
+            ..device()
+        };
+        assert_eq!(QueryDevice::encode(3, &d).decode(), Some(d.clone()));
+        let mut q = QueryDevice::encode(3, &d);
+        q.fast_path = 7;
+        assert_eq!(q.decode(), None);
     }
 
     #[test]

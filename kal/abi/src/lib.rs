@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 mod convert;
 
 /// Version of this ABI; bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 /// The ioctl type letter (a private one: the VFS claims some generic numbers).
 pub const IOC_TYPE: u8 = b'k';
 /// Most devices `LIST_DEVICES` reports.
@@ -111,10 +111,51 @@ pub struct QueryDevice {
     pub pdata_connect: u16,
     pub pdata_accept: u16,
     pub pdata_reject: u16,
-    pub _pad: [u8; 6],
+    /// out: where the fast path runs: [`FAST_PATH_KAL`] or [`FAST_PATH_CONSUMER`].
+    pub fast_path: u8,
+    pub _pad: [u8; 5],
     pub max_mr_size: u64,
     pub name: Name,
+    /// out, for [`FAST_PATH_CONSUMER`]: the user verbs provider that drives the device in
+    /// the consumer's process, and its name for the device.
+    pub uvp_driver: Name,
+    pub uvp_device: Name,
 }
+
+/// The device's fast path is shared rings and a doorbell to an engine behind the kAL.
+pub const FAST_PATH_KAL: u8 = 0;
+/// The device's fast path runs in the consumer's process (`rnicpi::user`); the consumer
+/// records what it creates there with [`Mirror`].
+pub const FAST_PATH_CONSUMER: u8 = 1;
+
+/// `MIRROR`: record an object the consumer created through a device's user verbs provider,
+/// so the kAL keeps its resource tree, limits, quotas and pin allowance for it as for an
+/// object it created itself. It is destroyed with the command of its kind (`DESTROY_QP`,
+/// `DEREG_MR`, ...), and with the context.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct Mirror {
+    /// in: device number; its fast path must be [`FAST_PATH_CONSUMER`].
+    pub dev: u32,
+    /// in: one of the `MIRROR_*` kinds.
+    pub kind: u32,
+    /// in: handles of the parents, 0 for none: an MR, SRQ or QP names its PD first; a QP
+    /// then its send CQ, its receive CQ and its SRQ.
+    pub parents: [u32; 4],
+    /// in: an MR's first byte and length (charged to the pin allowance).
+    pub addr: u64,
+    pub length: u64,
+    /// out: the handle.
+    pub handle: u32,
+    pub _pad: u32,
+}
+
+pub const MIRROR_PD: u32 = 1;
+pub const MIRROR_CQ: u32 = 2;
+pub const MIRROR_QP: u32 = 3;
+pub const MIRROR_SRQ: u32 = 4;
+pub const MIRROR_MR: u32 = 5;
+pub const MIRROR_LISTENER: u32 = 6;
 
 pub const MAX_GIDS: usize = 8;
 
@@ -558,6 +599,7 @@ commands! {
     25 DESTROY_SRQ DestroySrq(Destroy);
     26 ALLOC_MW AllocMw(AllocMw);
     27 DEALLOC_MW DeallocMw(Destroy);
+    28 MIRROR Mirror(Mirror);
 }
 
 #[cfg(test)]

@@ -325,6 +325,7 @@ impl RxeDevice {
                 accept: crate::wire::cm::REP_PRIVATE_DATA_LEN as u16,
                 reject: crate::wire::cm::REJ_PRIVATE_DATA_LEN as u16,
             },
+            fast_path: rnicpi::FastPath::Kal,
         };
         let cm_config = crate::cm::Config {
             node_guid: attr.node_guid,

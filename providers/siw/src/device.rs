@@ -131,6 +131,7 @@ impl SiwDevice {
                 accept: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
                 reject: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
             },
+            fast_path: rnicpi::FastPath::Kal,
         };
         let shared = Arc::new(Shared {
             res: soft::SoftResources::new(attr.max_mr),
