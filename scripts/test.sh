@@ -25,6 +25,13 @@ command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || need_apt+=(nginx)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v wrk >/dev/null || need_apt+=(wrk)
+# providers/mlx: rdma-mummy-sys builds its dlopen stubs with cmake and its bindings with
+# libclang; its tests resolve symbols in the installed libibverbs/librdmacm (no RDMA device
+# is needed: none are listed).
+command -v cmake >/dev/null || need_apt+=(cmake)
+compgen -G '/usr/lib/llvm-*/lib/libclang*.so' >/dev/null || need_apt+=(libclang-dev)
+[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || [ -e /usr/lib64/libibverbs.so.1 ] || need_apt+=(libibverbs1 ibverbs-providers)
+[ -e /usr/lib/x86_64-linux-gnu/librdmacm.so.1 ] || [ -e /usr/lib64/librdmacm.so.1 ] || need_apt+=(librdmacm1)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
