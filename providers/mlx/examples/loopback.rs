@@ -49,8 +49,21 @@ fn wait_event(rx: &Receiver<Event>, kind: EventKind, what: &str) -> Res<Event> {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(ev) if ev.kind == kind => return Ok(ev),
-            Ok(ev) if matches!(ev.kind, EventKind::Rejected | EventKind::Unreachable | EventKind::ConnectionBroken | EventKind::QpFatal | EventKind::QpAccessError | EventKind::QpRequestError) => {
-                return fail(format!("{what}: got {:?} (status {}) instead of {kind:?}", ev.kind, ev.status))
+            Ok(ev)
+                if matches!(
+                    ev.kind,
+                    EventKind::Rejected
+                        | EventKind::Unreachable
+                        | EventKind::ConnectionBroken
+                        | EventKind::QpFatal
+                        | EventKind::QpAccessError
+                        | EventKind::QpRequestError
+                ) =>
+            {
+                return fail(format!(
+                    "{what}: got {:?} (status {}) instead of {kind:?}",
+                    ev.kind, ev.status
+                ))
             }
             Ok(ev) => println!("  (event {:?} status {})", ev.kind, ev.status),
             Err(_) => return fail(format!("{what}: no {kind:?} within 30 s")),
@@ -64,7 +77,11 @@ fn poll_one(cq: &Arc<dyn UserCq>, what: &str) -> Res<Cqe> {
     loop {
         if cq.poll(&mut c) == 1 {
             if !c[0].is_ok() {
-                return fail(format!("{what}: completion status {:?} vendor_err {:#x}", c[0].status(), c[0].vendor_err));
+                return fail(format!(
+                    "{what}: completion status {:?} vendor_err {:#x}",
+                    c[0].status(),
+                    c[0].vendor_err
+                ));
             }
             return Ok(c[0]);
         }
@@ -77,7 +94,9 @@ fn poll_one(cq: &Arc<dyn UserCq>, what: &str) -> Res<Cqe> {
 
 fn expect_cqe(c: &Cqe, wr_id: u64, op: WcOpcode, what: &str) -> Res<()> {
     if c.wr_id != wr_id || c.opcode() != Some(op) || c.status() != WcStatus::Success {
-        return fail(format!("{what}: unexpected completion {c:?} (want wr_id {wr_id} {op:?})"));
+        return fail(format!(
+            "{what}: unexpected completion {c:?} (want wr_id {wr_id} {op:?})"
+        ));
     }
     Ok(())
 }
@@ -92,10 +111,14 @@ struct Buf {
 impl Buf {
     fn new(pd: &Arc<dyn UserPd>, len: usize) -> Res<Buf> {
         let mut mem = vec![0u8; len];
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        let access = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
         // SAFETY: `mem` lives in the same struct as its registration, which drops first
         // (fields drop in declaration order), and is never reallocated.
-        let mr = unsafe { pd.reg_mr(mem.as_mut_ptr(), len, access) }.map_err(|e| format!("reg_mr: {e}"))?;
+        let mr = unsafe { pd.reg_mr(mem.as_mut_ptr(), len, access) }
+            .map_err(|e| format!("reg_mr: {e}"))?;
         Ok(Buf { mr, mem })
     }
     fn addr(&self, off: usize) -> u64 {
@@ -121,7 +144,9 @@ impl Buf {
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 struct Side {
@@ -134,7 +159,9 @@ struct Side {
 
 fn make_side(dev: &Arc<dyn UserDevice>, pd: &Arc<dyn UserPd>) -> Res<Side> {
     let (cq_sink, cq_events) = sink();
-    let cq = dev.create_cq(64, cq_sink).map_err(|e| format!("create_cq: {e}"))?;
+    let cq = dev
+        .create_cq(64, cq_sink)
+        .map_err(|e| format!("create_cq: {e}"))?;
     let (qp_sink, events) = sink();
     let qp = pd
         .create_qp(UserQpInit {
@@ -153,7 +180,13 @@ fn make_side(dev: &Arc<dyn UserDevice>, pd: &Arc<dyn UserPd>) -> Res<Side> {
         })
         .map_err(|e| format!("create_qp: {e}"))?;
     let buf = Buf::new(pd, 1 << 16)?;
-    Ok(Side { qp, cq, events, cq_events, buf })
+    Ok(Side {
+        qp,
+        cq,
+        events,
+        cq_events,
+        buf,
+    })
 }
 
 /// The GID index of the device's IPv4 (RoCEv2) GID, and that address.
@@ -168,11 +201,16 @@ fn ipv4_gid(dev: &IbvDevice) -> Option<(u8, [u8; 16], IpAddr)> {
 }
 
 fn modify_connect(a: &Side, b: &Side, gidx: u8, gid: [u8; 16], mtu: u32) -> Res<()> {
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let access =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     for (me, peer, psn) in [(a, b, 0x100u32), (b, a, 0x200u32)] {
         me.qp
             .modify(
-                &QpAttr { state: QpState::Init, access, ..QpAttr::default() },
+                &QpAttr {
+                    state: QpState::Init,
+                    access,
+                    ..QpAttr::default()
+                },
                 QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS,
             )
             .map_err(|e| format!("INIT: {e}"))?;
@@ -218,11 +256,13 @@ fn modify_connect(a: &Side, b: &Side, gidx: u8, gid: [u8; 16], mtu: u32) -> Res<
 /// Send, RDMA Write, RDMA Read between `a` and `b` (connected), byte-exact.
 fn traffic(a: &mut Side, b: &mut Side, tag: &str) -> Res<()> {
     let len = 3000; // more than one MTU
-    // Send.
+                    // Send.
     let data = pattern(1, len);
     a.buf.write(0, &data);
-    b.qp.post_recv(&[Wqe::recv(10, &[b.buf.sge(0, len)])]).map_err(|e| format!("post_recv: {e}"))?;
-    a.qp.post_send(&[Wqe::new(11, WrOpcode::Send, &[a.buf.sge(0, len)])]).map_err(|e| format!("post_send: {e}"))?;
+    b.qp.post_recv(&[Wqe::recv(10, &[b.buf.sge(0, len)])])
+        .map_err(|e| format!("post_recv: {e}"))?;
+    a.qp.post_send(&[Wqe::new(11, WrOpcode::Send, &[a.buf.sge(0, len)])])
+        .map_err(|e| format!("post_send: {e}"))?;
     expect_cqe(&poll_one(&a.cq, "send")?, 11, WcOpcode::Send, "send")?;
     let r = poll_one(&b.cq, "recv")?;
     expect_cqe(&r, 10, WcOpcode::Recv, "recv")?;
@@ -234,8 +274,8 @@ fn traffic(a: &mut Side, b: &mut Side, tag: &str) -> Res<()> {
     // RDMA Write.
     let data = pattern(2, len);
     a.buf.write(4096, &data);
-    a.qp
-        .post_send(&[Wqe::new(12, WrOpcode::RdmaWrite, &[a.buf.sge(4096, len)]).with_remote(b.buf.addr(8192), b.buf.mr.rkey())])
+    a.qp.post_send(&[Wqe::new(12, WrOpcode::RdmaWrite, &[a.buf.sge(4096, len)])
+        .with_remote(b.buf.addr(8192), b.buf.mr.rkey())])
         .map_err(|e| format!("write: {e}"))?;
     expect_cqe(&poll_one(&a.cq, "write")?, 12, WcOpcode::RdmaWrite, "write")?;
     if b.buf.read(8192, len) != data {
@@ -246,8 +286,8 @@ fn traffic(a: &mut Side, b: &mut Side, tag: &str) -> Res<()> {
     // RDMA Read.
     let data = pattern(3, len);
     b.buf.write(16384, &data);
-    a.qp
-        .post_send(&[Wqe::new(13, WrOpcode::RdmaRead, &[a.buf.sge(20480, len)]).with_remote(b.buf.addr(16384), b.buf.mr.rkey())])
+    a.qp.post_send(&[Wqe::new(13, WrOpcode::RdmaRead, &[a.buf.sge(20480, len)])
+        .with_remote(b.buf.addr(16384), b.buf.mr.rkey())])
         .map_err(|e| format!("read: {e}"))?;
     let c = poll_one(&a.cq, "read")?;
     expect_cqe(&c, 13, WcOpcode::RdmaRead, "read")?;
@@ -260,11 +300,18 @@ fn traffic(a: &mut Side, b: &mut Side, tag: &str) -> Res<()> {
 
 fn extended(a: &mut Side, b: &mut Side, atomics: bool) -> Res<()> {
     // Send with immediate.
-    b.qp.post_recv(&[Wqe::recv(20, &[b.buf.sge(0, 64)])]).map_err(|e| e.to_string())?;
-    a.qp
-        .post_send(&[Wqe::new(21, WrOpcode::SendWithImm, &[a.buf.sge(0, 64)]).with_imm(0x1234_5678u32.to_be())])
+    b.qp.post_recv(&[Wqe::recv(20, &[b.buf.sge(0, 64)])])
         .map_err(|e| e.to_string())?;
-    expect_cqe(&poll_one(&a.cq, "send imm")?, 21, WcOpcode::Send, "send imm")?;
+    a.qp.post_send(&[
+        Wqe::new(21, WrOpcode::SendWithImm, &[a.buf.sge(0, 64)]).with_imm(0x1234_5678u32.to_be())
+    ])
+    .map_err(|e| e.to_string())?;
+    expect_cqe(
+        &poll_one(&a.cq, "send imm")?,
+        21,
+        WcOpcode::Send,
+        "send imm",
+    )?;
     let r = poll_one(&b.cq, "recv imm")?;
     if r.flags & rnicpi::wc_flags::WITH_IMM == 0 || u32::from_be(r.imm_or_inv) != 0x1234_5678 {
         return fail(format!("send with imm: {r:?}"));
@@ -274,13 +321,20 @@ fn extended(a: &mut Side, b: &mut Side, atomics: bool) -> Res<()> {
     // RDMA Write with immediate (consumes a receive).
     let data = pattern(4, 512);
     a.buf.write(0, &data);
-    b.qp.post_recv(&[Wqe::recv(22, &[])]).map_err(|e| e.to_string())?;
-    a.qp
-        .post_send(&[Wqe::new(23, WrOpcode::RdmaWriteWithImm, &[a.buf.sge(0, 512)])
-            .with_remote(b.buf.addr(32768), b.buf.mr.rkey())
-            .with_imm(0xcafe_f00du32.to_be())])
+    b.qp.post_recv(&[Wqe::recv(22, &[])])
         .map_err(|e| e.to_string())?;
-    expect_cqe(&poll_one(&a.cq, "write imm")?, 23, WcOpcode::RdmaWrite, "write imm")?;
+    a.qp.post_send(&[
+        Wqe::new(23, WrOpcode::RdmaWriteWithImm, &[a.buf.sge(0, 512)])
+            .with_remote(b.buf.addr(32768), b.buf.mr.rkey())
+            .with_imm(0xcafe_f00du32.to_be()),
+    ])
+    .map_err(|e| e.to_string())?;
+    expect_cqe(
+        &poll_one(&a.cq, "write imm")?,
+        23,
+        WcOpcode::RdmaWrite,
+        "write imm",
+    )?;
     let r = poll_one(&b.cq, "write imm recv")?;
     expect_cqe(&r, 22, WcOpcode::RecvRdmaWithImm, "write imm recv")?;
     if u32::from_be(r.imm_or_inv) != 0xcafe_f00d || b.buf.read(32768, 512) != data {
@@ -292,8 +346,11 @@ fn extended(a: &mut Side, b: &mut Side, atomics: bool) -> Res<()> {
     let inl = a.qp.caps().max_inline.min(rnicpi::MAX_INLINE as u32) as usize;
     if inl > 0 {
         let data = pattern(5, inl);
-        b.qp.post_recv(&[Wqe::recv(24, &[b.buf.sge(40960, inl)])]).map_err(|e| e.to_string())?;
-        let w = Wqe::new(25, WrOpcode::Send, &[]).with_inline(&data).unwrap();
+        b.qp.post_recv(&[Wqe::recv(24, &[b.buf.sge(40960, inl)])])
+            .map_err(|e| e.to_string())?;
+        let w = Wqe::new(25, WrOpcode::Send, &[])
+            .with_inline(&data)
+            .unwrap();
         a.qp.post_send(&[w]).map_err(|e| format!("inline: {e}"))?;
         expect_cqe(&poll_one(&a.cq, "inline")?, 25, WcOpcode::Send, "inline")?;
         poll_one(&b.cq, "inline recv")?;
@@ -307,19 +364,36 @@ fn extended(a: &mut Side, b: &mut Side, atomics: bool) -> Res<()> {
 
     if atomics {
         b.buf.write(49152, &100u64.to_ne_bytes());
-        let faa = Wqe { compare_add: 5, ..Wqe::new(26, WrOpcode::AtomicFetchAdd, &[a.buf.sge(0, 8)]) }
-            .with_remote(b.buf.addr(49152), b.buf.mr.rkey());
+        let faa = Wqe {
+            compare_add: 5,
+            ..Wqe::new(26, WrOpcode::AtomicFetchAdd, &[a.buf.sge(0, 8)])
+        }
+        .with_remote(b.buf.addr(49152), b.buf.mr.rkey());
         a.qp.post_send(&[faa]).map_err(|e| e.to_string())?;
-        expect_cqe(&poll_one(&a.cq, "fetch-add")?, 26, WcOpcode::FetchAdd, "fetch-add")?;
+        expect_cqe(
+            &poll_one(&a.cq, "fetch-add")?,
+            26,
+            WcOpcode::FetchAdd,
+            "fetch-add",
+        )?;
         let old = u64::from_ne_bytes(a.buf.read(0, 8).try_into().unwrap());
         let new = u64::from_ne_bytes(b.buf.read(49152, 8).try_into().unwrap());
         if (old, new) != (100, 105) {
             return fail(format!("fetch-add: old {old} new {new}"));
         }
-        let cas = Wqe { compare_add: 105, swap: 7, ..Wqe::new(27, WrOpcode::AtomicCmpSwp, &[a.buf.sge(8, 8)]) }
-            .with_remote(b.buf.addr(49152), b.buf.mr.rkey());
+        let cas = Wqe {
+            compare_add: 105,
+            swap: 7,
+            ..Wqe::new(27, WrOpcode::AtomicCmpSwp, &[a.buf.sge(8, 8)])
+        }
+        .with_remote(b.buf.addr(49152), b.buf.mr.rkey());
         a.qp.post_send(&[cas]).map_err(|e| e.to_string())?;
-        expect_cqe(&poll_one(&a.cq, "cmp-swap")?, 27, WcOpcode::CompSwap, "cmp-swap")?;
+        expect_cqe(
+            &poll_one(&a.cq, "cmp-swap")?,
+            27,
+            WcOpcode::CompSwap,
+            "cmp-swap",
+        )?;
         let old = u64::from_ne_bytes(a.buf.read(8, 8).try_into().unwrap());
         let new = u64::from_ne_bytes(b.buf.read(49152, 8).try_into().unwrap());
         if (old, new) != (105, 7) {
@@ -332,13 +406,19 @@ fn extended(a: &mut Side, b: &mut Side, atomics: bool) -> Res<()> {
 
     // A completion notification through an armed CQ.
     b.cq.arm(false).map_err(|e| e.to_string())?;
-    b.qp.post_recv(&[Wqe::recv(28, &[b.buf.sge(0, 64)])]).map_err(|e| e.to_string())?;
-    a.qp
-        .post_send(&[Wqe::new(29, WrOpcode::Send, &[a.buf.sge(0, 64)]).with_flags(send_flags::SIGNALED | send_flags::SOLICITED)])
+    b.qp.post_recv(&[Wqe::recv(28, &[b.buf.sge(0, 64)])])
+        .map_err(|e| e.to_string())?;
+    a.qp.post_send(&[Wqe::new(29, WrOpcode::Send, &[a.buf.sge(0, 64)])
+        .with_flags(send_flags::SIGNALED | send_flags::SOLICITED)])
         .map_err(|e| e.to_string())?;
     wait_event(&b.cq_events, EventKind::CqNotify, "cq notify")?;
     poll_one(&a.cq, "notify send")?;
-    expect_cqe(&poll_one(&b.cq, "notify recv")?, 28, WcOpcode::Recv, "notify recv")?;
+    expect_cqe(
+        &poll_one(&b.cq, "notify recv")?,
+        28,
+        WcOpcode::Recv,
+        "notify recv",
+    )?;
     println!("PASS completion notification (CqNotify)");
     Ok(())
 }
@@ -349,25 +429,57 @@ fn cm_part(dev: &Arc<dyn UserDevice>, pd: &Arc<dyn UserPd>, addr: SocketAddr) ->
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     // The consumer's access rights: INIT before connecting (rdma_cm keeps them).
     for s in [&server, &client] {
-        s.qp
-            .modify(&QpAttr { state: QpState::Init, access, ..QpAttr::default() }, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS)
-            .map_err(|e| format!("INIT: {e}"))?;
+        s.qp.modify(
+            &QpAttr {
+                state: QpState::Init,
+                access,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS,
+        )
+        .map_err(|e| format!("INIT: {e}"))?;
     }
     let (lsink, requests) = sink();
-    let listener = dev.listen(addr, 8, lsink).map_err(|e| format!("listen {addr}: {e}"))?;
+    let listener = dev
+        .listen(addr, 8, lsink)
+        .map_err(|e| format!("listen {addr}: {e}"))?;
     let target = listener.local_addr();
     println!("  listening on {target}");
     // The server's receive for the client's first send.
-    server.qp.post_recv(&[Wqe::recv(30, &[server.buf.sge(0, 4096)])]).map_err(|e| e.to_string())?;
-    dev.connect(&client.qp, target, ConnParam { private_data: b"hello from client".to_vec(), ird: 4, ord: 4 })
-        .map_err(|e| format!("connect: {e}"))?;
+    server
+        .qp
+        .post_recv(&[Wqe::recv(30, &[server.buf.sge(0, 4096)])])
+        .map_err(|e| e.to_string())?;
+    dev.connect(
+        &client.qp,
+        target,
+        ConnParam {
+            private_data: b"hello from client".to_vec(),
+            ird: 4,
+            ord: 4,
+        },
+    )
+    .map_err(|e| format!("connect: {e}"))?;
     let req = wait_event(&requests, EventKind::ConnectRequest, "connect request")?;
     if !req.private_data.starts_with(b"hello from client") {
         return fail(format!("request private data: {:?}", req.private_data));
     }
-    println!("PASS cm connect request (conn_id {}, peer {:?}, {} bytes of private data)", req.conn_id, req.peer, req.private_data.len());
+    println!(
+        "PASS cm connect request (conn_id {}, peer {:?}, {} bytes of private data)",
+        req.conn_id,
+        req.peer,
+        req.private_data.len()
+    );
     listener
-        .accept(req.conn_id, &server.qp, ConnParam { private_data: b"welcome".to_vec(), ird: 4, ord: 4 })
+        .accept(
+            req.conn_id,
+            &server.qp,
+            ConnParam {
+                private_data: b"welcome".to_vec(),
+                ird: 4,
+                ord: 4,
+            },
+        )
         .map_err(|e| format!("accept: {e}"))?;
     let est = wait_event(&client.events, EventKind::Established, "client established")?;
     if !est.private_data.starts_with(b"welcome") {
@@ -380,22 +492,49 @@ fn cm_part(dev: &Arc<dyn UserDevice>, pd: &Arc<dyn UserPd>, addr: SocketAddr) ->
             return fail(format!("{n} QP in {st:?} after Established"));
         }
     }
-    println!("PASS cm established both ways (client {:?} -> server {:?})", est.local, est.peer);
+    println!(
+        "PASS cm established both ways (client {:?} -> server {:?})",
+        est.local, est.peer
+    );
     // The receive was posted before the connection: take it in traffic()'s send.
     let len = 3000;
     let data = pattern(9, len);
     client.buf.write(0, &data);
-    client.qp.post_send(&[Wqe::new(31, WrOpcode::Send, &[client.buf.sge(0, len)])]).map_err(|e| e.to_string())?;
-    expect_cqe(&poll_one(&client.cq, "cm send")?, 31, WcOpcode::Send, "cm send")?;
-    expect_cqe(&poll_one(&server.cq, "cm recv")?, 30, WcOpcode::Recv, "cm recv")?;
+    client
+        .qp
+        .post_send(&[Wqe::new(31, WrOpcode::Send, &[client.buf.sge(0, len)])])
+        .map_err(|e| e.to_string())?;
+    expect_cqe(
+        &poll_one(&client.cq, "cm send")?,
+        31,
+        WcOpcode::Send,
+        "cm send",
+    )?;
+    expect_cqe(
+        &poll_one(&server.cq, "cm recv")?,
+        30,
+        WcOpcode::Recv,
+        "cm recv",
+    )?;
     if server.buf.read(0, len) != data {
         return fail("cm send: bytes differ");
     }
-    println!("PASS cm send {len} bytes");
+    println!("PASS cm send {len} bytes into a receive posted before connecting");
     traffic(&mut client, &mut server, "cm")?;
-    client.qp.disconnect(false).map_err(|e| format!("disconnect: {e}"))?;
-    wait_event(&client.events, EventKind::Disconnected, "client disconnected")?;
-    wait_event(&server.events, EventKind::Disconnected, "server disconnected")?;
+    client
+        .qp
+        .disconnect(false)
+        .map_err(|e| format!("disconnect: {e}"))?;
+    wait_event(
+        &client.events,
+        EventKind::Disconnected,
+        "client disconnected",
+    )?;
+    wait_event(
+        &server.events,
+        EventKind::Disconnected,
+        "server disconnected",
+    )?;
     for (n, s) in [("client", &client), ("server", &server)] {
         let st = s.qp.state().map_err(|e| e.to_string())?;
         if st != QpState::Error {
@@ -416,8 +555,21 @@ fn run() -> Res<()> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--device" => device = args.next(),
-            "--addr" => addr = Some(args.next().ok_or("--addr IP")?.parse().map_err(|e| format!("--addr: {e}"))?),
-            "--port" => port = args.next().ok_or("--port N")?.parse().map_err(|e| format!("--port: {e}"))?,
+            "--addr" => {
+                addr = Some(
+                    args.next()
+                        .ok_or("--addr IP")?
+                        .parse()
+                        .map_err(|e| format!("--addr: {e}"))?,
+                )
+            }
+            "--port" => {
+                port = args
+                    .next()
+                    .ok_or("--port N")?
+                    .parse()
+                    .map_err(|e| format!("--port: {e}"))?
+            }
             "--cm-only" => modify_part = false,
             "--no-cm" => cm = false,
             other => return fail(format!("unknown argument {other}")),
@@ -436,7 +588,10 @@ fn run() -> Res<()> {
     }
     let name = match device {
         Some(d) => d,
-        None => mlx::ibv_device_names().into_iter().next().ok_or("no RDMA device")?,
+        None => mlx::ibv_device_names()
+            .into_iter()
+            .next()
+            .ok_or("no RDMA device")?,
     };
     let kattr = kdevs
         .iter()
@@ -447,10 +602,16 @@ fn run() -> Res<()> {
     let ibv = IbvDevice::open(&name).map_err(|e| format!("open {name}: {e}"))?;
     let g = ipv4_gid(&ibv);
     let mtu = ibv.active_mtu().map_err(|e| e.to_string())?;
-    println!("opened {name} (iwarp {}), IPv4 GID {:?}, active MTU {mtu}", ibv.is_iwarp(), g.map(|g| (g.0, g.2)));
+    println!(
+        "opened {name} (iwarp {}), IPv4 GID {:?}, active MTU {mtu}",
+        ibv.is_iwarp(),
+        g.map(|g| (g.0, g.2))
+    );
     let iwarp = ibv.is_iwarp();
     drop(ibv);
-    let dev: Arc<dyn UserDevice> = user_provider().open(&name).map_err(|e| format!("open {name}: {e}"))?;
+    let dev: Arc<dyn UserDevice> = user_provider()
+        .open(&name)
+        .map_err(|e| format!("open {name}: {e}"))?;
     let pd = dev.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
 
     if modify_part && !iwarp {
@@ -458,7 +619,11 @@ fn run() -> Res<()> {
         let mut b = make_side(&dev, &pd)?;
         let (gidx, gid, _) = g.ok_or("no IPv4 GID on port 1")?;
         modify_connect(&a, &b, gidx, gid, mtu)?;
-        println!("PASS modify qp loopback: QP {} <-> QP {} in RTS", a.qp.qp_num(), b.qp.qp_num());
+        println!(
+            "PASS modify qp loopback: QP {} <-> QP {} in RTS",
+            a.qp.qp_num(),
+            b.qp.qp_num()
+        );
         traffic(&mut a, &mut b, "loopback")?;
         extended(&mut a, &mut b, kattr.atomics)?;
     } else if modify_part {

@@ -98,7 +98,14 @@ fn clamp_u8(v: u32, max: u32) -> u8 {
 
 /// Move `qp` to `state` with the attributes rdma_cm gives for `id` (plus the consumer's
 /// access rights, and our IRD/ORD where the mask has them).
-fn cm_modify(s: &Shared, qp: &QpInner, id: &CmId, state: QpState, ird: Option<u8>, ord: Option<u8>) -> Result<()> {
+fn cm_modify(
+    s: &Shared,
+    qp: &QpInner,
+    id: &CmId,
+    state: QpState,
+    ird: Option<u8>,
+    ord: Option<u8>,
+) -> Result<()> {
     use ffi::ibv_qp_attr_mask as m;
     let (mut a, mut mask) = id.init_qp_attr(crate::conv::state_to_ibv(state))?;
     if mask & m::IBV_QP_ACCESS_FLAGS.0 != 0 {
@@ -114,19 +121,27 @@ fn cm_modify(s: &Shared, qp: &QpInner, id: &CmId, state: QpState, ird: Option<u8
     if let (Some(ord), true) = (ord, mask & m::IBV_QP_MAX_QP_RD_ATOMIC.0 != 0) {
         a.max_rd_atomic = ord;
     }
-    if mask == 0 {
-        return Ok(());
+    if mask & m::IBV_QP_STATE.0 != 0 {
+        qp.qp.modify(&mut a, mask)?;
+        qp.note_state(state);
+    } else if mask != 0 {
+        qp.qp.modify(&mut a, mask)?;
     }
-    qp.qp.modify(&mut a, mask)
+    Ok(())
 }
 
 /// Active connection setup of `qp` with `peer`.
-pub(crate) fn connect(s: &Arc<Shared>, qp: Arc<QpInner>, peer: SocketAddr, param: ConnParam) -> Result<()> {
+pub(crate) fn connect(
+    s: &Arc<Shared>,
+    qp: Arc<QpInner>,
+    peer: SocketAddr,
+    param: ConnParam,
+) -> Result<()> {
     let chan = s.cm_chan.as_ref().ok_or(VerbsError::Unsupported)?;
     if param.private_data.len() > limits(s).connect as usize {
         return Err(VerbsError::Invalid);
     }
-    match crate::conv::state_from_ibv(qp.qp.query_state()?) {
+    match qp.state()? {
         QpState::Reset | QpState::Init => {}
         _ => return Err(VerbsError::BadState),
     }
@@ -203,18 +218,29 @@ impl UserListener for IbvListener {
         self.local
     }
 
-    fn accept(&self, conn_id: u64, qp: &Arc<dyn rnicpi::user::UserQp>, param: ConnParam) -> Result<()> {
+    fn accept(
+        &self,
+        conn_id: u64,
+        qp: &Arc<dyn rnicpi::user::UserQp>,
+        param: ConnParam,
+    ) -> Result<()> {
         let s = &self.dev;
         let q = crate::user::own_qp(qp)?;
         if param.private_data.len() > limits(s).accept as usize {
             return Err(VerbsError::Invalid);
         }
         let mut st = s.cm.lock();
-        let l = st.listeners.get_mut(&self.key).ok_or(VerbsError::NoSuchResource)?;
+        let l = st
+            .listeners
+            .get_mut(&self.key)
+            .ok_or(VerbsError::NoSuchResource)?;
         if q.cm_key.lock().is_some() {
             return Err(VerbsError::BadState);
         }
-        let child = l.pending.remove(&conn_id).ok_or(VerbsError::NoSuchResource)?;
+        let child = l
+            .pending
+            .remove(&conn_id)
+            .ok_or(VerbsError::NoSuchResource)?;
         let ird = clamp_u8(param.ird, s.max_ird);
         let ord = clamp_u8(param.ord, s.max_ord);
         let up = cm_modify(s, &q, &child, QpState::Init, None, None)
@@ -261,8 +287,13 @@ impl UserListener for IbvListener {
         }
         let child = {
             let mut st = self.dev.cm.lock();
-            let l = st.listeners.get_mut(&self.key).ok_or(VerbsError::NoSuchResource)?;
-            l.pending.remove(&conn_id).ok_or(VerbsError::NoSuchResource)?
+            let l = st
+                .listeners
+                .get_mut(&self.key)
+                .ok_or(VerbsError::NoSuchResource)?;
+            l.pending
+                .remove(&conn_id)
+                .ok_or(VerbsError::NoSuchResource)?
         };
         child.reject(private_data)
     }
@@ -337,7 +368,10 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
             return;
         };
         let qp = c.qp.upgrade();
-        let fail = |c: &mut Conn, qp: &Option<Arc<QpInner>>, ev: Event| -> Option<(Arc<dyn EventSink>, Event)> {
+        let fail = |c: &mut Conn,
+                    qp: &Option<Arc<QpInner>>,
+                    ev: Event|
+         -> Option<(Arc<dyn EventSink>, Event)> {
             if let Some(q) = qp {
                 let _ = q.set_state(QpState::Error);
                 q.cm_key.lock().take();
@@ -356,7 +390,11 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
                     }
                 };
                 if let Err(e) = r {
-                    out.extend(fail(c, &qp, Event::new(EventKind::Unreachable).with_status(e.errno())));
+                    out.extend(fail(
+                        c,
+                        &qp,
+                        Event::new(EventKind::Unreachable).with_status(e.errno()),
+                    ));
                     remove = true;
                 }
             }
@@ -376,7 +414,11 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
                 match r {
                     Ok(()) => c.phase = Phase::Connecting,
                     Err(e) => {
-                        out.extend(fail(c, &qp, Event::new(EventKind::Unreachable).with_status(e.errno())));
+                        out.extend(fail(
+                            c,
+                            &qp,
+                            Event::new(EventKind::Unreachable).with_status(e.errno()),
+                        ));
                         remove = true;
                     }
                 }
@@ -405,31 +447,41 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
                     }
                     Err(e) => {
                         tracing::info!(error = %e, "ibverbs CM: cannot bring the QP up on the reply");
-                        out.extend(fail(c, &qp, Event::new(EventKind::Unreachable).with_status(e.errno())));
+                        out.extend(fail(
+                            c,
+                            &qp,
+                            Event::new(EventKind::Unreachable).with_status(e.errno()),
+                        ));
                         remove = true;
                     }
                 }
             }
-            RDMA_CM_EVENT_ESTABLISHED => {
-                if c.phase != Phase::Established {
-                    c.phase = Phase::Established;
-                    let (ird, ord) = if ev.responder_resources != 0 || ev.initiator_depth != 0 {
-                        (
-                            c.param.ird.min(ev.initiator_depth as u32),
-                            c.param.ord.min(ev.responder_resources as u32),
-                        )
-                    } else {
-                        (c.param.ird, c.param.ord)
-                    };
-                    let e = Event::new(EventKind::Established)
-                        .with_addrs(c.id.local_addr(), c.id.peer_addr())
-                        .with_param(&ConnParam {
-                            private_data: if c.active { ev.private_data.clone() } else { Vec::new() },
-                            ird,
-                            ord,
-                        });
-                    out.push((c.sink.clone(), e));
+            RDMA_CM_EVENT_ESTABLISHED if c.phase != Phase::Established => {
+                c.phase = Phase::Established;
+                if let Some(q) = &qp {
+                    // iWARP: the kernel's CM moved the QP to RTS.
+                    q.note_state(QpState::Rts);
                 }
+                let (ird, ord) = if ev.responder_resources != 0 || ev.initiator_depth != 0 {
+                    (
+                        c.param.ird.min(ev.initiator_depth as u32),
+                        c.param.ord.min(ev.responder_resources as u32),
+                    )
+                } else {
+                    (c.param.ird, c.param.ord)
+                };
+                let e = Event::new(EventKind::Established)
+                    .with_addrs(c.id.local_addr(), c.id.peer_addr())
+                    .with_param(&ConnParam {
+                        private_data: if c.active {
+                            ev.private_data.clone()
+                        } else {
+                            Vec::new()
+                        },
+                        ird,
+                        ord,
+                    });
+                out.push((c.sink.clone(), e));
             }
             RDMA_CM_EVENT_REJECTED => {
                 let by_consumer = if s.iwarp {
@@ -459,7 +511,11 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
             | RDMA_CM_EVENT_CONNECT_ERROR
             | RDMA_CM_EVENT_UNREACHABLE => {
                 let errno = errno_of(ev.status, libc::ETIMEDOUT);
-                out.extend(fail(c, &qp, Event::new(EventKind::Unreachable).with_status(errno)));
+                out.extend(fail(
+                    c,
+                    &qp,
+                    Event::new(EventKind::Unreachable).with_status(errno),
+                ));
                 remove = true;
             }
             RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_DEVICE_REMOVAL => {
@@ -477,7 +533,8 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
                     let e = if ev.kind == RDMA_CM_EVENT_DEVICE_REMOVAL {
                         Event::new(EventKind::ConnectionBroken).with_status(libc::ENODEV)
                     } else if c.abortive || ev.status != 0 {
-                        Event::new(EventKind::ConnectionBroken).with_status(errno_of(ev.status, libc::ECONNRESET))
+                        Event::new(EventKind::ConnectionBroken)
+                            .with_status(errno_of(ev.status, libc::ECONNRESET))
                     } else if was_up {
                         Event::new(EventKind::Disconnected)
                     } else {
@@ -531,12 +588,11 @@ fn on_request(s: &Arc<Shared>, ev: CmEvent) {
     };
     tracing::debug!(conn_id, peer = ?event.peer, "ibverbs CM: connect request");
     if !sink.offer_request(event) {
-        let child = s
-            .cm
-            .lock()
-            .listeners
-            .get_mut(&ev.listen_id)
-            .and_then(|l| l.pending.remove(&conn_id));
+        let child =
+            s.cm.lock()
+                .listeners
+                .get_mut(&ev.listen_id)
+                .and_then(|l| l.pending.remove(&conn_id));
         if let Some(c) = child {
             let _ = c.reject(&[]);
         }

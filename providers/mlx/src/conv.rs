@@ -196,7 +196,10 @@ pub fn validate_send(w: &Wqe, caps: &QpCaps) -> Result<u32> {
         if w.inline_len as usize > w.inline_data.len() || w.inline_len > caps.max_inline {
             return Err(VerbsError::Invalid);
         }
-        if matches!(op, IBV_WR_RDMA_READ | IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD) {
+        if matches!(
+            op,
+            IBV_WR_RDMA_READ | IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD
+        ) {
             return Err(VerbsError::Invalid);
         }
     } else if w.num_sge as u32 > caps.max_send_sge {
@@ -250,7 +253,10 @@ pub fn send_chain<'a>(wqes: &'a [Wqe], ops: &[u32]) -> SendChain<'a> {
         o.sg_list = list.as_mut_ptr();
         use ffi::ibv_wr_opcode::*;
         match op {
-            IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_SEND_WITH_INV | IBV_WR_LOCAL_INV => {
+            IBV_WR_SEND_WITH_IMM
+            | IBV_WR_RDMA_WRITE_WITH_IMM
+            | IBV_WR_SEND_WITH_INV
+            | IBV_WR_LOCAL_INV => {
                 // Immediate data travels in network order as the consumer gave it; the
                 // rkey to invalidate shares the word.
                 o.imm_data_invalidated_rkey_union.imm_data = w.imm_or_inv;
@@ -280,7 +286,11 @@ pub fn send_chain<'a>(wqes: &'a [Wqe], ops: &[u32]) -> SendChain<'a> {
     let n = wrs.len();
     let base = wrs.as_mut_ptr();
     for (i, wr) in wrs.iter_mut().enumerate() {
-        wr.next = if i + 1 < n { base.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+        wr.next = if i + 1 < n {
+            base.wrapping_add(i + 1)
+        } else {
+            std::ptr::null_mut()
+        };
     }
     SendChain {
         wrs,
@@ -323,7 +333,11 @@ pub fn recv_chain(wqes: &[Wqe], max_sge: u32) -> Result<RecvChain> {
     let n = wrs.len();
     let base = wrs.as_mut_ptr();
     for (i, wr) in wrs.iter_mut().enumerate() {
-        wr.next = if i + 1 < n { base.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+        wr.next = if i + 1 < n {
+            base.wrapping_add(i + 1)
+        } else {
+            std::ptr::null_mut()
+        };
     }
     Ok(RecvChain { wrs, _sges: sges })
 }
@@ -399,7 +413,10 @@ mod tests {
             | f::IBV_ACCESS_REMOTE_ATOMIC.0
             | f::IBV_ACCESS_MW_BIND.0;
         assert_eq!(access_to_ibv(all), want);
-        assert_eq!(access_to_ibv(Access::REMOTE_READ), f::IBV_ACCESS_REMOTE_READ.0);
+        assert_eq!(
+            access_to_ibv(Access::REMOTE_READ),
+            f::IBV_ACCESS_REMOTE_READ.0
+        );
     }
 
     #[test]
@@ -431,7 +448,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             mask,
-            m::IBV_QP_STATE.0 | m::IBV_QP_PORT.0 | m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_ACCESS_FLAGS.0
+            m::IBV_QP_STATE.0
+                | m::IBV_QP_PORT.0
+                | m::IBV_QP_PKEY_INDEX.0
+                | m::IBV_QP_ACCESS_FLAGS.0
         );
         assert_eq!(a.qp_state, ffi::ibv_qp_state::IBV_QPS_INIT);
         assert_eq!(a.port_num, 1);
@@ -494,7 +514,16 @@ mod tests {
                 | m::IBV_QP_RETRY_CNT.0
                 | m::IBV_QP_RNR_RETRY.0
         );
-        assert_eq!((a.sq_psn, a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic), (77, 14, 7, 7, 2));
+        assert_eq!(
+            (
+                a.sq_psn,
+                a.timeout,
+                a.retry_cnt,
+                a.rnr_retry,
+                a.max_rd_atomic
+            ),
+            (77, 14, 7, 7, 2)
+        );
 
         let (a, mask) = qp_attr_to_ibv(
             &QpAttr {
@@ -504,8 +533,19 @@ mod tests {
             QpAttrMask::STATE,
         )
         .unwrap();
-        assert_eq!((a.qp_state, mask), (ffi::ibv_qp_state::IBV_QPS_ERR, m::IBV_QP_STATE.0));
-        for s in [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Error] {
+        assert_eq!(
+            (a.qp_state, mask),
+            (ffi::ibv_qp_state::IBV_QPS_ERR, m::IBV_QP_STATE.0)
+        );
+        for s in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Error,
+        ] {
             assert_eq!(state_from_ibv(state_to_ibv(s)), s);
         }
     }
@@ -520,24 +560,37 @@ mod tests {
             lkey: 0x55,
         };
         let wqes = [
-            Wqe::new(1, WrOpcode::Send, &[sge, sge]).with_flags(send_flags::SIGNALED | send_flags::SOLICITED),
+            Wqe::new(1, WrOpcode::Send, &[sge, sge])
+                .with_flags(send_flags::SIGNALED | send_flags::SOLICITED),
             Wqe::new(2, WrOpcode::RdmaWriteWithImm, &[sge])
                 .with_remote(0xdead_0000, 0x77)
                 .with_imm(0x0102_0304),
-            Wqe::new(3, WrOpcode::RdmaRead, &[sge]).with_remote(0xbeef_0000, 0x78).with_flags(
-                send_flags::SIGNALED | send_flags::FENCE,
-            ),
+            Wqe::new(3, WrOpcode::RdmaRead, &[sge])
+                .with_remote(0xbeef_0000, 0x78)
+                .with_flags(send_flags::SIGNALED | send_flags::FENCE),
             Wqe {
                 compare_add: 5,
                 swap: 9,
-                ..Wqe::new(4, WrOpcode::AtomicCmpSwp, &[Sge { length: 8, ..sge }]).with_remote(0x8000, 0x79)
+                ..Wqe::new(4, WrOpcode::AtomicCmpSwp, &[Sge { length: 8, ..sge }])
+                    .with_remote(0x8000, 0x79)
             },
-            Wqe::new(5, WrOpcode::Send, &[]).with_inline(b"hello").unwrap(),
+            Wqe::new(5, WrOpcode::Send, &[])
+                .with_inline(b"hello")
+                .unwrap(),
         ];
-        let ops: Vec<u32> = wqes.iter().map(|w| validate_send(w, &caps()).unwrap()).collect();
+        let ops: Vec<u32> = wqes
+            .iter()
+            .map(|w| validate_send(w, &caps()).unwrap())
+            .collect();
         assert_eq!(
             ops,
-            [IBV_WR_SEND, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_SEND]
+            [
+                IBV_WR_SEND,
+                IBV_WR_RDMA_WRITE_WITH_IMM,
+                IBV_WR_RDMA_READ,
+                IBV_WR_ATOMIC_CMP_AND_SWP,
+                IBV_WR_SEND
+            ]
         );
         let chain = send_chain(&wqes, &ops);
         let w = &chain.wrs;
@@ -546,7 +599,10 @@ mod tests {
             assert_eq!(w[i].next, &w[i + 1] as *const _ as *mut _);
         }
         assert!(w[4].next.is_null());
-        assert_eq!(w[0].send_flags, f::IBV_SEND_SIGNALED.0 | f::IBV_SEND_SOLICITED.0);
+        assert_eq!(
+            w[0].send_flags,
+            f::IBV_SEND_SIGNALED.0 | f::IBV_SEND_SOLICITED.0
+        );
         assert_eq!(w[0].num_sge, 2);
         // SAFETY (test): the SGE list points into the chain's own arrays.
         let s0 = unsafe { *w[0].sg_list.add(1) };
@@ -554,12 +610,24 @@ mod tests {
         // SAFETY (test): reading the union members we wrote.
         unsafe {
             assert_eq!(w[1].imm_data_invalidated_rkey_union.imm_data, 0x0102_0304);
-            assert_eq!((w[1].wr.rdma.remote_addr, w[1].wr.rdma.rkey), (0xdead_0000, 0x77));
-            assert_eq!((w[2].wr.rdma.remote_addr, w[2].wr.rdma.rkey), (0xbeef_0000, 0x78));
+            assert_eq!(
+                (w[1].wr.rdma.remote_addr, w[1].wr.rdma.rkey),
+                (0xdead_0000, 0x77)
+            );
+            assert_eq!(
+                (w[2].wr.rdma.remote_addr, w[2].wr.rdma.rkey),
+                (0xbeef_0000, 0x78)
+            );
             let at = w[3].wr.atomic;
-            assert_eq!((at.remote_addr, at.compare_add, at.swap, at.rkey), (0x8000, 5, 9, 0x79));
+            assert_eq!(
+                (at.remote_addr, at.compare_add, at.swap, at.rkey),
+                (0x8000, 5, 9, 0x79)
+            );
         }
-        assert_eq!(w[2].send_flags, f::IBV_SEND_SIGNALED.0 | f::IBV_SEND_FENCE.0);
+        assert_eq!(
+            w[2].send_flags,
+            f::IBV_SEND_SIGNALED.0 | f::IBV_SEND_FENCE.0
+        );
         // Inline: the SGE points at the Wqe's own bytes.
         assert_eq!(w[4].send_flags & f::IBV_SEND_INLINE.0, f::IBV_SEND_INLINE.0);
         assert_eq!(w[4].num_sge, 1);
@@ -577,12 +645,26 @@ mod tests {
             lkey: 1,
         };
         let c = caps();
-        assert_eq!(validate_send(&Wqe::new(1, WrOpcode::Send, &[sge; 5]), &c), Err(VerbsError::Invalid));
-        let big = Wqe::new(1, WrOpcode::Send, &[]).with_inline(&[0; 80]).unwrap();
+        assert_eq!(
+            validate_send(&Wqe::new(1, WrOpcode::Send, &[sge; 5]), &c),
+            Err(VerbsError::Invalid)
+        );
+        let big = Wqe::new(1, WrOpcode::Send, &[])
+            .with_inline(&[0; 80])
+            .unwrap();
         assert_eq!(validate_send(&big, &c), Err(VerbsError::Invalid));
         let bad_atomic = Wqe::new(1, WrOpcode::AtomicFetchAdd, &[Sge { length: 4, ..sge }]);
         assert_eq!(validate_send(&bad_atomic, &c), Err(VerbsError::Invalid));
-        assert_eq!(validate_send(&Wqe { opcode: 99, ..Wqe::default() }, &c), Err(VerbsError::Invalid));
+        assert_eq!(
+            validate_send(
+                &Wqe {
+                    opcode: 99,
+                    ..Wqe::default()
+                },
+                &c
+            ),
+            Err(VerbsError::Invalid)
+        );
         let bind = Wqe::bind_mw(1, 2, 3, 4, 5, Access::REMOTE_READ);
         assert_eq!(validate_send(&bind, &c), Err(VerbsError::Unsupported));
         let recv = recv_chain(&[Wqe::recv(7, &[sge; 5])], 4);

@@ -52,7 +52,11 @@ impl IbvKernelDevice {
         let pos = |v: i32| v.max(0) as u32;
         let attr = DeviceAttr {
             name: format!("{NAME_PREFIX}{name}"),
-            transport: if iwarp { Transport::Iwarp } else { Transport::Ib },
+            transport: if iwarp {
+                Transport::Iwarp
+            } else {
+                Transport::Ib
+            },
             node_guid: u64::from_be(a.node_guid),
             vendor_id: a.vendor_id,
             max_qp: pos(a.max_qp),
@@ -73,7 +77,11 @@ impl IbvKernelDevice {
             // Windows need ibv_alloc_mw/ibv_bind_mw, which the user half does not offer.
             memory_windows: false,
             phys_port_cnt: a.phys_port_cnt,
-            private_data: if iwarp { IWARP_PRIVATE_DATA } else { IB_PRIVATE_DATA },
+            private_data: if iwarp {
+                IWARP_PRIVATE_DATA
+            } else {
+                IB_PRIVATE_DATA
+            },
             fast_path: FastPath::Consumer {
                 driver: DRIVER.into(),
                 device: name.into(),
@@ -125,7 +133,10 @@ fn read_u64(p: &Path) -> Option<u64> {
 /// Counter names live as long as the process (a small, fixed set per device).
 fn intern(name: String) -> &'static str {
     static NAMES: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
-    let mut m = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(s) = m.get(&name) {
         return s;
     }
@@ -143,7 +154,10 @@ fn dir_counters(dir: &Path, prefix: &str) -> Vec<Counter> {
         .flatten()
         .filter_map(|e| {
             let v = read_u64(&e.path())?;
-            Some((intern(format!("{prefix}{}", e.file_name().to_string_lossy())), v))
+            Some((
+                intern(format!("{prefix}{}", e.file_name().to_string_lossy())),
+                v,
+            ))
         })
         .collect();
     out.sort();
@@ -156,7 +170,11 @@ pub(crate) fn sysfs_counters(root: &Path, dev: &str, ports: u8) -> Vec<Counter> 
     let base = root.join(dev);
     let mut out = dir_counters(&base.join("hw_counters"), "");
     for p in 1..=ports.max(1) {
-        let prefix = if p == 1 { String::new() } else { format!("p{p}_") };
+        let prefix = if p == 1 {
+            String::new()
+        } else {
+            format!("p{p}_")
+        };
         let pd = base.join("ports").join(p.to_string());
         out.extend(dir_counters(&pd.join("counters"), &prefix));
         out.extend(dir_counters(&pd.join("hw_counters"), &prefix));
@@ -166,7 +184,11 @@ pub(crate) fn sysfs_counters(root: &Path, dev: &str, ports: u8) -> Vec<Counter> 
 
 /// The network device of GID `index` of `port`, or the first one any GID names.
 pub(crate) fn sysfs_netdev(root: &Path, dev: &str, port: u8, index: Option<usize>) -> String {
-    let ndevs: PathBuf = root.join(dev).join("ports").join(port.to_string()).join("gid_attrs/ndevs");
+    let ndevs: PathBuf = root
+        .join(dev)
+        .join("ports")
+        .join(port.to_string())
+        .join("gid_attrs/ndevs");
     let read = |i: usize| {
         std::fs::read_to_string(ndevs.join(i.to_string()))
             .ok()
@@ -177,6 +199,37 @@ pub(crate) fn sysfs_netdev(root: &Path, dev: &str, port: u8, index: Option<usize
         return n;
     }
     (0..256).find_map(read).unwrap_or_default()
+}
+
+/// The interface whose MAC address a GID carries (bytes 0..6, the rest zero: siw's GIDs).
+pub(crate) fn netdev_by_mac(net: &Path, gids: &[[u8; 16]]) -> String {
+    let Ok(rd) = std::fs::read_dir(net) else {
+        return String::new();
+    };
+    let macs: Vec<[u8; 6]> = gids
+        .iter()
+        .filter(|g| g[6..] == [0; 10] && g[..6] != [0; 6])
+        .map(|g| g[..6].try_into().unwrap())
+        .collect();
+    let mut names: Vec<String> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .find(|n| {
+            let Ok(a) = std::fs::read_to_string(net.join(n).join("address")) else {
+                return false;
+            };
+            let b: Vec<u8> = a
+                .trim()
+                .split(':')
+                .filter_map(|x| u8::from_str_radix(x, 16).ok())
+                .collect();
+            b.len() == 6 && macs.iter().any(|m| m[..] == b[..])
+        })
+        .unwrap_or_default()
 }
 
 impl Provider for IbvKernelDevice {
@@ -206,11 +259,16 @@ impl Provider for IbvKernelDevice {
                 }
             }
         }
+        let mut netdev = sysfs_netdev(Path::new(SYSFS), self.ibv_name(), port, first);
+        if netdev.is_empty() {
+            // iWARP (siw) publishes no gid_attrs; its GID is the interface's MAC.
+            netdev = netdev_by_mac(Path::new("/sys/class/net"), &gids);
+        }
         Ok(PortAttr {
             state,
             active_mtu: conv::mtu_from_ibv(p.active_mtu),
             gids,
-            netdev: sysfs_netdev(Path::new(SYSFS), self.ibv_name(), port, first),
+            netdev,
         })
     }
 
@@ -243,7 +301,12 @@ impl Provider for IbvKernelDevice {
     fn dereg_mr(&self, _stag: u32) -> Result<()> {
         Err(VerbsError::Unsupported)
     }
-    fn connect(&self, _qp: &Arc<dyn ProviderQp>, _peer: SocketAddr, _param: ConnParam) -> Result<()> {
+    fn connect(
+        &self,
+        _qp: &Arc<dyn ProviderQp>,
+        _peer: SocketAddr,
+        _param: ConnParam,
+    ) -> Result<()> {
         Err(VerbsError::Unsupported)
     }
     fn listen(
@@ -281,6 +344,15 @@ mod tests {
         assert_eq!(sysfs_netdev(&root, "mlx5_0", 1, Some(1)), "eth0");
         assert_eq!(sysfs_netdev(&root, "mlx5_0", 1, Some(0)), "eth0");
         assert_eq!(sysfs_netdev(&root, "mlx5_0", 2, None), "");
+        let net = root.join("net");
+        std::fs::create_dir_all(net.join("eth0")).unwrap();
+        std::fs::create_dir_all(net.join("lo")).unwrap();
+        std::fs::write(net.join("eth0/address"), "52:54:00:77:00:0b\n").unwrap();
+        std::fs::write(net.join("lo/address"), "00:00:00:00:00:00\n").unwrap();
+        let mut gid = [0u8; 16];
+        gid[..6].copy_from_slice(&[0x52, 0x54, 0, 0x77, 0, 0x0b]);
+        assert_eq!(netdev_by_mac(&net, &[gid]), "eth0");
+        assert_eq!(netdev_by_mac(&net, &[[0; 16]]), "");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -24,7 +24,7 @@
 //!   turns [`rnicpi::QpAttr`] + mask into `ibv_qp_attr` + `IBV_QP_*` (address vector with a
 //!   GRH from port 1, path MTU in bytes → `IBV_MTU_*`), so `ual::oob` brings an RC QP to
 //!   RTS on an IB/RoCE device exactly as `ibv_rc_pingpong` does. `connect`/`listen`/
-//!   `accept` go through librdmacm with the QP created by `ibv_create_qp` (see [`cm`]).
+//!   `accept` go through librdmacm with the QP created by `ibv_create_qp` (module `cm`).
 //!
 //! ## Why rdma-mummy-sys
 //!
@@ -81,7 +81,10 @@ mod tests {
         assert_eq!(devs.len(), names.len());
         for (d, n) in devs.iter().zip(&names) {
             assert_eq!(d.attr().name, format!("ibv-{n}"));
-            assert!(matches!(d.attr().fast_path, rnicpi::FastPath::Consumer { .. }));
+            assert!(matches!(
+                d.attr().fast_path,
+                rnicpi::FastPath::Consumer { .. }
+            ));
         }
         if names.is_empty() {
             assert!(Ibverbs.open("rxe0").is_err());
@@ -118,10 +121,15 @@ mod tests {
             eprintln!("skipped: needs root for a private mount namespace (unshare -m)");
             return;
         }
-        let lib = ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"]
-            .iter()
-            .map(|d| std::path::Path::new(d).join(sys::IBVERBS_SONAME))
-            .find(|p| p.exists());
+        let lib = [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib",
+            "/lib/x86_64-linux-gnu",
+        ]
+        .iter()
+        .map(|d| std::path::Path::new(d).join(sys::IBVERBS_SONAME))
+        .find(|p| p.exists());
         let Some(lib) = lib else {
             // Nothing to hide: the library is already missing, and the test above ran
             // without it.
@@ -143,11 +151,17 @@ mod tests {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() && stderr.contains("unshare failed") {
-            assert!(std::env::var_os("CI").is_none(), "unshare -m failed under CI: {stderr}");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "unshare -m failed under CI: {stderr}"
+            );
             eprintln!("skipped: no mount namespace here: {stderr}");
             return;
         }
         assert!(out.status.success(), "child failed: {stdout}\n{stderr}");
-        assert!(stdout.contains(CHILD_OK), "child did not run: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(CHILD_OK),
+            "child did not run: {stdout}\n{stderr}"
+        );
     }
 }

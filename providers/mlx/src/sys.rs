@@ -123,7 +123,9 @@ pub(crate) fn wc_imm(wc: &ffi::ibv_wc) -> u32 {
 }
 
 fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Map a verbs return code (0, a positive errno, or -1 with errno set) to a result.
@@ -452,7 +454,13 @@ impl Cq {
     pub fn new(ctx: &Context, depth: u32, chan: &CompChannel, key: usize) -> Result<Cq> {
         // SAFETY: live context and channel; `key` is an opaque tag, never dereferenced.
         let cq = unsafe {
-            ffi::ibv_create_cq(ctx.raw(), depth as c_int, key as *mut c_void, chan.0.as_ptr(), 0)
+            ffi::ibv_create_cq(
+                ctx.raw(),
+                depth as c_int,
+                key as *mut c_void,
+                chan.0.as_ptr(),
+                0,
+            )
         };
         Ok(Cq(nonnull(cq)?))
     }
@@ -489,7 +497,13 @@ unsafe impl Send for Srq {}
 unsafe impl Sync for Srq {}
 
 impl Srq {
-    pub fn new(pd: &Pd, max_wr: u32, max_sge: u32, limit: u32, key: usize) -> Result<(Srq, u32, u32)> {
+    pub fn new(
+        pd: &Pd,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+        key: usize,
+    ) -> Result<(Srq, u32, u32)> {
         let mut init: ffi::ibv_srq_init_attr = zeroed();
         init.srq_context = key as *mut c_void;
         init.attr.max_wr = max_wr;
@@ -507,7 +521,11 @@ impl Srq {
         };
         // SAFETY: live SRQ, valid attributes.
         check(unsafe {
-            ffi::ibv_modify_srq(self.0.as_ptr(), &mut attr, ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as c_int)
+            ffi::ibv_modify_srq(
+                self.0.as_ptr(),
+                &mut attr,
+                ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as c_int,
+            )
         })
     }
     /// Post the chain starting at `wr` (its pointers valid for the call).
@@ -550,9 +568,17 @@ impl Qp {
         init.srq = c.srq.map_or(ptr::null_mut(), |s| s.0.as_ptr());
         init.qp_type = c.qp_type;
         init.cap.max_send_wr = c.caps.max_send_wr;
-        init.cap.max_recv_wr = if c.srq.is_some() { 0 } else { c.caps.max_recv_wr };
+        init.cap.max_recv_wr = if c.srq.is_some() {
+            0
+        } else {
+            c.caps.max_recv_wr
+        };
         init.cap.max_send_sge = c.caps.max_send_sge;
-        init.cap.max_recv_sge = if c.srq.is_some() { 0 } else { c.caps.max_recv_sge };
+        init.cap.max_recv_sge = if c.srq.is_some() {
+            0
+        } else {
+            c.caps.max_recv_sge
+        };
         init.cap.max_inline_data = c.caps.max_inline;
         // SAFETY: live PD and CQs/SRQ of the same context; the library writes back the
         // granted capabilities.
@@ -730,8 +756,11 @@ impl EventChannel {
             let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
                 Vec::new()
             } else {
-                std::slice::from_raw_parts(conn.private_data.cast::<u8>(), conn.private_data_len as usize)
-                    .to_vec()
+                std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    conn.private_data_len as usize,
+                )
+                .to_vec()
             };
             let request = kind == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST;
             CmEvent {
@@ -739,7 +768,11 @@ impl EventChannel {
                 status: e.status,
                 id: e.id as usize,
                 listen_id: e.listen_id as usize,
-                new_id: if request { NonNull::new(e.id).map(CmId) } else { None },
+                new_id: if request {
+                    NonNull::new(e.id).map(CmId)
+                } else {
+                    None
+                },
                 private_data,
                 responder_resources: conn.responder_resources,
                 initiator_depth: conn.initiator_depth,
@@ -826,7 +859,10 @@ impl CmId {
         let mut ss = to_sockaddr(addr);
         // SAFETY: live id; the address is valid for the call.
         check(unsafe {
-            ffi::rdma_bind_addr(self.0.as_ptr(), (&mut ss as *mut libc::sockaddr_storage).cast())
+            ffi::rdma_bind_addr(
+                self.0.as_ptr(),
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+            )
         })
     }
     pub fn listen(&self, backlog: i32) -> Result<()> {
@@ -858,7 +894,11 @@ impl CmId {
     }
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         let len = private_data.len().min(255) as u8;
-        let p = if len == 0 { ptr::null() } else { private_data.as_ptr().cast() };
+        let p = if len == 0 {
+            ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
         // SAFETY: live id; the private data is valid for the call.
         check(unsafe { ffi::rdma_reject(self.0.as_ptr(), p, len) })
     }
@@ -983,14 +1023,22 @@ mod tests {
     }
 
     fn installed(soname: &str) -> bool {
-        ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"]
-            .iter()
-            .any(|d| std::path::Path::new(d).join(soname).exists())
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib",
+            "/lib/x86_64-linux-gnu",
+        ]
+        .iter()
+        .any(|d| std::path::Path::new(d).join(soname).exists())
     }
 
     #[test]
     fn every_symbol_resolves_in_the_installed_libraries() {
-        for (so, syms) in [(IBVERBS_SONAME, IBVERBS_SYMBOLS), (RDMACM_SONAME, RDMACM_SYMBOLS)] {
+        for (so, syms) in [
+            (IBVERBS_SONAME, IBVERBS_SYMBOLS),
+            (RDMACM_SONAME, RDMACM_SYMBOLS),
+        ] {
             if !installed(so) {
                 assert!(
                     std::env::var_os("CI").is_none(),

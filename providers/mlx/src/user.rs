@@ -15,7 +15,7 @@ use rnicpi::{
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -139,7 +139,9 @@ impl IbvDevice {
         self.shared.ctx.query_gid(conv::PORT, index)
     }
     pub fn active_mtu(&self) -> Result<u32> {
-        Ok(conv::mtu_from_ibv(self.shared.ctx.query_port(conv::PORT)?.active_mtu))
+        Ok(conv::mtu_from_ibv(
+            self.shared.ctx.query_port(conv::PORT)?.active_mtu,
+        ))
     }
 }
 
@@ -292,10 +294,22 @@ impl UserPd for IbvPd {
     }
 
     fn create_qp(&self, init: UserQpInit) -> Result<Arc<dyn UserQp>> {
-        let send = init.send_cq.as_any().downcast_ref::<IbvCq>().ok_or(VerbsError::Invalid)?;
-        let recv = init.recv_cq.as_any().downcast_ref::<IbvCq>().ok_or(VerbsError::Invalid)?;
+        let send = init
+            .send_cq
+            .as_any()
+            .downcast_ref::<IbvCq>()
+            .ok_or(VerbsError::Invalid)?;
+        let recv = init
+            .recv_cq
+            .as_any()
+            .downcast_ref::<IbvCq>()
+            .ok_or(VerbsError::Invalid)?;
         let srq = match &init.srq {
-            Some(s) => Some(s.as_any().downcast_ref::<IbvSrq>().ok_or(VerbsError::Invalid)?),
+            Some(s) => Some(
+                s.as_any()
+                    .downcast_ref::<IbvSrq>()
+                    .ok_or(VerbsError::Invalid)?,
+            ),
             None => None,
         };
         let qp_type = match init.qp_type {
@@ -322,6 +336,7 @@ impl UserPd for IbvPd {
             has_srq: srq.is_some(),
             sink: init.sink,
             access: AtomicU32::new(0),
+            last_state: AtomicU8::new(QpState::Reset as u8),
             cm_key: Mutex::new(None),
             dev: self.0.dev.clone(),
             _keep: (init.send_cq, init.recv_cq, init.srq, self.0.clone()),
@@ -457,6 +472,10 @@ pub(crate) struct QpInner {
     /// The access rights the consumer last gave (`IBV_ACCESS_*`): added to what rdma_cm
     /// sets when it moves the QP to INIT.
     pub(crate) access: AtomicU32,
+    /// The last state this provider moved the QP to (or the CM reported): what
+    /// [`UserQp::state`] answers on an iWARP device whose kernel does not report the state
+    /// (Debian 12's 6.1 `siw_query_qp` leaves it 0, Reset).
+    pub(crate) last_state: AtomicU8,
     /// The rdma_cm id of its connection, if any (a key of the device's CM table).
     pub(crate) cm_key: Mutex<Option<usize>>,
     pub(crate) dev: Arc<Shared>,
@@ -480,7 +499,21 @@ impl QpInner {
         )?;
         // Only the state (a move to Error or SQD needs nothing else).
         let m = m & rdma_mummy_sys::ibv_qp_attr_mask::IBV_QP_STATE.0;
-        self.qp.modify(&mut a, m)
+        self.qp.modify(&mut a, m)?;
+        self.note_state(state);
+        Ok(())
+    }
+
+    pub(crate) fn note_state(&self, state: QpState) {
+        self.last_state.store(state as u8, Ordering::Relaxed);
+    }
+
+    pub(crate) fn state(&self) -> Result<QpState> {
+        let q = conv::state_from_ibv(self.qp.query_state()?);
+        if q == QpState::Reset && self.dev.iwarp {
+            return Ok(QpState::from_u8(self.last_state.load(Ordering::Relaxed)).unwrap_or(q));
+        }
+        Ok(q)
     }
 
     pub(crate) fn weak(self: &Arc<Self>) -> Weak<QpInner> {
@@ -523,13 +556,16 @@ impl UserQp for IbvQp {
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let (mut a, m) = conv::qp_attr_to_ibv(attr, mask)?;
         self.0.qp.modify(&mut a, m)?;
+        if mask.contains(QpAttrMask::STATE) {
+            self.0.note_state(attr.state);
+        }
         if mask.contains(QpAttrMask::ACCESS) {
             self.0.access.store(a.qp_access_flags, Ordering::Relaxed);
         }
         Ok(())
     }
     fn state(&self) -> Result<QpState> {
-        Ok(conv::state_from_ibv(self.0.qp.query_state()?))
+        self.0.state()
     }
     fn disconnect(&self, abortive: bool) -> Result<()> {
         cm::disconnect(&self.0, abortive)
