@@ -50,7 +50,8 @@ check_pcap() {
 }
 
 # run NAME GUESTFLAGS 'GUEST CMD' 'HOST ARGS' guest-first|host-first [daemon]
-# The host side runs `krdma HOST ARGS`, or `$HOST_PROG HOST ARGS` when HOST_PROG is set.
+# The host side runs `krdma HOST ARGS`, or `$HOST_PROG HOST ARGS` when HOST_PROG is set;
+# GUEST_COPY names a host file or folder the guest gets at /mnt/host/NAME.
 run_case() {
     local name=$1 gflags=$2 gcmd=$3 hargs=$4 order=$5 front=${6:-embedded}
     local pcap=$OUT/$name.pcap hlog=$OUT/$name.host.log glog=$OUT/$name.guest.log
@@ -66,7 +67,7 @@ run_case() {
     rm -f /tmp/vm/guest-peer.ready
     local hrc grc
     if [ "$order" = guest-first ]; then
-        bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" $gflags --timeout 300 --pcap "$pcap" -- "$gcmd" >"$glog" 2>&1 &
+        bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" $gflags ${GUEST_COPY:+--copy "$GUEST_COPY"} --timeout 300 --pcap "$pcap" -- "$gcmd" >"$glog" 2>&1 &
         local gp=$!
         for _ in $(seq 240); do [ -f /tmp/vm/guest-peer.ready ] && break; sleep 0.5; done
         sleep 2
@@ -75,7 +76,7 @@ run_case() {
     else
         KRDMA_DEVICE=$kal KRDMA_SIW_CRC=$hcrc timeout 300 $IN_NS ${HOST_PROG:-$KRDMA} $hargs >"$hlog" 2>&1 &
         local hp=$!
-        bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" $gflags --timeout 300 --pcap "$pcap" -- "retry 30 $gcmd" >"$glog" 2>&1; grc=$?
+        bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" $gflags ${GUEST_COPY:+--copy "$GUEST_COPY"} --timeout 300 --pcap "$pcap" -- "retry 30 $gcmd" >"$glog" 2>&1; grc=$?
         wait $hp; hrc=$?
     fi
     [ "$front" = daemon ] && stop_daemon

@@ -271,7 +271,9 @@ impl Objects {
     /// A mirrored object of `kind` on device `dev` (the parent of another mirror).
     pub fn mirror(&self, handle: u32, dev: u32, kind: Kind) -> Result<()> {
         match self.get(handle)? {
-            Object::Mirror { dev: d, kind: k, .. } if *d == dev && *k == kind => Ok(()),
+            Object::Mirror {
+                dev: d, kind: k, ..
+            } if *d == dev && *k == kind => Ok(()),
             _ => Err(VerbsError::NoSuchResource),
         }
     }

@@ -12,8 +12,8 @@ use crate::quota::{Charges, Resource};
 use crate::{peer, pin, Kal};
 use rnicpi::queue::{ring_bytes, ring_capacity};
 use rnicpi::{
-    Access, FastPath, ConnParam, CqInit, Cqe, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpType, Result, Ring,
-    SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
+    Access, ConnParam, CqInit, Cqe, FastPath, QpAttrMask, QpCaps, QpInit, QpRingLayout, QpType,
+    Result, Ring, SharedMem, SrqAttr, SrqInit, VerbsError, Wqe,
 };
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
@@ -544,7 +544,11 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
         abi::MIRROR_CQ => (Kind::Cq, Resource::Cq, &[]),
         abi::MIRROR_MR => (Kind::Mr, Resource::Mr, &[Kind::Pd]),
         abi::MIRROR_SRQ => (Kind::Srq, Resource::Srq, &[Kind::Pd]),
-        abi::MIRROR_QP => (Kind::Qp, Resource::Qp, &[Kind::Pd, Kind::Cq, Kind::Cq, Kind::Srq]),
+        abi::MIRROR_QP => (
+            Kind::Qp,
+            Resource::Qp,
+            &[Kind::Pd, Kind::Cq, Kind::Cq, Kind::Srq],
+        ),
         abi::MIRROR_LISTENER => (Kind::Listener, Resource::Listener, &[]),
         _ => return Err(VerbsError::Invalid),
     };

@@ -149,13 +149,171 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
         },
         fast_path: rnicpi::FastPath::Kal,
     };
-    kal.register(Arc::new(TestDev {
-        attr,
-        mrs: MrTable::new(64),
-        log: log.clone(),
-    }))
-    .unwrap();
+    // Device 1: one whose fast path is the consumer's (its objects are only mirrored).
+    let hw = DeviceAttr {
+        name: "hw0".into(),
+        fast_path: FastPath::Consumer {
+            driver: "test".into(),
+            device: "hw0".into(),
+        },
+        ..attr.clone()
+    };
+    for attr in [attr, hw] {
+        kal.register(Arc::new(TestDev {
+            attr,
+            mrs: MrTable::new(64),
+            log: log.clone(),
+        }))
+        .unwrap();
+    }
     (kal, log)
+}
+
+fn mirror(
+    kal: &Kal,
+    ctx: u32,
+    dev: u32,
+    kind: u32,
+    parents: [u32; 4],
+    range: (u64, u64),
+) -> Result<u32> {
+    let mut a = abi::Mirror {
+        dev,
+        kind,
+        parents,
+        addr: range.0,
+        length: range.1,
+        ..Zeroable::zeroed()
+    };
+    call(kal, ctx, cmd::MIRROR, &mut a).map(|_| a.handle)
+}
+
+/// Objects a consumer makes through its own uVP are in the kAL's tree all the same:
+/// limits, pin allowance, use counts of parents, `STAT_CONTEXTS`, teardown with the
+/// context — and hostile records are refused.
+#[test]
+fn mirrored_objects_are_accounted_like_the_kals_own() {
+    let limits = Limits {
+        qps: 1,
+        ..Limits::default()
+    };
+    let (kal, log) = kal_with(Config {
+        limits,
+        pin_limit: Some(64 << 10),
+        ..Config::default()
+    });
+    let ctx = open(&kal);
+    // Not on a device whose fast path is the kAL's, nor of an unknown kind.
+    assert_eq!(
+        mirror(&kal, ctx, 0, abi::MIRROR_PD, [0; 4], (0, 0)),
+        Err(VerbsError::Invalid)
+    );
+    assert_eq!(
+        mirror(&kal, ctx, 1, 99, [0; 4], (0, 0)),
+        Err(VerbsError::Invalid)
+    );
+    let pd = mirror(&kal, ctx, 1, abi::MIRROR_PD, [0; 4], (0, 0)).unwrap();
+    let cq = mirror(&kal, ctx, 1, abi::MIRROR_CQ, [0; 4], (0, 0)).unwrap();
+    // Parents must be mirrors of the right kind on the same device, and all be given.
+    let (kal_pd, (kal_cq, _m)) = (self::pd(&kal, ctx).unwrap(), self::cq(&kal, ctx));
+    for bad in [
+        [cq, cq, cq, 0],
+        [pd, pd, cq, 0],
+        [kal_pd, cq, cq, 0],
+        [pd, kal_cq, cq, 0],
+        [pd, cq, 0, 0],
+        [pd, cq, cq, cq],
+    ] {
+        assert_eq!(
+            mirror(&kal, ctx, 1, abi::MIRROR_QP, bad, (0, 0)),
+            Err(VerbsError::NoSuchResource),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        mirror(&kal, ctx, 1, abi::MIRROR_PD, [pd, 0, 0, 0], (0, 0)),
+        Err(VerbsError::Invalid)
+    );
+    let qp = mirror(&kal, ctx, 1, abi::MIRROR_QP, [pd, cq, cq, 0], (0, 0)).unwrap();
+    assert_eq!(
+        mirror(&kal, ctx, 1, abi::MIRROR_QP, [pd, cq, cq, 0], (0, 0)),
+        Err(VerbsError::Exhausted)
+    );
+    // An MR is charged to the pin allowance (64 KiB here), page-rounded.
+    assert_eq!(
+        mirror(&kal, ctx, 1, abi::MIRROR_MR, [pd, 0, 0, 0], (0x10000, 0)),
+        Err(VerbsError::Invalid)
+    );
+    let _mr = mirror(
+        &kal,
+        ctx,
+        1,
+        abi::MIRROR_MR,
+        [pd, 0, 0, 0],
+        (0x10000, 48 << 10),
+    )
+    .unwrap();
+    assert_eq!(kal.pinned_total(), 48 << 10);
+    assert_eq!(
+        mirror(
+            &kal,
+            ctx,
+            1,
+            abi::MIRROR_MR,
+            [pd, 0, 0, 0],
+            (0x40000, 32 << 10)
+        ),
+        Err(VerbsError::PinLimit)
+    );
+    // The tree: the PD and CQ are busy while the QP and MR use them.
+    let mut d = abi::Destroy {
+        handle: pd,
+        _pad: 0,
+    };
+    assert_eq!(
+        call(&kal, ctx, cmd::DEALLOC_PD, &mut d),
+        Err(VerbsError::Busy)
+    );
+    let mut d = abi::Destroy {
+        handle: cq,
+        _pad: 0,
+    };
+    assert_eq!(
+        call(&kal, ctx, cmd::DESTROY_CQ, &mut d),
+        Err(VerbsError::Busy)
+    );
+    // A mirror answers none of the kAL's own verbs, and is destroyed by its kind's command.
+    let mut m = abi::QpAttrs {
+        handle: qp,
+        ..Zeroable::zeroed()
+    };
+    assert_eq!(
+        call(&kal, ctx, cmd::QUERY_QP, &mut m),
+        Err(VerbsError::NoSuchResource)
+    );
+    let mut d = abi::Destroy {
+        handle: qp,
+        _pad: 0,
+    };
+    assert_eq!(
+        call(&kal, ctx, cmd::DESTROY_CQ, &mut d),
+        Err(VerbsError::NoSuchResource)
+    );
+    call(&kal, ctx, cmd::DESTROY_QP, &mut d).unwrap();
+    let mut st = Box::new(abi::StatContexts::zeroed());
+    call(&kal, ctx, cmd::STAT_CONTEXTS, st.as_mut()).unwrap();
+    let row = st.rows[..st.count as usize]
+        .iter()
+        .find(|r| r.id == ctx)
+        .unwrap();
+    assert_eq!(
+        (row.pds, row.cqs, row.qps, row.mrs, row.pinned_bytes),
+        (2, 2, 0, 1, 48 << 10)
+    );
+    // The context's end gives everything back; the kAL destroys only its own objects.
+    kal.release(ctx);
+    assert_eq!(kal.pinned_total(), 0);
+    assert_eq!(*log.destroyed.lock(), vec!["cq", "pd"]);
 }
 
 fn open(kal: &Kal) -> u32 {

@@ -38,6 +38,59 @@
 //!   `CommEstablished`, `SqDrained`, `LastWqeReached`, `CqError`, `SrqLimitReached`, ...).
 //! * Objects passed in (the CQs of a QP, its SRQ) are the same uVP's: [`UserCq::as_any`]
 //!   lets the provider find its own type; another provider's object is `Invalid`.
+//!
+//! ## Writing a uVP
+//!
+//! A hardware provider has both halves: a [`Provider`](crate::Provider) the kAL registers
+//! (attributes, ports, counters, `FastPath::Consumer` naming the uVP; its resource verbs
+//! answer `Unsupported`), and a [`UserProvider`] the uAL finds by its driver name. The
+//! **skeleton** below compiles and shows the shape only — a device with PDs and nothing
+//! else; `providers/mlx` is the real one (libibverbs).
+//!
+//! ```
+//! use rnicpi::user::*;
+//! use rnicpi::{ConnParam, EventSink, Result, VerbsError};
+//! use std::{net::SocketAddr, sync::Arc};
+//!
+//! /// SKELETON ONLY: hands out PDs and refuses everything else.
+//! struct SkelProvider;
+//! struct SkelDevice;
+//! struct SkelPd;
+//!
+//! impl UserProvider for SkelProvider {
+//!     fn driver(&self) -> &'static str { "skeleton" }
+//!     fn open(&self, _device: &str) -> Result<Arc<dyn UserDevice>> {
+//!         Ok(Arc::new(SkelDevice)) // a real uVP opens the device and maps its queues here
+//!     }
+//! }
+//!
+//! impl UserDevice for SkelDevice {
+//!     fn alloc_pd(&self) -> Result<Arc<dyn UserPd>> { Ok(Arc::new(SkelPd)) }
+//!     fn create_cq(&self, _depth: u32, _sink: Arc<dyn EventSink>) -> Result<Arc<dyn UserCq>> {
+//!         Err(VerbsError::Unsupported)
+//!     }
+//!     fn connect(&self, _qp: &Arc<dyn UserQp>, _peer: SocketAddr, _p: ConnParam) -> Result<()> {
+//!         Err(VerbsError::Unsupported)
+//!     }
+//!     fn listen(&self, _a: SocketAddr, _b: u32, _s: Arc<dyn EventSink>)
+//!               -> Result<Arc<dyn UserListener>> {
+//!         Err(VerbsError::Unsupported)
+//!     }
+//! }
+//!
+//! impl UserPd for SkelPd {
+//!     unsafe fn reg_mr(&self, _addr: *mut u8, _len: usize, _access: rnicpi::Access)
+//!                      -> Result<Box<dyn UserMr>> {
+//!         Err(VerbsError::Unsupported)
+//!     }
+//!     fn create_qp(&self, _init: UserQpInit) -> Result<Arc<dyn UserQp>> {
+//!         Err(VerbsError::Unsupported)
+//!     }
+//! }
+//!
+//! let dev = SkelProvider.open("skel0").unwrap();
+//! assert!(dev.alloc_pd().is_ok());
+//! ```
 
 use crate::error::Result;
 use crate::event::EventSink;

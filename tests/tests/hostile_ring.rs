@@ -438,7 +438,10 @@ fn churned_send_ring_costs_only_its_owner() {
             let bystander = Bystander::start(door, device);
             let (_a, b, _server, attacker) = connected_pair(door, device, 4096);
             let mw = b.alloc_mw(&attacker.pd).unwrap();
-            let mem = attacker.qp.ring_memory();
+            let mem = attacker
+                .qp
+                .ring_memory()
+                .expect("a device with shared rings");
             let layout = QpRingLayout::new(DEPTH, DEPTH).unwrap();
             let cap = layout.sq_depth;
             for i in 0..cap {
@@ -522,7 +525,7 @@ fn corrupt_ring_indices_move_the_object_to_error() {
 
             // The server's completion ring: its consumer index far ahead of the engine.
             let cq_before = kal_counter(&a, "cq_ring_corrupt");
-            let cq_mem = server.cq.ring_memory();
+            let cq_mem = server.cq.ring_memory().expect("a device with shared rings");
             let (prod, cons) = indices(&cq_mem, 0);
             cons.store(
                 prod.load(Ordering::Acquire).wrapping_add(1000),
@@ -540,7 +543,7 @@ fn corrupt_ring_indices_move_the_object_to_error() {
             // The client's send ring: a producer index more than a ring ahead.
             let wq_before = kal_counter(&b, "wq_ring_corrupt");
             let layout = QpRingLayout::new(DEPTH, DEPTH).unwrap();
-            let qp_mem = client.qp.ring_memory();
+            let qp_mem = client.qp.ring_memory().expect("a device with shared rings");
             let (prod, cons) = indices(&qp_mem, layout.sq_offset);
             prod.store(
                 cons.load(Ordering::Acquire)

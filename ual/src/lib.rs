@@ -27,6 +27,7 @@ pub mod embedded;
 mod events;
 pub mod oob;
 pub mod pin;
+mod uvp;
 mod verbs;
 
 pub use buffer::RegBuf;

@@ -7,8 +7,8 @@ use crate::{
     MAX_GIDS,
 };
 use rnicpi::{
-    Access, DeviceAttr, FastPath, PortAttr, PortState, PrivateDataLimits, QpAttr, QpAttrMask, QpState,
-    Transport,
+    Access, DeviceAttr, FastPath, PortAttr, PortState, PrivateDataLimits, QpAttr, QpAttrMask,
+    QpState, Transport,
 };
 
 impl QueryDevice {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// Provider options shared by `krdmad` and embedded mode (environment: `KRDMA_SIW_NETDEV`,
 /// `KRDMA_SIW_CRC=required`, `KRDMA_RXE_ADDR`, `KRDMA_RXE_PORT`, `KRDMA_RXE_RAW=0`,
-/// `KRDMA_RXE=off`).
+/// `KRDMA_RXE=off`, `KRDMA_IBVERBS=off`).
 #[derive(Debug, Clone, Default)]
 pub struct StackOptions {
     /// Interface siw0 binds to (`None` = every host address).
@@ -23,6 +23,8 @@ pub struct StackOptions {
     pub rxe_port: Option<u16>,
     /// Never use raw sockets for rxe0 (see `rxe::net`).
     pub rxe_no_raw: bool,
+    /// Leave out the host's libibverbs devices (the mlx provider's `ibv-*`).
+    pub ibverbs_off: bool,
 }
 
 impl StackOptions {
@@ -42,12 +44,15 @@ impl StackOptions {
                 .ok()
                 .and_then(|v| v.parse().ok()),
             rxe_no_raw: std::env::var("KRDMA_RXE_RAW").is_ok_and(|v| v == "0"),
+            ibverbs_off: std::env::var("KRDMA_IBVERBS").is_ok_and(|v| v == "off"),
         }
     }
 }
 
 /// Register the default devices with `kal`: siw0 (iWARP) and rxe0 (RoCEv2), side by
-/// side. rxe0 is left out, with a warning, when its UDP port cannot be bound.
+/// side, then every verbs device libibverbs lists on the host (`ibv-mlx5_0`, `ibv-rxe0`,
+/// ...; none where libibverbs is not installed). rxe0 is left out, with a warning, when
+/// its UDP port cannot be bound (as where the kernel's own rxe holds it).
 pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
     let services = Arc::new(HostServices);
     let siw = siw::SiwDevice::new(
@@ -72,6 +77,14 @@ pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
                 kal.register(dev)?;
             }
             Err(e) => tracing::warn!(error = %e, "rxe0 not started"),
+        }
+    }
+    if !opts.ibverbs_off {
+        for dev in mlx::kernel_devices() {
+            let name = dev.attr().name.clone();
+            if let Err(e) = kal.register(dev) {
+                tracing::warn!(device = %name, error = %e, "libibverbs device not registered");
+            }
         }
     }
     Ok(())

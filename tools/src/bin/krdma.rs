@@ -407,6 +407,12 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             "\tprivate data:\t\tconnect {} / accept {} / reject {} bytes",
             q.private_data.connect, q.private_data.accept, q.private_data.reject
         );
+        match &q.fast_path {
+            rnicpi::FastPath::Kal => println!("\tfast path:\t\tshared rings to the kAL's engine"),
+            rnicpi::FastPath::Consumer { driver, device } => {
+                println!("\tfast path:\t\tin the consumer, through {driver} ({device})")
+            }
+        }
         println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
         for port in 1..=q.phys_port_cnt {
             let p = ctx.query_port(d.index, port)?;

@@ -1,9 +1,16 @@
-//! Completion queues: polled in shared memory, armed for notification through the kAL.
+//! Completion queues: polled in shared memory (or, on a device whose fast path is the
+//! consumer's, through its uVP), armed for notification.
 
 use super::*;
 
 impl Context {
     pub fn create_cq(self: &Arc<Self>, dev: u32, depth: u32) -> Result<Arc<Cq>> {
+        if let Some(udev) = self.user_device(dev)? {
+            let (handle, user) = self.mirrored(dev, abi::MIRROR_CQ, [0; 4], (0, 0), |h| {
+                udev.create_cq(depth, self.sink(h))
+            })?;
+            return Ok(self.cq_object(handle, dev, CqPath::Device(user)));
+        }
         let cap = ring_capacity(depth).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-cq", ring_bytes::<Cqe>(cap))?);
         let mut a = abi::CreateCq {
@@ -14,45 +21,72 @@ impl Context {
         };
         self.call(cmd::CREATE_CQ, &mut a)?;
         let ring = Ring::attach(mem, 0, cap)?.consumer();
-        let events = self.subscribe(a.handle);
-        Ok(Arc::new(Cq {
+        Ok(self.cq_object(a.handle, dev, CqPath::Ring(UserCq::new(ring))))
+    }
+
+    fn cq_object(self: &Arc<Self>, handle: u32, dev: u32, path: CqPath) -> Arc<Cq> {
+        let events = self.subscribe(handle);
+        Arc::new(Cq {
             ctx: self.clone(),
-            handle: a.handle,
+            handle,
             dev,
-            user: UserCq::new(ring),
+            path,
             events,
-        }))
+        })
     }
 }
 
-/// A completion queue; polled in shared memory.
+/// How a CQ is polled.
+pub(super) enum CqPath {
+    /// A completion ring shared with the engine behind the kAL.
+    Ring(UserCq),
+    /// The CQ of the device's uVP in this process.
+    Device(Arc<dyn user_half::UserCq>),
+}
+
+/// A completion queue; polled without a system call.
 pub struct Cq {
     ctx: Arc<Context>,
     pub handle: u32,
     pub dev: u32,
-    user: UserCq,
+    pub(super) path: CqPath,
     events: Receiver<Event>,
 }
 
 impl Cq {
-    /// The memory of the completion ring (see [`Qp::ring_memory`]).
-    pub fn ring_memory(&self) -> Arc<SharedMem> {
-        self.user.ring_memory()
+    /// The memory of the completion ring (see [`Qp::ring_memory`]); `None` on a device
+    /// whose fast path is the consumer's.
+    pub fn ring_memory(&self) -> Option<Arc<SharedMem>> {
+        match &self.path {
+            CqPath::Ring(r) => Some(r.ring_memory()),
+            CqPath::Device(_) => None,
+        }
     }
 
     /// Take up to `out.len()` completions without a system call (none in a fork child:
-    /// the ring is the parent's).
+    /// the queue is the parent's).
     pub fn poll(&self, out: &mut [Cqe]) -> usize {
-        match self.ctx.here() {
-            Ok(()) => self.user.poll(out),
-            Err(_) => 0,
+        if self.ctx.here().is_err() {
+            return 0;
+        }
+        match &self.path {
+            CqPath::Ring(r) => r.poll(out),
+            CqPath::Device(d) => d.poll(out),
         }
     }
 
     /// Ask for a `CqNotify` event on the next (solicited) completion.
     pub fn arm(&self, solicited_only: bool) {
-        if self.ctx.here().is_ok() {
-            self.user.arm(solicited_only)
+        if self.ctx.here().is_err() {
+            return;
+        }
+        match &self.path {
+            CqPath::Ring(r) => r.arm(solicited_only),
+            CqPath::Device(d) => {
+                if let Err(e) = d.arm(solicited_only) {
+                    tracing::warn!(cq = self.handle, error = %e, "arming the CQ failed");
+                }
+            }
         }
     }
 

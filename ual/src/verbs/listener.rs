@@ -10,6 +10,20 @@ impl Context {
         addr: SocketAddr,
         backlog: u32,
     ) -> Result<Arc<Listener>> {
+        if let Some(udev) = self.user_device(dev)? {
+            let (handle, l) = self.mirrored(dev, abi::MIRROR_LISTENER, [0; 4], (0, 0), |h| {
+                udev.listen(addr, backlog, self.sink(h))
+            })?;
+            let port = l.local_addr().port();
+            let events = self.subscribe(handle);
+            return Ok(Arc::new(Listener {
+                ctx: self.clone(),
+                handle,
+                port,
+                events,
+                device: Some(l),
+            }));
+        }
         let (gid, port) = rnicpi::sockaddr_to_parts(addr);
         let gid = if addr.ip().is_unspecified() {
             [0; 16]
@@ -31,6 +45,7 @@ impl Context {
             handle: a.handle,
             port: a.port,
             events,
+            device: None,
         }))
     }
 }
@@ -41,6 +56,8 @@ pub struct Listener {
     pub handle: u32,
     pub port: u16,
     events: Receiver<Event>,
+    /// The uVP's listener, on a device whose fast path is the consumer's.
+    device: Option<Arc<dyn user_half::UserListener>>,
 }
 
 impl Listener {
@@ -64,6 +81,10 @@ impl Listener {
     }
 
     pub fn accept(&self, conn_id: u64, qp: &Qp, param: &ConnParam) -> Result<()> {
+        if let Some(l) = &self.device {
+            let q = qp.device_qp().ok_or(VerbsError::Invalid)?;
+            return l.accept(conn_id, q, param.clone());
+        }
         let mut a = abi::Accept {
             listen: self.handle,
             qp: qp.handle,
@@ -77,6 +98,9 @@ impl Listener {
     }
 
     pub fn reject(&self, conn_id: u64, private_data: &[u8]) -> Result<()> {
+        if let Some(l) = &self.device {
+            return l.reject(conn_id, private_data);
+        }
         let mut a = abi::Reject {
             listen: self.handle,
             conn_id,

@@ -12,23 +12,27 @@ mod qp;
 mod srq;
 
 pub use cq::Cq;
+use cq::CqPath;
 pub use listener::Listener;
 pub use mr::{Mr, Mw};
 pub use pd::Pd;
 pub use qp::{Qp, QpConfig};
 pub use srq::Srq;
+use srq::SrqPath;
 
 use crate::buffer::RegBuf;
 use crate::channel::{Channel, Target};
 use crate::device::eventfd;
 use crate::events::{channel_handler, Dispatcher, Handler};
 use crate::pin;
+use crate::uvp::{self, HandleSink};
 use abi::cmd;
 use bytemuck::Zeroable;
 use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 use rnicpi::fork::Lineage;
 use rnicpi::queue::{ring_bytes, ring_capacity};
+use rnicpi::user as user_half;
 use rnicpi::{
     Access, ConnParam, Cqe, DeviceAttr, Doorbell, Event, QpAttr, QpAttrMask, QpCaps, QpRingLayout,
     QpState, QpType, Result, Ring, SharedMem, SrqAttr, Transport, UserCq, UserQp, UserSrq,
@@ -52,6 +56,8 @@ pub struct Context {
     /// The event thread; stopped and joined on drop so the device closes at once.
     events: Mutex<Option<std::thread::JoinHandle<()>>>,
     home: Lineage,
+    /// Devices whose objects this process makes itself, through their uVP.
+    opened: uvp::Opened,
 }
 
 /// What `QUERY_DEVICE` reports, decoded (name, transport and GUID also at hand on top).
@@ -95,6 +101,7 @@ impl Context {
             id: q.context,
             events: Mutex::new(Some(events)),
             home: Lineage::here(),
+            opened: uvp::Opened::default(),
         }))
     }
 
@@ -135,6 +142,50 @@ impl Context {
                 tracing::warn!(handle, cmd = abi::cmd::name(c), error = %e, "destroy failed");
             }
         }
+    }
+
+    /// Device `dev`, opened in this process, when its fast path is the consumer's (its
+    /// objects are then made here by its user verbs provider and mirrored in the kAL).
+    fn user_device(&self, dev: u32) -> Result<Option<Arc<dyn user_half::UserDevice>>> {
+        self.here()?;
+        self.opened
+            .get(dev, || Ok(self.query_device(dev)?.attr.fast_path))
+    }
+
+    /// Record in the kAL an object about to be made by a uVP, make it with `make` (given
+    /// the object's handle), and take the record back if that fails.
+    fn mirrored<T>(
+        &self,
+        dev: u32,
+        kind: u32,
+        parents: [u32; 4],
+        range: (u64, u64),
+        make: impl FnOnce(u32) -> Result<T>,
+    ) -> Result<(u32, T)> {
+        let mut a = abi::Mirror {
+            dev,
+            kind,
+            parents,
+            addr: range.0,
+            length: range.1,
+            ..Zeroable::zeroed()
+        };
+        self.call(cmd::MIRROR, &mut a)?;
+        match make(a.handle) {
+            Ok(t) => Ok((a.handle, t)),
+            Err(e) => {
+                self.destroy(mirror_destroy_cmd(kind), a.handle);
+                Err(e)
+            }
+        }
+    }
+
+    /// Where a uVP delivers the events of object `handle`.
+    fn sink(&self, handle: u32) -> Arc<dyn rnicpi::EventSink> {
+        Arc::new(HandleSink {
+            dispatcher: self.dispatcher.clone(),
+            handle,
+        })
     }
 
     /// Register `h` for the events of object `handle`.
@@ -283,6 +334,18 @@ fn start_event_thread(
             }
         })
         .expect("spawn event thread")
+}
+
+/// The command that destroys a mirrored object of `kind`.
+fn mirror_destroy_cmd(kind: u32) -> u32 {
+    match kind {
+        abi::MIRROR_PD => cmd::DEALLOC_PD,
+        abi::MIRROR_CQ => cmd::DESTROY_CQ,
+        abi::MIRROR_QP => cmd::DESTROY_QP,
+        abi::MIRROR_SRQ => cmd::DESTROY_SRQ,
+        abi::MIRROR_MR => cmd::DEREG_MR,
+        _ => cmd::DESTROY_LISTEN,
+    }
 }
 
 fn fill_pdata(buf: &mut [u8; abi::MAX_PDATA], data: &[u8]) -> Result<u32> {

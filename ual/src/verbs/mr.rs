@@ -50,6 +50,26 @@ impl Context {
         buf: Option<Arc<RegBuf>>,
     ) -> Result<Arc<Mr>> {
         self.here()?;
+        if let Some((_, upd)) = &pd.user {
+            let range = (addr as u64, len as u64);
+            let (handle, mr) =
+                self.mirrored(pd.dev, abi::MIRROR_MR, [pd.handle, 0, 0, 0], range, |_| {
+                    // SAFETY: the caller's contract (memory mapped while the Mr lives) is the
+                    // uVP's; `buf`, when given, is kept alive by the Mr.
+                    unsafe { upd.reg_mr(addr as *mut u8, len, access) }
+                })?;
+            return Ok(Arc::new(Mr {
+                ctx: self.clone(),
+                handle,
+                addr: range.0,
+                len: range.1,
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+                device: Some(mr),
+                _pd: pd.clone(),
+                _buf: buf,
+            }));
+        }
         let (addr, len) = (addr as u64, len as u64);
         let mut a = abi::RegMr {
             pd: pd.handle,
@@ -72,6 +92,7 @@ impl Context {
             len,
             lkey: a.lkey,
             rkey: a.rkey,
+            device: None,
             _pd: pd.clone(),
             _buf: buf,
         }))
@@ -79,6 +100,9 @@ impl Context {
 
     /// Allocate a memory window in `pd` (bind it with [`Mw::bind_wqe`] on a QP of `pd`).
     pub fn alloc_mw(self: &Arc<Self>, pd: &Arc<Pd>) -> Result<Arc<Mw>> {
+        if pd.user.is_some() {
+            return Err(VerbsError::Unsupported); // not yet through a uVP
+        }
         let mut a = abi::AllocMw {
             pd: pd.handle,
             ..Zeroable::zeroed()
@@ -101,6 +125,9 @@ pub struct Mr {
     pub len: u64,
     pub lkey: u32,
     pub rkey: u32,
+    /// The uVP's registration, on a device whose fast path is the consumer's (its driver
+    /// pins the pages); dropped — deregistered — before the memory.
+    device: Option<Box<dyn user_half::UserMr>>,
     _pd: Arc<Pd>,
     /// The memory, when the registration owns it ([`Context::reg_buf`]); dropped after
     /// the deregistration.
@@ -124,7 +151,9 @@ impl Drop for Mr {
             return; // the parent's registration and pins
         }
         self.ctx.destroy(cmd::DEREG_MR, self.handle);
-        pin::unpin(self.addr, self.len);
+        if self.device.take().is_none() {
+            pin::unpin(self.addr, self.len);
+        }
     }
 }
 

@@ -16,6 +16,9 @@ impl Context {
             // Receives come from the SRQ; the QP has no receive queue of its own.
             (caps.max_recv_wr, caps.max_recv_sge) = (0, 0);
         }
+        if let Some((udev, upd)) = &pd.user {
+            return self.create_device_qp(pd, (udev, upd), send_cq, recv_cq, cfg, caps);
+        }
         let layout =
             QpRingLayout::new(caps.max_send_wr, caps.max_recv_wr).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-qp", layout.total)?);
@@ -49,17 +52,85 @@ impl Context {
             Some(fd) => Arc::new(EventfdDoorbell(fd)),
             None => self.chan.direct_doorbell(a.handle)?,
         };
-        let events = self.subscribe(a.handle);
-        Ok(Arc::new(Qp {
-            ctx: self.clone(),
-            handle: a.handle,
-            qp_num: a.qp_num,
-            user: UserQp::new(a.qp_num, caps, sq, rq, doorbell),
-            events,
-            srq: cfg.srq.clone(),
-            _parents: (pd.clone(), send_cq.clone(), recv_cq.clone()),
-        }))
+        let path = QpPath::Ring(UserQp::new(a.qp_num, caps, sq, rq, doorbell));
+        Ok(self.qp_object(a.handle, a.qp_num, path, pd, send_cq, recv_cq, cfg.srq))
     }
+
+    /// A QP made by the device's uVP in this process (its CQs and SRQ must be too).
+    fn create_device_qp(
+        self: &Arc<Self>,
+        pd: &Arc<Pd>,
+        (udev, upd): (&Arc<dyn user_half::UserDevice>, &Arc<dyn user_half::UserPd>),
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        cfg: QpConfig,
+        caps: QpCaps,
+    ) -> Result<Arc<Qp>> {
+        let device_cq = |cq: &Cq| match &cq.path {
+            CqPath::Device(c) => Ok(c.clone()),
+            CqPath::Ring(_) => Err(VerbsError::Invalid),
+        };
+        let srq = match &cfg.srq {
+            Some(s) => match &s.path {
+                SrqPath::Device(d) => Some(d.clone()),
+                SrqPath::Ring(_) => return Err(VerbsError::Invalid),
+            },
+            None => None,
+        };
+        let (scq, rcq) = (device_cq(send_cq)?, device_cq(recv_cq)?);
+        let init = |h| user_half::UserQpInit {
+            qp_type: cfg.qp_type,
+            caps,
+            send_cq: scq,
+            recv_cq: rcq,
+            srq,
+            sink: self.sink(h),
+        };
+        let parents = [
+            pd.handle,
+            send_cq.handle,
+            recv_cq.handle,
+            cfg.srq.as_ref().map_or(0, |s| s.handle),
+        ];
+        let (handle, qp) = self.mirrored(pd.dev, abi::MIRROR_QP, parents, (0, 0), |h| {
+            upd.create_qp(init(h))
+        })?;
+        let qp_num = qp.qp_num();
+        let path = QpPath::Device(udev.clone(), qp);
+        Ok(self.qp_object(handle, qp_num, path, pd, send_cq, recv_cq, cfg.srq))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qp_object(
+        self: &Arc<Self>,
+        handle: u32,
+        qp_num: u32,
+        path: QpPath,
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        srq: Option<Arc<Srq>>,
+    ) -> Arc<Qp> {
+        let events = self.subscribe(handle);
+        Arc::new(Qp {
+            ctx: self.clone(),
+            handle,
+            qp_num,
+            path,
+            events,
+            srq,
+            _parents: (pd.clone(), send_cq.clone(), recv_cq.clone()),
+        })
+    }
+}
+
+/// How work is posted to a QP.
+enum QpPath {
+    /// Rings shared with the engine behind the kAL, and its doorbell.
+    Ring(UserQp),
+    /// The QP of the device's uVP in this process (with the device, for its connection
+    /// manager).
+    Device(Arc<dyn user_half::UserDevice>, Arc<dyn user_half::UserQp>),
 }
 
 /// Daemon mode: the doorbell is one write to an eventfd the kAL watches.
@@ -103,7 +174,7 @@ pub struct Qp {
     ctx: Arc<Context>,
     pub handle: u32,
     pub qp_num: u32,
-    user: UserQp,
+    path: QpPath,
     events: Receiver<Event>,
     srq: Option<Arc<Srq>>,
     _parents: (Arc<Pd>, Arc<Cq>, Arc<Cq>),
@@ -112,23 +183,31 @@ pub struct Qp {
 impl Qp {
     /// The memory of the QP's send and receive rings (`QpRingLayout` says where each
     /// is). It is this process's own memory; tests write it to play a hostile consumer.
-    pub fn ring_memory(&self) -> Arc<SharedMem> {
-        self.user.ring_memory()
+    /// `None` on a device whose fast path is the consumer's (its queues are the device's).
+    pub fn ring_memory(&self) -> Option<Arc<SharedMem>> {
+        match &self.path {
+            QpPath::Ring(r) => Some(r.ring_memory()),
+            QpPath::Device(..) => None,
+        }
     }
 
     /// Ring the doorbell without posting (after writing the rings through
     /// [`Qp::ring_memory`]).
     pub fn ring_doorbell(&self) {
-        self.user.ring_doorbell()
+        if let QpPath::Ring(r) = &self.path {
+            r.ring_doorbell()
+        }
     }
 
     pub fn post_send(&self, wqe: &Wqe) -> Result<()> {
-        self.ctx.here()?;
-        self.user.post_send(wqe)
+        self.post_send_batch(std::slice::from_ref(wqe))
     }
     pub fn post_send_batch(&self, wqes: &[Wqe]) -> Result<()> {
         self.ctx.here()?;
-        self.user.post_send_batch(wqes)
+        match &self.path {
+            QpPath::Ring(r) => r.post_send_batch(wqes),
+            QpPath::Device(_, q) => q.post_send(wqes),
+        }
     }
     /// Post a receive; `Invalid` for a QP on an SRQ (post to the SRQ instead).
     pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
@@ -136,7 +215,10 @@ impl Qp {
         if self.srq.is_some() {
             return Err(VerbsError::Invalid);
         }
-        self.user.post_recv(wqe)
+        match &self.path {
+            QpPath::Ring(r) => r.post_recv(wqe),
+            QpPath::Device(_, q) => q.post_recv(std::slice::from_ref(wqe)),
+        }
     }
 
     /// Connection and asynchronous events of this QP.
@@ -152,11 +234,19 @@ impl Qp {
     }
 
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if let QpPath::Device(_, q) = &self.path {
+            self.ctx.here()?;
+            return q.modify(attr, mask);
+        }
         let mut a = abi::QpAttrs::encode(self.handle, attr, mask);
         self.ctx.call(cmd::MODIFY_QP, &mut a)
     }
 
     pub fn state(&self) -> Result<QpState> {
+        if let QpPath::Device(_, q) = &self.path {
+            self.ctx.here()?;
+            return q.state();
+        }
         let mut a = abi::QpAttrs {
             handle: self.handle,
             ..Zeroable::zeroed()
@@ -168,6 +258,10 @@ impl Qp {
     /// Active connect with private data; completion arrives as an `Established`,
     /// `Rejected` or `Unreachable` event (see [`Qp::connect_wait`]).
     pub fn connect(&self, peer: SocketAddr, param: &ConnParam) -> Result<()> {
+        if let QpPath::Device(dev, q) = &self.path {
+            self.ctx.here()?;
+            return dev.connect(q, peer, param.clone());
+        }
         let (addr, port) = rnicpi::sockaddr_to_parts(peer);
         let mut a = abi::Connect {
             qp: self.handle,
@@ -198,6 +292,10 @@ impl Qp {
     }
 
     pub fn disconnect(&self, abortive: bool) -> Result<()> {
+        if let QpPath::Device(_, q) = &self.path {
+            self.ctx.here()?;
+            return q.disconnect(abortive);
+        }
         let mut a = abi::Disconnect {
             qp: self.handle,
             abortive: abortive as u32,
@@ -216,6 +314,16 @@ impl OrUnreachable for VerbsError {
             VerbsError::Unreachable
         } else {
             self
+        }
+    }
+}
+
+impl Qp {
+    /// The uVP's QP, on a device whose fast path is the consumer's.
+    pub(super) fn device_qp(&self) -> Option<&Arc<dyn user_half::UserQp>> {
+        match &self.path {
+            QpPath::Device(_, q) => Some(q),
+            QpPath::Ring(_) => None,
         }
     }
 }

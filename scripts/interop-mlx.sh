@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# krdma's mlx provider on real verbs devices: in a qemu guest, krdma's own binaries run over
+# the Linux kernel's rxe0 (or siw0) through libibverbs — the device `ibv-rxe0` (`ibv-siw0`),
+# whose fast path runs in the krdma process itself (rnicpi::user) — against krdma's
+# software rxe0 (siw0) on this host: two implementations of one wire. Every run is captured
+# and checked as in interop-rxe.sh / interop-siw.sh, and the krdma-to-krdma runs check the
+# data they move (`--validate`, rping -V, pingpong's own check).
+#
+#   bash scripts/interop-mlx.sh              # RoCEv2: guest kernel rxe0 through mlx
+#   RDMA=siw bash scripts/interop-mlx.sh     # iWARP: guest kernel siw0 through mlx
+#   ONLY=pingpong bash scripts/interop-mlx.sh
+#
+# Needs root (network namespace, tap devices, raw sockets, qemu). Opt-in: not run by
+# scripts/test.sh (the guests run under TCG and take minutes).
+set -uo pipefail
+RDMA=${RDMA:-rxe}
+. "$(dirname "$0")/interop-lib.sh"
+
+GUEST_COPY=$KRDMA
+# The guest's krdma: only the kernel's device through libibverbs (krdma's own software
+# devices stay off in the guest; the kernel holds UDP 4791 there anyway).
+G="env KRDMA_RXE=off /mnt/host/krdma"
+ITERS=${ITERS:-100}
+PERF_ITERS=${PERF_ITERS:-100}
+HOSTDEV=$RDMA"0"
+GDEV=ibv-$RDMA"0"
+
+if [ "$RDMA" = rxe ]; then
+    # The guest's IPv4 GID is index 1 (0 is its IPv6 link-local); krdma's is index 0.
+    record "pingpong-guest-server" 2 "" "$G pingpong -d $GDEV -g 1 -n $ITERS" \
+        "pingpong -n $ITERS -g 0 $GUEST" guest-first
+    record "pingpong-host-server" 1 "" "$G pingpong -d $GDEV -g 1 -n $ITERS $HOST" \
+        "pingpong -n $ITERS -g 0" host-first
+    record "pingpong-host-server-daemon" 1 "" "$G pingpong -d $GDEV -g 1 -n $ITERS $HOST" \
+        "pingpong -n $ITERS -g 0" host-first daemon
+fi
+record "rping-guest-server" 2 "" "$G rping -s -a $GUEST -v -C 10 --device $GDEV" \
+    "rping -c -a $GUEST -C 10 -v -V --device $HOSTDEV" guest-first
+record "rping-host-server" 1 "" "$G rping -c -a $HOST -v -V -C 10 --device $GDEV" \
+    "rping -s -a $HOST -v --device $HOSTDEV" host-first
+
+# perftest-compatible runs, both roles: without -R (IB/RoCE only: QPs moved to RTS by
+# Modify QP after a TCP exchange) and with -R (rdma_cm).
+cms=("-R")
+[ "$RDMA" = rxe ] && cms=("" "-R")
+for cm in "${cms[@]}"; do
+    tag=${cm:+-cm}
+    for t in write-bw read-bw send-bw send-lat; do
+        v=--validate
+        [ "$t" = send-lat ] && v=""
+        record "perf-$t-guest-server$tag" 2 "" "$G perf $t -d $GDEV -x 1 $cm $v -n $PERF_ITERS" \
+            "perf $t -d $HOSTDEV $cm $v -n $PERF_ITERS $GUEST" guest-first
+        record "perf-$t-host-server$tag" 1 "" "$G perf $t -d $GDEV -x 1 $cm $v -n $PERF_ITERS $HOST" \
+            "perf $t -d $HOSTDEV $cm $v -n $PERF_ITERS" host-first
+    done
+done
+
+summary
