@@ -2,7 +2,9 @@
 //! and shared receive queues over the shared rings, and the key table of registrations
 //! and windows. A software provider holds one [`SoftResources`], answers the resource
 //! verbs of [`Provider`](crate::Provider) from it with [`soft_resources!`](crate::soft_resources),
-//! and writes only what is its own: queue pairs, connections and ports.
+//! builds each queue pair on a [`QpBase`] (its rings, CQs, SRQ, sink, and the receive
+//! and flush handling that does not depend on the transport), and writes only what is
+//! its own: the QPs' transport, connections and ports.
 
 use crate::fastpath::{EngineCq, EngineSrq};
 use crate::ids::IdAllocator;
@@ -11,6 +13,9 @@ use crate::provider::{CqInit, ProviderCq, ProviderSrq, QpInit, SrqInit};
 use crate::{Counter, Result, VerbsError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+mod qp;
+pub use qp::QpBase;
 
 /// Tells apart the instances of software devices on the host.
 static INSTANCES: AtomicU64 = AtomicU64::new(1);
