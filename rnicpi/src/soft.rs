@@ -10,7 +10,7 @@ use crate::fastpath::{EngineCq, EngineSrq};
 use crate::ids::IdAllocator;
 use crate::memory::MrTable;
 use crate::provider::{CqInit, ProviderCq, ProviderSrq, QpInit, SrqInit};
-use crate::{Counter, Result, VerbsError};
+use crate::{Counter, QpType, Result, VerbsError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -62,8 +62,12 @@ impl SoftResources {
         })
     }
 
-    /// A QP may only use this device's own CQs, and an SRQ of its own PD.
+    /// A software device makes RC QPs only (`Unsupported` for others), and a QP may only
+    /// use this device's own CQs, and an SRQ of its own PD.
     pub fn check_qp_init(&self, init: &QpInit) -> Result<()> {
+        if init.qp_type != QpType::Rc {
+            return Err(VerbsError::Unsupported);
+        }
         let ours_cq = |cq: &Arc<dyn ProviderCq>| {
             cq.as_any()
                 .downcast_ref::<SoftCq>()
