@@ -2,15 +2,20 @@
 //! and shared receive queues over the shared rings, and the key table of registrations
 //! and windows. A software provider holds one [`SoftResources`], answers the resource
 //! verbs of [`Provider`](crate::Provider) from it with [`soft_resources!`](crate::soft_resources),
-//! and writes only what is its own: queue pairs, connections and ports.
+//! builds each queue pair on a [`QpBase`] (its rings, CQs, SRQ, sink, and the receive
+//! and flush handling that does not depend on the transport), and writes only what is
+//! its own: the QPs' transport, connections and ports.
 
 use crate::fastpath::{EngineCq, EngineSrq};
 use crate::ids::IdAllocator;
 use crate::memory::MrTable;
 use crate::provider::{CqInit, ProviderCq, ProviderSrq, QpInit, SrqInit};
-use crate::{Counter, Result, VerbsError};
+use crate::{Counter, QpType, Result, VerbsError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+mod qp;
+pub use qp::QpBase;
 
 /// Tells apart the instances of software devices on the host.
 static INSTANCES: AtomicU64 = AtomicU64::new(1);
@@ -57,8 +62,12 @@ impl SoftResources {
         })
     }
 
-    /// A QP may only use this device's own CQs, and an SRQ of its own PD.
+    /// A software device makes RC QPs only (`Unsupported` for others), and a QP may only
+    /// use this device's own CQs, and an SRQ of its own PD.
     pub fn check_qp_init(&self, init: &QpInit) -> Result<()> {
+        if init.qp_type != QpType::Rc {
+            return Err(VerbsError::Unsupported);
+        }
         let ours_cq = |cq: &Arc<dyn ProviderCq>| {
             cq.as_any()
                 .downcast_ref::<SoftCq>()

@@ -527,9 +527,6 @@ impl Provider for RxeDevice {
     rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
-        if init.qp_type != QpType::Rc {
-            return Err(VerbsError::Unsupported);
-        }
         self.shared.res.check_qp_init(&init)?;
         // A random QP number (unpredictable to an off-path attacker), never 0 or 1 (the
         // special QPs) nor one in use; picked and taken under one lock.

@@ -203,9 +203,6 @@ impl Provider for SiwDevice {
     rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
-        if init.qp_type != QpType::Rc {
-            return Err(VerbsError::Unsupported);
-        }
         self.shared.res.check_qp_init(&init)?;
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         self.shared

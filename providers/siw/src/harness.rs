@@ -599,7 +599,7 @@ impl Harness {
             ..MemoryLlp::default()
         });
         let user = UserQp::new(
-            qp.qpn,
+            qp.base.qpn,
             caps,
             ring(layout.sq_offset, layout.sq_depth).producer(),
             ring(layout.rq_offset, layout.rq_depth).producer(),

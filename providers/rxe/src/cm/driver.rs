@@ -193,7 +193,7 @@ fn perform(s: &Arc<Shared>, actions: Vec<Action>) {
             Action::Fail { qp, event } => {
                 if let Some(qp) = qp_of(s, qp) {
                     qp.to_error(&mut qp.st.lock());
-                    qp.sink.deliver(event);
+                    qp.base.sink.deliver(event);
                 }
             }
             Action::Closed { qp, kind } => {
@@ -203,7 +203,7 @@ fn perform(s: &Arc<Shared>, actions: Vec<Action>) {
             }
             Action::Deliver { qp, event } => {
                 if let Some(qp) = qp_of(s, qp) {
-                    qp.sink.deliver(event);
+                    qp.base.sink.deliver(event);
                 }
             }
             Action::Offer { sink, id, event } => {

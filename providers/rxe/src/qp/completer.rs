@@ -5,7 +5,7 @@
 //! `rnr_retry` (7 = forever) bound the attempts.
 
 use super::requester::MIN_WINDOW;
-use super::{byte_len, cqe_for, RxeQp, State, WINDOW};
+use super::{byte_len, RxeQp, State, WINDOW};
 use crate::wire::{self, psn_add, psn_diff, NakCode, Opcode, RoceRepr, Syndrome};
 use rnicpi::*;
 use std::time::Duration;
@@ -23,7 +23,7 @@ impl RxeQp {
             };
             st.req.cur = st.req.cur.saturating_sub(1);
             if let Some(status) = w.status {
-                self.post_cqe(true, cqe_for(&w.wqe, self.qpn, status, 0));
+                self.post_cqe(true, self.base.cqe(&w.wqe, status, 0));
                 self.to_error(st);
                 return;
             }
@@ -32,7 +32,7 @@ impl RxeQp {
                     WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 8,
                     _ => byte_len(w.len),
                 };
-                self.post_cqe(true, cqe_for(&w.wqe, self.qpn, WcStatus::Success, len));
+                self.post_cqe(true, self.base.cqe(&w.wqe, WcStatus::Success, len));
             }
         }
     }
@@ -115,7 +115,12 @@ impl RxeQp {
             }
         } else {
             self.dev.count(&self.dev.counters.retransmits);
-            tracing::trace!(qpn = self.qpn, comp = st.req.comp_psn, why, "rxe retry");
+            tracing::trace!(
+                qpn = self.base.qpn,
+                comp = st.req.comp_psn,
+                why,
+                "rxe retry"
+            );
         }
         let from = st.req.comp_psn;
         st.req.retrying = Some(from);
@@ -124,7 +129,7 @@ impl RxeQp {
         st.req.rewind(from);
         if let Some(w) = st.req.wqes.get(st.req.cur) {
             tracing::trace!(
-                qpn = self.qpn,
+                qpn = self.base.qpn,
                 from,
                 cur = st.req.cur,
                 pkt = st.req.cur_pkt,
@@ -141,7 +146,7 @@ impl RxeQp {
     /// Spend one retry; false (and the QP in Error) when none are left.
     fn use_retry(&self, st: &mut State, why: &'static str) -> bool {
         tracing::trace!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             left = st.req.retry_left,
             comp = st.req.comp_psn,
             why,
@@ -159,7 +164,7 @@ impl RxeQp {
 
     /// Fail the oldest outstanding request with `status` (the QP goes to Error).
     fn fail_front(&self, st: &mut State, status: WcStatus) {
-        tracing::warn!(qpn = self.qpn, ?status, "rxe request failed");
+        tracing::warn!(qpn = self.base.qpn, ?status, "rxe request failed");
         if let Some(w) = st.req.wqes.iter_mut().find(|w| !w.done) {
             w.done = true;
             w.status = Some(status);
@@ -173,7 +178,7 @@ impl RxeQp {
     pub(super) fn on_response(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
         let psn = p.bth.psn;
         tracing::trace!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             psn,
             op = ?p.bth.opcode,
             aeth = ?p.aeth.map(|a| a.syndrome),
@@ -338,7 +343,7 @@ impl RxeQp {
         }
         self.dev.count(&self.dev.counters.retry_timeouts);
         tracing::debug!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             psn = st.req.comp_psn,
             "rxe retransmission timeout"
         );

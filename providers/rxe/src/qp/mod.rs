@@ -24,6 +24,7 @@ use crate::wire::{self, RoceRepr};
 use parking_lot::{Mutex, MutexGuard};
 use requester::Requester;
 use responder::Responder;
+use rnicpi::soft::QpBase;
 use rnicpi::*;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,8 +98,6 @@ pub(crate) struct State {
     /// deadline when it fires and queues itself again, so the timer thread wakes about
     /// once per timeout per QP, not once per message.
     pub timer_queued: Option<Instant>,
-    /// LastWqeReached was reported (QPs on an SRQ).
-    pub last_wqe_sent: bool,
     /// The connection manager has told the consumer the connection ended.
     pub closed_reported: bool,
     /// Datagrams produced and not yet sent, oldest first (empty while the lock is free).
@@ -110,19 +109,11 @@ pub(crate) struct State {
 }
 
 pub struct RxeQp {
-    pub qpn: u32,
+    /// The rings, CQs, SRQ and sink the QP was created with.
+    pub(crate) base: QpBase,
     /// The device's serial of this QP object: unlike its number, never reused.
     serial: u64,
-    pub(crate) pd: u32,
     pub(crate) dev: Arc<Shared>,
-    pub(crate) caps: QpCaps,
-    sq: Mutex<Consumer<Wqe>>,
-    rq: Mutex<Consumer<Wqe>>,
-    srq: Option<Arc<dyn ProviderSrq>>,
-    scq: Arc<dyn ProviderCq>,
-    rcq: Arc<dyn ProviderCq>,
-    pub(crate) sink: Arc<dyn EventSink>,
-    pub(crate) stats: Arc<RingStats>,
     pub(crate) st: Mutex<State>,
     scheduled: AtomicBool,
     me: Weak<RxeQp>,
@@ -136,18 +127,9 @@ impl RxeQp {
             ..QpAttr::default()
         };
         Arc::new_cyclic(|me| RxeQp {
-            qpn,
+            base: QpBase::new(qpn, init),
             serial,
-            pd: init.pd,
             dev,
-            caps: init.caps,
-            sq: Mutex::new(init.sq),
-            rq: Mutex::new(init.rq),
-            srq: init.srq,
-            scq: init.send_cq,
-            rcq: init.recv_cq,
-            sink: init.sink,
-            stats: init.stats,
             st: Mutex::new(State {
                 qp: QpState::Reset,
                 attr,
@@ -157,7 +139,6 @@ impl RxeQp {
                 resp: Responder::new(0),
                 timer_at: None,
                 timer_queued: None,
-                last_wqe_sent: false,
                 closed_reported: false,
                 out: Vec::new(),
                 sending: false,
@@ -185,7 +166,7 @@ impl RxeQp {
     /// This QP as the connection manager names it.
     pub(crate) fn cm_ref(&self) -> crate::cm::QpRef {
         crate::cm::QpRef {
-            qpn: self.qpn,
+            qpn: self.base.qpn,
             serial: self.serial,
         }
     }
@@ -203,7 +184,7 @@ impl RxeQp {
 
     fn set_state(&self, st: &mut State, to: QpState) {
         if st.qp != to {
-            tracing::debug!(qpn = self.qpn, from = ?st.qp, ?to, "rxe QP state");
+            tracing::debug!(qpn = self.base.qpn, from = ?st.qp, ?to, "rxe QP state");
             st.qp = to;
         }
     }
@@ -268,7 +249,12 @@ impl RxeQp {
                 break more;
             }
         };
-        tracing::trace!(qpn = self.qpn, sent = TX_BUDGET - left, more, "rxe tx step");
+        tracing::trace!(
+            qpn = self.base.qpn,
+            sent = TX_BUDGET - left,
+            more,
+            "rxe tx step"
+        );
         if more {
             self.schedule();
         }
@@ -297,7 +283,7 @@ impl RxeQp {
     fn queue_timer(&self, st: &mut State, at: Instant) {
         if st.timer_queued.is_none_or(|q| at < q) {
             st.timer_queued = Some(at);
-            self.dev.timers.arm(Target::Qp(self.qpn), 0, at);
+            self.dev.timers.arm(Target::Qp(self.base.qpn), 0, at);
         }
     }
 
@@ -384,7 +370,7 @@ impl RxeQp {
         let Some(av) = st.av else { return };
         match repr.to_vec() {
             Ok(roce) => st.out.push(Outgoing { av, roce }),
-            Err(e) => tracing::warn!(qpn = self.qpn, error = %e, "rxe: cannot emit packet"),
+            Err(e) => tracing::warn!(qpn = self.base.qpn, error = %e, "rxe: cannot emit packet"),
         }
     }
 
@@ -394,9 +380,9 @@ impl RxeQp {
 
     // ---- completions and errors -------------------------------------------------------
 
+    /// Write a completion; one lost to a full CQ is counted (the CQ reports it).
     pub(crate) fn post_cqe(&self, send: bool, cqe: Cqe) {
-        let cq = if send { &self.scq } else { &self.rcq };
-        if !cq.engine().push(cqe) {
+        if !self.base.push_cqe(send, cqe) {
             self.dev.count(&self.dev.counters.cq_overflows);
         }
     }
@@ -415,7 +401,7 @@ impl RxeQp {
                 None => WcStatus::WrFlushErr,
             };
             if w.wqe.signaled() || status != WcStatus::Success {
-                self.post_cqe(true, cqe_for(&w.wqe, self.qpn, status, 0));
+                self.post_cqe(true, self.base.cqe(&w.wqe, status, 0));
             }
         }
         self.flush_rings(st);
@@ -426,28 +412,9 @@ impl RxeQp {
     /// a fixed range, so a consumer that keeps refilling a ring gets the rest flushed at
     /// its next doorbell, never an endless loop here.
     fn flush_rings(&self, st: &mut State) {
-        let flushed = self.sq.lock().drain_queued(|w| {
-            self.post_cqe(true, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
-        });
-        if flushed.is_err() {
-            RingStats::count(&self.stats.wq_corrupt);
-        }
-        if let Some(w) = st.resp.take_current_recv() {
-            self.post_cqe(false, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
-        }
-        if self.srq.is_some() {
-            if !st.last_wqe_sent {
-                st.last_wqe_sent = true;
-                self.sink.deliver(Event::new(EventKind::LastWqeReached));
-            }
-            return;
-        }
-        let flushed = self.rq.lock().drain_queued(|w| {
-            self.post_cqe(false, cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0));
-        });
-        if flushed.is_err() {
-            RingStats::count(&self.stats.wq_corrupt);
-        }
+        self.base.flush_send(|c| self.post_cqe(true, c));
+        self.base
+            .flush_recv(st.resp.take_current_recv(), |c| self.post_cqe(false, c));
     }
 
     /// A fatal transport error: report it and go to Error.
@@ -455,26 +422,19 @@ impl RxeQp {
         if st.qp == QpState::Error {
             return;
         }
-        tracing::warn!(qpn = self.qpn, ?kind, why, "rxe QP error");
+        tracing::warn!(qpn = self.base.qpn, ?kind, why, "rxe QP error");
         self.to_error(st);
-        self.sink.deliver(Event::new(kind).with_status(libc::EIO));
+        self.base
+            .sink
+            .deliver(Event::new(kind).with_status(libc::EIO));
     }
 
-    /// The next posted receive: from the SRQ when the QP has one, else its own queue.
-    /// `Err` when the QP's own receive ring is corrupt (counted; the caller fails the
-    /// QP). A corrupt SRQ is the SRQ's error (it reports it): here it has no receive.
+    /// The next posted receive ([`QpBase::take_recv`]); a corrupt receive ring is also
+    /// logged here (the caller fails the QP).
     pub(crate) fn take_recv(&self) -> Result<Option<Wqe>, RingCorrupt> {
-        match &self.srq {
-            Some(srq) => Ok(srq.engine().take().ok().flatten()),
-            None => self.rq.lock().pop().inspect_err(|_| {
-                RingStats::count(&self.stats.wq_corrupt);
-                rnicpi::warn_limited!(qpn = self.qpn, "rxe receive ring indices corrupt");
-            }),
-        }
-    }
-
-    pub(crate) fn sq(&self) -> &Mutex<Consumer<Wqe>> {
-        &self.sq
+        self.base.take_recv().inspect_err(|_| {
+            rnicpi::warn_limited!(qpn = self.base.qpn, "rxe receive ring indices corrupt");
+        })
     }
 
     // ---- connection manager hooks -----------------------------------------------------
@@ -492,7 +452,7 @@ impl RxeQp {
         st.closed_reported = true;
         drop(st);
         if first {
-            self.sink.deliver(Event::new(kind));
+            self.base.sink.deliver(Event::new(kind));
         }
     }
 
@@ -500,7 +460,8 @@ impl RxeQp {
     /// connected consumer hears of as a broken connection (once, as for a close).
     pub(crate) fn peer_lost(&self, st: &mut State) {
         if !std::mem::replace(&mut st.closed_reported, true) {
-            self.sink
+            self.base
+                .sink
                 .deliver(Event::new(EventKind::ConnectionBroken).with_status(libc::ETIMEDOUT));
         }
     }
@@ -512,7 +473,7 @@ impl RxeQp {
     /// Send-queue work is posted or in flight (an orderly close waits for it).
     pub(crate) fn send_busy(&self) -> bool {
         let st = self.st.lock();
-        st.qp != QpState::Error && (st.req.busy() || !self.sq.lock().is_empty())
+        st.qp != QpState::Error && (st.req.busy() || !self.base.sq.lock().is_empty())
     }
 
     /// Resolve the address vector from the QP attributes (destination GID, source GID
@@ -529,14 +490,14 @@ impl RxeQp {
         } else {
             src
         };
-        let sport = wire::icrc::udp_sport_for(0, self.qpn, st.attr.dest_qpn);
+        let sport = wire::icrc::udp_sport_for(0, self.base.qpn, st.attr.dest_qpn);
         Ok(Av { src, dst, sport })
     }
 }
 
 impl ProviderQp for RxeQp {
     fn qp_num(&self) -> u32 {
-        self.qpn
+        self.base.qpn
     }
 
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -625,7 +586,7 @@ impl ProviderQp for RxeQp {
                     st.req = Requester::new(attr.sq_psn, attr.retry_cnt, attr.rnr_retry);
                     st.resp = Responder::new(attr.rq_psn);
                     st.av = None;
-                    st.last_wqe_sent = false;
+                    self.base.rearm_last_wqe();
                     self.set_state(&mut st, QpState::Reset);
                 }
                 QpState::Rtr => {
@@ -686,7 +647,7 @@ impl ProviderQp for RxeQp {
         st.closed_reported = true;
         self.to_error(&mut st);
         drop(st);
-        self.dev.qps.write().remove(&self.qpn);
+        self.dev.qps.write().remove(&self.base.qpn);
     }
 
     /// `resp_queued`: responder output waiting to be sent (read responses, atomic and
@@ -697,20 +658,5 @@ impl ProviderQp for RxeQp {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
-    }
-}
-
-pub(crate) fn cqe_for(w: &Wqe, qpn: u32, status: WcStatus, byte_len: u32) -> Cqe {
-    Cqe {
-        wr_id: w.wr_id,
-        status: status as u8,
-        opcode: w.opcode().map(|o| o.wc_opcode() as u8).unwrap_or(0),
-        flags: 0,
-        _reserved: 0,
-        byte_len,
-        qp_num: qpn,
-        imm_or_inv: 0,
-        src_qp: 0,
-        vendor_err: 0,
     }
 }

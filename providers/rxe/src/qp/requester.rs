@@ -196,7 +196,7 @@ impl RxeQp {
             let i = st.req.cur;
             if st.req.wqes[i].is_local() || st.req.wqes[i].done {
                 if *budget == 0 {
-                    RingStats::count(&self.stats.drain_budget_spent);
+                    RingStats::count(&self.base.stats.drain_budget_spent);
                     return true;
                 }
                 *budget -= 1;
@@ -239,7 +239,7 @@ impl RxeQp {
         if st.qp != QpState::Rts {
             return false;
         }
-        let mut sq = self.sq().lock();
+        let mut sq = self.base.sq.lock();
         if st.req.wqes.len() >= sq.capacity() as usize {
             return false;
         }
@@ -248,7 +248,7 @@ impl RxeQp {
             Ok(None) => return false,
             Err(RingCorrupt) => {
                 drop(sq);
-                RingStats::count(&self.stats.wq_corrupt);
+                RingStats::count(&self.base.stats.wq_corrupt);
                 self.fatal(st, EventKind::QpFatal, "send ring indices corrupt");
                 return false;
             }
@@ -283,7 +283,7 @@ impl RxeQp {
     /// A request that fails local checks completes in error and the QP goes to Error.
     fn reject_local(&self, st: &mut State, wqe: Wqe, status: WcStatus) -> bool {
         tracing::debug!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             wr_id = wqe.wr_id,
             ?status,
             "rxe request refused"
@@ -309,8 +309,8 @@ impl RxeQp {
 
     /// Validate a request against the QP's caps and its registrations.
     fn prepare(&self, st: &State, wqe: Wqe, op: WrOpcode) -> Result<SendWqe, WcStatus> {
-        let max_inline = (self.caps.max_inline as usize).min(MAX_INLINE);
-        if u32::from(wqe.num_sge) > self.caps.max_send_sge
+        let max_inline = (self.base.caps.max_inline as usize).min(MAX_INLINE);
+        if u32::from(wqe.num_sge) > self.base.caps.max_send_sge
             || (wqe.is_inline() && wqe.inline_len as usize > max_inline)
         {
             return Err(WcStatus::LocLenErr);
@@ -349,7 +349,7 @@ impl RxeQp {
             self.dev
                 .res
                 .mrs
-                .resolve_sgl(self.pd, wqe.sges(), need)
+                .resolve_sgl(self.base.pd, wqe.sges(), need)
                 .map_err(|_| WcStatus::LocProtErr)?
         } else {
             Sgl::default()
@@ -378,7 +378,7 @@ impl RxeQp {
                 .dev
                 .res
                 .mrs
-                .invalidate(w.wqe.imm_or_inv, self.pd)
+                .invalidate(w.wqe.imm_or_inv, self.base.pd)
                 .map_err(|_| WcStatus::LocProtErr),
             _ => {
                 let b = w.wqe.bind_args();
@@ -387,7 +387,7 @@ impl RxeQp {
                         .dev
                         .res
                         .mrs
-                        .bind_window(self.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, a)
+                        .bind_window(self.base.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, a)
                         .map(|_| ())
                         .map_err(|_| WcStatus::MwBindErr),
                     None => Err(WcStatus::MwBindErr),

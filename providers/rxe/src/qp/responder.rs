@@ -21,7 +21,7 @@
 //! this), in the order the packet meets them.
 
 use super::requester::ack_aeth;
-use super::{byte_len, cqe_for, RxeQp, State, MAX_MSG};
+use super::{byte_len, RxeQp, State, MAX_MSG};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicAckEthRepr, NakCode, Opcode, Operation, RoceRepr,
     Syndrome,
@@ -224,7 +224,7 @@ impl RxeQp {
         let psn = p.bth.psn;
         let d = psn_diff(psn, st.resp.psn);
         tracing::trace!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             psn,
             expected = st.resp.psn,
             ack_req = p.bth.ack_req,
@@ -370,17 +370,17 @@ impl RxeQp {
         let end = at + p.payload.len() as u64;
         if end > MAX_MSG {
             st.resp.cur = None;
-            self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, WcStatus::LocLenErr, 0));
+            self.post_cqe(false, self.base.cqe(&wqe_copy, WcStatus::LocLenErr, 0));
             return invalid();
         }
         if end > wqe_copy.total_len() {
             st.resp.cur = None;
-            self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, WcStatus::LocLenErr, 0));
+            self.post_cqe(false, self.base.cqe(&wqe_copy, WcStatus::LocLenErr, 0));
             return invalid();
         }
         if let Err(status) = self.place_recv(&wqe_copy, at, p.payload) {
             st.resp.cur = None;
-            self.post_cqe(false, cqe_for(&wqe_copy, self.qpn, status, 0));
+            self.post_cqe(false, self.base.cqe(&wqe_copy, status, 0));
             return Verdict::Fatal(NakCode::RemoteOperationalError, EventKind::QpFatal);
         }
         if let Some(InMsg::Send { off, .. }) = st.resp.cur.as_mut() {
@@ -390,7 +390,7 @@ impl RxeQp {
             return Verdict::Done { npkts: 1 };
         }
         st.resp.cur = None;
-        let mut cqe = cqe_for(&wqe_copy, self.qpn, WcStatus::Success, byte_len(end));
+        let mut cqe = self.base.cqe(&wqe_copy, WcStatus::Success, byte_len(end));
         cqe.src_qp = st.attr.dest_qpn;
         if p.bth.solicited {
             cqe.flags |= wc_flags::SOLICITED;
@@ -408,12 +408,16 @@ impl RxeQp {
                 .mrs
                 .lookup(ieth.rkey)
                 .is_ok_and(|r| r.is_window());
-            if !window || self.dev.res.mrs.invalidate(ieth.rkey, self.pd).is_err() {
+            if !window
+                || self
+                    .dev
+                    .res
+                    .mrs
+                    .invalidate(ieth.rkey, self.base.pd)
+                    .is_err()
+            {
                 self.dev.count(&self.dev.counters.remote_inv_refused);
-                self.post_cqe(
-                    false,
-                    cqe_for(&wqe_copy, self.qpn, WcStatus::RemInvReqErr, 0),
-                );
+                self.post_cqe(false, self.base.cqe(&wqe_copy, WcStatus::RemInvReqErr, 0));
                 return invalid();
             }
             cqe.flags |= wc_flags::WITH_INV;
@@ -429,7 +433,7 @@ impl RxeQp {
         self.dev
             .res
             .mrs
-            .scatter(self.pd, w.sges(), off, data)
+            .scatter(self.base.pd, w.sges(), off, data)
             .map_err(|_| WcStatus::LocProtErr)
     }
 
@@ -448,7 +452,10 @@ impl RxeQp {
             }
             let region = if len > 0 {
                 match self.dev.res.mrs.lookup(reth.rkey) {
-                    Ok(r) if r.check(self.pd, reth.va, len, Access::REMOTE_WRITE).is_ok() => {
+                    Ok(r)
+                        if r.check(self.base.pd, reth.va, len, Access::REMOTE_WRITE)
+                            .is_ok() =>
+                    {
                         Some(r)
                     }
                     _ => return access(),
@@ -491,7 +498,7 @@ impl RxeQp {
         if !p.payload.is_empty() {
             let placed = region
                 .as_ref()
-                .map(|r| r.write(self.pd, va + off, p.payload, Access::REMOTE_WRITE));
+                .map(|r| r.write(self.base.pd, va + off, p.payload, Access::REMOTE_WRITE));
             if !matches!(placed, Some(Ok(()))) {
                 st.resp.cur = None;
                 return access();
@@ -504,7 +511,7 @@ impl RxeQp {
             st.resp.cur = None;
             st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
             if let (Some(w), Some(imm)) = (recv, p.immdt) {
-                let mut cqe = cqe_for(&w, self.qpn, WcStatus::Success, byte_len(len));
+                let mut cqe = self.base.cqe(&w, WcStatus::Success, byte_len(len));
                 cqe.opcode = WcOpcode::RecvRdmaWithImm as u8;
                 cqe.flags |= wc_flags::WITH_IMM;
                 cqe.imm_or_inv = u32::from_ne_bytes(imm.imm.to_be_bytes());
@@ -575,7 +582,7 @@ impl RxeQp {
             return Ok(None);
         }
         match self.dev.res.mrs.lookup(rkey) {
-            Ok(r) if r.check(self.pd, va, len, Access::REMOTE_READ).is_ok() => Ok(Some(r)),
+            Ok(r) if r.check(self.base.pd, va, len, Access::REMOTE_READ).is_ok() => Ok(Some(r)),
             _ => Err(access()),
         }
     }
@@ -608,7 +615,7 @@ impl RxeQp {
                 v.wrapping_add(a.swap_add)
             }
         };
-        let orig = match region.atomic(self.pd, a.va, &mut op) {
+        let orig = match region.atomic(self.base.pd, a.va, &mut op) {
             Ok(v) => v,
             Err(_) => return access(),
         };
@@ -668,7 +675,7 @@ impl RxeQp {
                 });
                 let Some((start, npkts, va, len)) = known else {
                     tracing::trace!(
-                        qpn = self.qpn,
+                        qpn = self.base.qpn,
                         psn,
                         "rxe duplicate read of no known request"
                     );
@@ -678,7 +685,7 @@ impl RxeQp {
                 let (lo, hi) = (reth.va, reth.va.saturating_add(reth.dma_len as u64));
                 if lo < va || hi > va + len {
                     tracing::trace!(
-                        qpn = self.qpn,
+                        qpn = self.base.qpn,
                         psn,
                         lo,
                         hi,
@@ -776,7 +783,7 @@ impl RxeQp {
             buf.clear();
             buf.resize(n as usize, 0);
             if let Some(r) = &job.region {
-                if r.read(self.pd, job.va, &mut buf, Access::REMOTE_READ)
+                if r.read(self.base.pd, job.va, &mut buf, Access::REMOTE_READ)
                     .is_err()
                 {
                     // Deregistered under the response: the read fails remotely.

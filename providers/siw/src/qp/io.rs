@@ -103,7 +103,7 @@ impl SiwQp {
         if let Conn::Up { hold_until } = &mut self.st.lock().conn {
             *hold_until = Some(Instant::now() + hold);
         }
-        self.sink.deliver(established);
+        self.base.sink.deliver(established);
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
         // a fresh connection's empty send buffer, never a wait on the peer.
         let sent = reply.map_or(Ok(()), |r| rx.write_all(r));
@@ -116,20 +116,25 @@ impl SiwQp {
                     .spawn(f)
             };
             spawn(
-                format!("siw-rx{}", self.qpn),
+                format!("siw-rx{}", self.base.qpn),
                 Box::new(move || a.rx_loop(rx)),
             )
-            .and_then(|_| spawn(format!("siw-tx{}", self.qpn), Box::new(move || b.tx_loop())))
+            .and_then(|_| {
+                spawn(
+                    format!("siw-tx{}", self.base.qpn),
+                    Box::new(move || b.tx_loop()),
+                )
+            })
         });
         if let Err(e) = started {
             // No reply sent or no threads to run the connection: it broke.
-            tracing::info!(qpn = self.qpn, error = %e, "siw connection could not start");
+            tracing::info!(qpn = self.base.qpn, error = %e, "siw connection could not start");
             self.begin_close(true);
             self.connection_lost(false);
             return Ok(());
         }
         tracing::info!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             crc = conn.crc,
             ird = conn.ird,
             ord = conn.ord,
@@ -150,7 +155,7 @@ impl SiwQp {
                         // or the end of the wait lets it go.
                         if Instant::now() >= t {
                             st.conn = Conn::Up { hold_until: None };
-                            tracing::debug!(qpn = self.qpn, "siw responder wait over");
+                            tracing::debug!(qpn = self.base.qpn, "siw responder wait over");
                             break;
                         }
                         self.cv.wait_until(&mut st, t);
@@ -187,7 +192,7 @@ impl SiwQp {
     /// consumer churns its ring, one call does bounded work. Returns false once the
     /// connection is finished. The protocol-state lock is never held while writing.
     pub(super) fn pump(&self, mode: Mode) -> bool {
-        let mut budget = self.sq.lock().capacity();
+        let mut budget = self.base.sq.lock().capacity();
         let mut guard = match mode {
             Mode::Thread => self.tx.lock(),
             Mode::Inline => match self.tx.try_lock() {
@@ -213,7 +218,7 @@ impl SiwQp {
                 self.settle(&wqe, r.is_ok(), complete_now);
             }
             if let Err(e) = r {
-                tracing::debug!(qpn = self.qpn, error = %e, "siw transmit failed");
+                tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
                 drop(guard);
                 self.connection_lost(false);
                 return false;
@@ -283,7 +288,7 @@ impl SiwQp {
                             if wqe.opcode() == Some(WrOpcode::RdmaRead) {
                                 st.orq.cancel(msn);
                             }
-                            self.post_cqe(&mut st, &self.scq, cqe_for(&wqe, self.qpn, status, 0));
+                            self.post_cqe(&mut st, true, self.base.cqe(&wqe, status, 0));
                             self.to_error(&mut st);
                         }
                     }
@@ -291,7 +296,7 @@ impl SiwQp {
                 }
             };
             if let Err(e) = r {
-                tracing::debug!(qpn = self.qpn, error = %e, "siw transmit failed");
+                tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
                 drop(guard);
                 self.connection_lost(false);
                 return false;

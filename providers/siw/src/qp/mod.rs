@@ -22,6 +22,7 @@ use crate::orq::Orq;
 use crate::wire::{self, term, TermCode};
 use io::{Mode, Tx};
 use parking_lot::{Condvar, Mutex};
+use rnicpi::soft::QpBase;
 use rnicpi::*;
 use state::{Conn, State, TermTx};
 use std::collections::VecDeque;
@@ -30,18 +31,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 pub struct SiwQp {
-    pub qpn: u32,
-    pd: u32,
+    /// The rings, CQs, SRQ and sink the QP was created with.
+    pub(crate) base: QpBase,
     dev: Arc<Shared>,
-    caps: QpCaps,
-    sq: Mutex<Consumer<Wqe>>,
-    rq: Mutex<Consumer<Wqe>>,
-    /// When set, receives come from this SRQ and `rq` is unused.
-    srq: Option<Arc<dyn ProviderSrq>>,
-    scq: Arc<dyn ProviderCq>,
-    rcq: Arc<dyn ProviderCq>,
-    pub(crate) sink: Arc<dyn EventSink>,
-    stats: Arc<RingStats>,
     st: Mutex<State>,
     cv: Condvar,
     tx: Mutex<Option<Tx>>,
@@ -66,17 +58,8 @@ const CQ_OVERFLOW: TermCode = TermCode {
 impl SiwQp {
     pub(crate) fn new(dev: Arc<Shared>, qpn: u32, init: QpInit) -> Arc<SiwQp> {
         Arc::new_cyclic(|me| SiwQp {
-            qpn,
-            pd: init.pd,
+            base: QpBase::new(qpn, init),
             dev,
-            caps: init.caps,
-            sq: Mutex::new(init.sq),
-            rq: Mutex::new(init.rq),
-            srq: init.srq,
-            scq: init.send_cq,
-            rcq: init.recv_cq,
-            sink: init.sink,
-            stats: init.stats,
             st: Mutex::new(State {
                 qp: QpState::Reset,
                 attr: QpAttr {
@@ -98,7 +81,6 @@ impl SiwQp {
                 responding: 0,
                 cur_recv: None,
                 term: TermTx::None,
-                last_wqe_sent: false,
                 kick: false,
             }),
             cv: Condvar::new(),
@@ -110,14 +92,14 @@ impl SiwQp {
 
     fn set_state(&self, st: &mut State, to: QpState) {
         if st.qp != to {
-            tracing::debug!(qpn = self.qpn, from = ?st.qp, ?to, "siw QP state");
+            tracing::debug!(qpn = self.base.qpn, from = ?st.qp, ?to, "siw QP state");
             st.qp = to;
         }
     }
 
     fn set_conn(&self, st: &mut State, to: Conn) {
         if st.conn != to {
-            tracing::debug!(qpn = self.qpn, from = ?st.conn, ?to, "siw connection state");
+            tracing::debug!(qpn = self.base.qpn, from = ?st.conn, ?to, "siw connection state");
             st.conn = to;
         }
     }
@@ -161,7 +143,7 @@ impl SiwQp {
             self.set_conn(&mut st, Conn::Idle);
         }
         drop(st);
-        self.sink.deliver(ev);
+        self.base.sink.deliver(ev);
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -230,8 +212,8 @@ impl SiwQp {
     /// Write a completion. A full CQ (or one whose ring the consumer corrupted) loses it:
     /// counted, the CQ reports `CqError`, and this QP, which can no longer report its
     /// work, goes to Error with a Terminate and `QpFatal` (as kernel siw does).
-    fn post_cqe(&self, st: &mut State, cq: &Arc<dyn ProviderCq>, cqe: Cqe) {
-        if cq.engine().push(cqe) {
+    fn post_cqe(&self, st: &mut State, send: bool, cqe: Cqe) {
+        if self.base.push_cqe(send, cqe) {
             return;
         }
         self.dev
@@ -239,9 +221,10 @@ impl SiwQp {
             .cq_overflows
             .fetch_add(1, Ordering::Relaxed);
         if st.qp != QpState::Error {
-            rnicpi::warn_limited!(qpn = self.qpn, "siw QP lost a completion: CQ overflow");
+            rnicpi::warn_limited!(qpn = self.base.qpn, "siw QP lost a completion: CQ overflow");
             self.terminate_locked(st, CQ_OVERFLOW, None);
-            self.sink
+            self.base
+                .sink
                 .deliver(Event::new(EventKind::QpFatal).with_status(libc::EOVERFLOW));
         }
     }
@@ -249,13 +232,14 @@ impl SiwQp {
     /// The consumer corrupted the index of one of the QP's rings: the QP is in Error
     /// already; count it and tell the consumer.
     fn ring_corrupt(&self, which: &'static str) {
-        RingStats::count(&self.stats.wq_corrupt);
+        RingStats::count(&self.base.stats.wq_corrupt);
         rnicpi::warn_limited!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             which,
             "siw ring indices corrupt: QP in error"
         );
-        self.sink
+        self.base
+            .sink
             .deliver(Event::new(EventKind::QpFatal).with_status(libc::EIO));
     }
 
@@ -277,8 +261,13 @@ impl SiwQp {
             s.shutdown(Shutdown::Both);
         }
         if first {
-            tracing::info!(qpn = self.qpn, ?kind, was_error, "siw connection closed");
-            self.sink.deliver(Event::new(kind));
+            tracing::info!(
+                qpn = self.base.qpn,
+                ?kind,
+                was_error,
+                "siw connection closed"
+            );
+            self.base.sink.deliver(Event::new(kind));
         }
     }
 
@@ -318,24 +307,9 @@ pub(crate) struct Attach {
     pub ord: u32,
 }
 
-pub(crate) fn cqe_for(w: &Wqe, qpn: u32, status: WcStatus, byte_len: u32) -> Cqe {
-    Cqe {
-        wr_id: w.wr_id,
-        status: status as u8,
-        opcode: w.opcode().map(|o| o.wc_opcode() as u8).unwrap_or(0),
-        flags: 0,
-        _reserved: 0,
-        byte_len,
-        qp_num: qpn,
-        imm_or_inv: 0,
-        src_qp: 0,
-        vendor_err: 0,
-    }
-}
-
 impl ProviderQp for SiwQp {
     fn qp_num(&self) -> u32 {
-        self.qpn
+        self.base.qpn
     }
 
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {

@@ -63,7 +63,7 @@ impl SiwQp {
             st.responding += 1;
             return Work::Response { rr, crc, mtu };
         }
-        let mut sq = self.sq.lock();
+        let mut sq = self.base.sq.lock();
         // Requests taken off the ring and not yet complete (behind an outstanding Read)
         // never exceed the ring's size, however fast the consumer refills it.
         if st.inflight.len() >= sq.capacity() as usize {
@@ -90,7 +90,7 @@ impl SiwQp {
             }
         };
         if *budget == 0 {
-            RingStats::count(&self.stats.drain_budget_spent);
+            RingStats::count(&self.base.stats.drain_budget_spent);
             st.kick = true;
             self.cv.notify_one();
             return Work::Idle;
@@ -147,8 +147,8 @@ impl SiwQp {
         let op = w.opcode().ok_or(WcStatus::LocQpOpErr)?;
         // The request came through memory the consumer can scribble on: hold it to the
         // QP's capabilities before using any of it.
-        let max_inline = (self.caps.max_inline as usize).min(rnicpi::wr::MAX_INLINE);
-        if u32::from(w.num_sge) > self.caps.max_send_sge
+        let max_inline = (self.base.caps.max_inline as usize).min(rnicpi::wr::MAX_INLINE);
+        if u32::from(w.num_sge) > self.base.caps.max_send_sge
             || (w.is_inline() && w.inline_len as usize > max_inline)
         {
             return Err(WcStatus::LocLenErr);
@@ -210,7 +210,7 @@ impl SiwQp {
                             .mrs
                             .lookup(s.lkey)
                             .map_err(|_| WcStatus::LocProtErr)?;
-                        r.check(self.pd, s.addr, s.length as u64, Access::LOCAL_WRITE)
+                        r.check(self.base.pd, s.addr, s.length as u64, Access::LOCAL_WRITE)
                             .map_err(|_| WcStatus::LocProtErr)?;
                         (s.lkey, s.addr, s.length)
                     }
@@ -245,7 +245,7 @@ impl SiwQp {
                 self.dev
                     .res
                     .mrs
-                    .invalidate(w.imm_or_inv, self.pd)
+                    .invalidate(w.imm_or_inv, self.base.pd)
                     .map_err(|_| WcStatus::LocProtErr)?;
                 Ok(true)
             }
@@ -255,9 +255,9 @@ impl SiwQp {
                 self.dev
                     .res
                     .mrs
-                    .bind_window(self.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, access)
+                    .bind_window(self.base.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, access)
                     .map_err(|e| {
-                        tracing::debug!(qpn = self.qpn, error = %e, "memory window bind refused");
+                        tracing::debug!(qpn = self.base.qpn, error = %e, "memory window bind refused");
                         WcStatus::MwBindErr
                     })?;
                 Ok(true)
@@ -290,7 +290,7 @@ impl SiwQp {
                 .dev
                 .res
                 .mrs
-                .resolve_sgl(self.pd, w.sges(), Access::empty())
+                .resolve_sgl(self.base.pd, w.sges(), Access::empty())
                 .map_err(|_| WcStatus::LocProtErr)?,
         };
         let mut off = 0u64;
@@ -332,11 +332,7 @@ impl SiwQp {
             if f.wqe.signaled() {
                 // Every request was held to at most u32::MAX bytes before it was sent.
                 let len = u32::try_from(f.wqe.total_len()).unwrap_or(u32::MAX);
-                self.post_cqe(
-                    st,
-                    &self.scq,
-                    cqe_for(&f.wqe, self.qpn, WcStatus::Success, len),
-                );
+                self.post_cqe(st, true, self.base.cqe(&f.wqe, WcStatus::Success, len));
             }
         }
     }

@@ -46,7 +46,7 @@ impl SiwQp {
             h.emit(wire::grow(out, h.buffer_len()));
             let payload = wire::grow(out, n as usize);
             if let Some(r) = &region {
-                r.read(self.pd, rr.src_to + off, payload, Access::REMOTE_READ)
+                r.read(self.base.pd, rr.src_to + off, payload, Access::REMOTE_READ)
                     .map_err(access_term)?;
             }
             wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
@@ -71,23 +71,6 @@ impl SiwQp {
                 }
             }
         }
-    }
-
-    /// The next posted receive: from the SRQ when the QP has one, else its own queue.
-    /// `None` when there is none, and when the ring is corrupt (counted; the missing
-    /// buffer then terminates the connection and moves the QP to Error).
-    pub(super) fn take_recv(&self) -> Option<Wqe> {
-        let taken = match &self.srq {
-            Some(srq) => srq.engine().take(),
-            None => {
-                let r = self.rq.lock().pop();
-                if r.is_err() {
-                    RingStats::count(&self.stats.wq_corrupt);
-                }
-                r
-            }
-        };
-        taken.ok().flatten()
     }
 
     /// Process one whole FPDU from the peer: check its framing and CRC, then place or
@@ -196,7 +179,11 @@ impl SiwQp {
                     .and_then(|p| term::Repr::parse(&p))
                     .map(|t| t.code)
                     .ok();
-                rnicpi::warn_limited!(qpn = self.qpn, ?code, "siw peer terminated the connection");
+                rnicpi::warn_limited!(
+                    qpn = self.base.qpn,
+                    ?code,
+                    "siw peer terminated the connection"
+                );
                 self.dev
                     .counters
                     .terminates_received
@@ -204,7 +191,8 @@ impl SiwQp {
                 let mut st = self.st.lock();
                 self.to_error(&mut st);
                 drop(st);
-                self.sink
+                self.base
+                    .sink
                     .deliver(Event::new(EventKind::QpFatal).with_status(libc::ECONNABORTED));
                 Ok(())
             }
@@ -232,7 +220,7 @@ impl SiwQp {
             .mrs
             .lookup(stag)
             .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
-        r.write(self.pd, to, data, need).map_err(access_term)
+        r.write(self.base.pd, to, data, need).map_err(access_term)
     }
 
     /// A Read Response segment: accepted only as the next bytes of the oldest
@@ -288,7 +276,9 @@ impl SiwQp {
             if mo != 0 {
                 return Err(untagged(term::DDP_UNTAGGED_INV_MO));
             }
-            let Some(w) = self.take_recv() else {
+            // A corrupt receive ring (counted by the base) is a missing buffer too: the
+            // Terminate moves the QP to Error.
+            let Some(w) = self.base.take_recv().ok().flatten() else {
                 return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
             };
             st.cur_recv = Some(RecvInProgress {
@@ -305,7 +295,7 @@ impl SiwQp {
         self.dev
             .res
             .mrs
-            .scatter(self.pd, rip.wqe.sges(), mo.into(), data)
+            .scatter(self.base.pd, rip.wqe.sges(), mo.into(), data)
             .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
         rip.received = end;
         if !last {
@@ -315,20 +305,20 @@ impl SiwQp {
             return Ok(());
         };
         st.rx_msn_send = st.rx_msn_send.wrapping_add(1);
-        let mut cqe = cqe_for(&rip.wqe, self.qpn, WcStatus::Success, rip.received);
+        let mut cqe = self.base.cqe(&rip.wqe, WcStatus::Success, rip.received);
         if op.solicited() {
             cqe.flags |= wc_flags::SOLICITED;
         }
         if op.invalidates() {
             if let Err(code) = self.remote_invalidate(inv_stag) {
                 cqe.status = WcStatus::RemInvReqErr as u8;
-                self.post_cqe(&mut st, &self.rcq, cqe);
+                self.post_cqe(&mut st, false, cqe);
                 return Err(code);
             }
             cqe.flags |= wc_flags::WITH_INV;
             cqe.imm_or_inv = inv_stag;
         }
-        self.post_cqe(&mut st, &self.rcq, cqe);
+        self.post_cqe(&mut st, false, cqe);
         Ok(())
     }
 
@@ -344,7 +334,7 @@ impl SiwQp {
         };
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let r = self.dev.res.mrs.lookup(stag).map_err(|_| refused)?;
-        if r.pd != self.pd || !(r.is_window() || r.access.intersects(remote)) {
+        if r.pd != self.base.pd || !(r.is_window() || r.access.intersects(remote)) {
             return Err(refused);
         }
         r.invalidate();
@@ -385,7 +375,7 @@ impl SiwQp {
                 etype: term::RDMAP_REMOTE_PROT,
                 ecode: term::RDMAP_INV_STAG,
             })?;
-            r.check(self.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ)
+            r.check(self.base.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ)
                 .map_err(access_term_rdmap)?;
         }
         st.rx_msn_read = st.rx_msn_read.wrapping_add(1);

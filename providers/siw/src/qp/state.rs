@@ -64,8 +64,6 @@ pub(super) struct State {
     pub(super) responding: u32,
     pub(super) cur_recv: Option<RecvInProgress>,
     pub(super) term: TermTx,
-    /// `LastWqeReached` was reported (QPs on an SRQ, once they enter Error).
-    pub(super) last_wqe_sent: bool,
     /// The tx thread has work (the doorbell, a Read Request, a freed ORD slot).
     pub(super) kick: bool,
 }

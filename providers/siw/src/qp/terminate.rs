@@ -35,48 +35,15 @@ impl SiwQp {
                 } else {
                     0
                 };
-                self.post_cqe(st, &self.scq, cqe_for(&f.wqe, self.qpn, status, len));
+                self.post_cqe(st, true, self.base.cqe(&f.wqe, status, len));
             }
         }
         if sq_flushed {
-            // Flush what is queued now, a fixed range: a consumer that keeps refilling
-            // the ring gets the rest flushed at its next doorbell, never an endless loop.
-            let flushed = self.sq.lock().drain_queued(|w| {
-                self.post_cqe(
-                    st,
-                    &self.scq,
-                    cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0),
-                );
-            });
-            if flushed.is_err() {
-                RingStats::count(&self.stats.wq_corrupt);
-            }
+            self.base.flush_send(|c| self.post_cqe(st, true, c));
         }
-        if let Some(r) = st.cur_recv.take() {
-            self.post_cqe(
-                st,
-                &self.rcq,
-                cqe_for(&r.wqe, self.qpn, WcStatus::WrFlushErr, 0),
-            );
-        }
-        if self.srq.is_some() {
-            // The SRQ's receives belong to the other QPs; this one just stops taking them.
-            if !st.last_wqe_sent {
-                st.last_wqe_sent = true;
-                self.sink.deliver(Event::new(EventKind::LastWqeReached));
-            }
-            return;
-        }
-        let flushed = self.rq.lock().drain_queued(|w| {
-            self.post_cqe(
-                st,
-                &self.rcq,
-                cqe_for(&w, self.qpn, WcStatus::WrFlushErr, 0),
-            );
-        });
-        if flushed.is_err() {
-            RingStats::count(&self.stats.wq_corrupt);
-        }
+        let current = st.cur_recv.take().map(|r| r.wqe);
+        self.base
+            .flush_recv(current, |c| self.post_cqe(st, false, c));
     }
 
     /// A protocol error detected locally: queue a Terminate, go to Error, tell the consumer.
@@ -86,7 +53,7 @@ impl SiwQp {
             return;
         }
         rnicpi::warn_limited!(
-            qpn = self.qpn,
+            qpn = self.base.qpn,
             layer = code.layer,
             etype = code.etype,
             ecode = code.ecode,
@@ -101,7 +68,8 @@ impl SiwQp {
             }
             _ => EventKind::QpFatal,
         };
-        self.sink
+        self.base
+            .sink
             .deliver(Event::new(kind).with_status(libc::EPROTO));
         self.cv.notify_all();
     }
