@@ -15,6 +15,9 @@
 //! * Close: as librdmacm's `rdma_disconnect` on its own QPs: IB moves the QP to Error, iWARP
 //!   to SQD (graceful: the kernel drains, then closes the stream); abortive moves it to
 //!   Error on both. DISCONNECTED moves it to Error (flushing) and answers the peer.
+//!
+//! Over 600 lines: one connection life cycle, active and passive, kept together; the
+//! last lines are tests.
 
 use crate::sys::{CmEvent, CmId, CmParam};
 use crate::user::{QpInner, Shared};
@@ -424,12 +427,16 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: CmEvent) {
                 }
             }
             RDMA_CM_EVENT_CONNECT_RESPONSE => {
-                // IB only: the REP arrived; RTR, RTS, then the RTU.
+                // IB only: the REP arrived; INIT again (now that the IB CM knows the
+                // connection, rdma_init_qp_attr gives the remote access rights its IRD
+                // allows: without them the peer's RDMA Reads fail — librdmacm does the
+                // same INIT to INIT for its own QPs), RTR, RTS, then the RTU.
                 let ird = clamp_u8(c.param.ird.min(ev.initiator_depth as u32), s.max_ird);
                 let ord = clamp_u8(c.param.ord.min(ev.responder_resources as u32), s.max_ord);
                 let r = match &qp {
                     None => Err(VerbsError::NoSuchResource),
-                    Some(q) => cm_modify(s, q, &c.id, QpState::Rtr, Some(ird), None)
+                    Some(q) => cm_modify(s, q, &c.id, QpState::Init, None, None)
+                        .and_then(|_| cm_modify(s, q, &c.id, QpState::Rtr, Some(ird), None))
                         .and_then(|_| cm_modify(s, q, &c.id, QpState::Rts, None, Some(ord)))
                         .and_then(|_| c.id.establish()),
                 };

@@ -10,6 +10,9 @@
 //! sees only safe methods. The objects are `Send + Sync`: libibverbs and librdmacm calls
 //! are thread-safe on distinct objects and on the same object (each provider locks its
 //! queues), which is what rdma-core documents for the verbs API.
+//!
+//! Over 600 lines: every `unsafe` block of the crate is here, so that the safety arguments
+//! of one FFI boundary are read together; verbs objects, then rdma_cm, then the tests.
 
 use rdma_mummy_sys as ffi;
 use rnicpi::{Result, VerbsError};

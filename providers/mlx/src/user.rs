@@ -1,5 +1,7 @@
 //! The user half: [`Ibverbs`], a [`UserProvider`] whose objects are libibverbs objects
 //! created in the consumer's own process.
+//!
+//! Over 600 lines: by a few, with the tests at the end.
 
 use crate::cm::{self, CmState};
 use crate::conv;
@@ -338,6 +340,7 @@ impl UserPd for IbvPd {
             access: AtomicU32::new(0),
             last_state: AtomicU8::new(QpState::Reset as u8),
             cm_key: Mutex::new(None),
+            held_recv: Mutex::new(Vec::new()),
             dev: self.0.dev.clone(),
             _keep: (init.send_cq, init.recv_cq, init.srq, self.0.clone()),
         }))))
@@ -478,6 +481,11 @@ pub(crate) struct QpInner {
     pub(crate) last_state: AtomicU8,
     /// The rdma_cm id of its connection, if any (a key of the device's CM table).
     pub(crate) cm_key: Mutex<Option<usize>>,
+    /// Receives posted while the QP is in Reset, posted to the device when it leaves it.
+    /// krdma's consumers may post receives to a new QP before connecting it (IT-API,
+    /// uDAPL and rping do, as iWARP allows); a verbs device refuses them before INIT
+    /// (Linux rxe: `EINVAL`), and rdma_cm only hides that for QPs it creates itself.
+    held_recv: Mutex<Vec<Wqe>>,
     pub(crate) dev: Arc<Shared>,
     #[allow(clippy::type_complexity)]
     _keep: (
@@ -505,7 +513,35 @@ impl QpInner {
     }
 
     pub(crate) fn note_state(&self, state: QpState) {
+        let mut held = self.held_recv.lock();
         self.last_state.store(state as u8, Ordering::Relaxed);
+        if state == QpState::Reset || held.is_empty() {
+            return;
+        }
+        let wqes = std::mem::take(&mut *held);
+        if let Err(e) = self.post_recv_now(&wqes) {
+            tracing::warn!(qpn = self.qpn, n = wqes.len(), error = %e, "receives held in Reset could not be posted");
+        }
+    }
+
+    /// Post receives, or hold them while the QP is in Reset (see `held_recv`).
+    fn post_recv(&self, wqes: &[Wqe]) -> Result<()> {
+        let mut held = self.held_recv.lock();
+        if self.last_state.load(Ordering::Relaxed) != QpState::Reset as u8 {
+            drop(held);
+            return self.post_recv_now(wqes);
+        }
+        conv::recv_chain(wqes, self.caps.max_recv_sge)?; // refuse now what the device would
+        if held.len() + wqes.len() > self.caps.max_recv_wr as usize {
+            return Err(VerbsError::Exhausted);
+        }
+        held.extend_from_slice(wqes);
+        Ok(())
+    }
+
+    fn post_recv_now(&self, wqes: &[Wqe]) -> Result<()> {
+        let mut chain = conv::recv_chain(wqes, self.caps.max_recv_sge)?;
+        self.qp.post_recv(&mut chain.wrs[0])
     }
 
     pub(crate) fn state(&self) -> Result<QpState> {
@@ -550,8 +586,7 @@ impl UserQp for IbvQp {
         if self.0.has_srq {
             return Err(VerbsError::Invalid);
         }
-        let mut chain = conv::recv_chain(wqes, self.0.caps.max_recv_sge)?;
-        self.0.qp.post_recv(&mut chain.wrs[0])
+        self.0.post_recv(wqes)
     }
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let (mut a, m) = conv::qp_attr_to_ibv(attr, mask)?;
