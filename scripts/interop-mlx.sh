@@ -16,10 +16,18 @@ set -uo pipefail
 RDMA=${RDMA:-rxe}
 . "$(dirname "$0")/interop-lib.sh"
 
-GUEST_COPY=$KRDMA
+# What the guest runs, staged in one folder (/mnt/host/bin there): krdma and the IT-API
+# examples.
+cargo build --profile "$PROFILE" -p krdma-itapi --example pingpong --example rdma_rw >&2 || exit 1
+EXAMPLES=$TARGET/$PROFILE/examples
+BIN=$OUT/bin
+rm -rf "$BIN" && mkdir -p "$BIN"
+cp "$KRDMA" "$EXAMPLES/pingpong" "$EXAMPLES/rdma_rw" "$BIN/"
+GUEST_COPY=$BIN
 # The guest's krdma: only the kernel's device through libibverbs (krdma's own software
 # devices stay off in the guest; the kernel holds UDP 4791 there anyway).
-G="env KRDMA_RXE=off /mnt/host/krdma"
+G="env KRDMA_RXE=off /mnt/host/bin/krdma"
+GX="env KRDMA_RXE=off /mnt/host/bin"
 ITERS=${ITERS:-100}
 PERF_ITERS=${PERF_ITERS:-100}
 HOSTDEV=$RDMA"0"
@@ -54,5 +62,35 @@ for cm in "${cms[@]}"; do
             "perf $t -d $HOSTDEV $cm $v -n $PERF_ITERS" host-first
     done
 done
+
+# The IT-API examples, both roles: Sends with their data checked (pingpong) and RDMA Write
+# and Read of a pattern each side verifies (rdma_rw; without memory windows on the device
+# the server hands out its LMR).
+for ex in pingpong rdma_rw; do
+    HOST_PROG=$EXAMPLES/$ex record "itapi-$ex-guest-server" 2 "" \
+        "$GX/$ex --device $GDEV --server 7480" "--device $HOSTDEV --client $GUEST:7480" guest-first
+    HOST_PROG=$EXAMPLES/$ex record "itapi-$ex-host-server" 1 "" \
+        "$GX/$ex --device $GDEV --client $HOST:7481" "--device $HOSTDEV --server 7481" host-first
+done
+
+# Daemon mode inside the guest (no host peer): krdmad serving the kernel's device, its
+# objects in `krdma stat`, a per-user quota, and a killed process's resources given back
+# (scripts/guest/mlx-daemon.sh). The guest loads FUSE from its own kernel's modules.
+FUSE_KO=$(ls "${VMDIR:-/tmp/vm}"/extract/lib/modules/*/kernel/fs/fuse/fuse.ko 2>/dev/null | head -1)
+guest_only() {
+    local name=$1 script=$2 log=$OUT/$1.guest.log
+    [[ "$name" =~ ${ONLY:-.} ]] || return 0
+    echo "== $name (guest only, daemon)" >&2
+    if [ -z "$FUSE_KO" ]; then
+        echo "  $name: no fuse.ko for the guest kernel under ${VMDIR:-/tmp/vm}/extract"
+    elif bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" --copy "$BIN" --copy "$KRDMAD" \
+        --copy "$FUSE_KO" --copy "$ROOT/scripts/guest/$script" --timeout 200 \
+        -- "DEV=$GDEV sh /mnt/host/$script" >"$log" 2>&1 && grep -q "MLX-DAEMON OK" "$log"; then
+        pass=$((pass + 1)); results+=("PASS $name"); return
+    fi
+    grep "MLX-DAEMON" "$log" | tail -3
+    fail=$((fail + 1)); results+=("FAIL $name (log: $log)")
+}
+guest_only daemon-quota-death mlx-daemon.sh
 
 summary
