@@ -199,7 +199,11 @@ impl Objects {
             .ok_or(VerbsError::Exhausted)
     }
 
+    /// Put an object in the table; its parents count it as a user until it is removed.
     pub fn insert(&mut self, handle: u32, obj: Object, charges: Charges) {
+        for p in Self::parents(&obj) {
+            self.use_parent(p, 1);
+        }
         *self.slot(obj.kind()) += 1;
         self.pinned += obj.pinned();
         self.map.insert(handle, Entry { obj, charges });
@@ -223,6 +227,9 @@ impl Objects {
     /// drops them, after destroying it.
     pub fn remove(&mut self, handle: u32) -> Option<(Object, Charges)> {
         let Entry { obj, charges } = self.map.remove(&handle)?;
+        for p in Self::parents(&obj) {
+            self.use_parent(p, -1);
+        }
         *self.slot(obj.kind()) -= 1;
         self.pinned -= obj.pinned();
         Some((obj, charges))
@@ -279,7 +286,7 @@ impl Objects {
     }
 
     /// Adjust the use count of a PD, CQ or SRQ.
-    pub fn use_parent(&mut self, handle: u32, delta: i32) {
+    fn use_parent(&mut self, handle: u32, delta: i32) {
         if let Ok(
             Object::Pd { users, .. }
             | Object::Cq { users, .. }

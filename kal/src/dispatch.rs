@@ -145,7 +145,6 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
             let charges = charge(kal, c, Some(dev_no), &[(Resource::Mw, 1)])?;
             let h = objs.next_handle()?;
             let key = dev.alloc_mw(pd)?;
-            objs.use_parent(a.pd, 1);
             objs.insert(
                 h,
                 Object::Mw {
@@ -388,9 +387,6 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
         doorbell,
         conn,
     };
-    for p in crate::context::Objects::parents(&obj) {
-        objs.use_parent(p, 1);
-    }
     objs.insert(h, obj, charges);
     a.handle = h;
     tracing::debug!(ctx = c.id, handle = h, qp_num = a.qp_num, "QP created");
@@ -445,9 +441,6 @@ fn create_srq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateSrq) -> Result<()>
         srq,
         users: 0,
     };
-    for p in crate::context::Objects::parents(&obj) {
-        objs.use_parent(p, 1);
-    }
     objs.insert(h, obj, charges);
     (a.max_wr, a.handle) = (cap, h);
     Ok(())
@@ -522,9 +515,6 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
         region,
         pinned: span,
     };
-    for p in crate::context::Objects::parents(&obj) {
-        objs.use_parent(p, 1);
-    }
     objs.insert(h, obj, charges);
     a.handle = h;
     Ok(())
@@ -582,9 +572,6 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
         pinned,
         users: 0,
     };
-    for p in crate::context::Objects::parents(&obj) {
-        objs.use_parent(p, 1);
-    }
     objs.insert(h, obj, charges);
     a.handle = h;
     Ok(())
@@ -606,11 +593,7 @@ fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
                 return Err(VerbsError::Busy);
             }
         }
-        let (obj, charges) = objs.remove(handle).ok_or(VerbsError::NoSuchResource)?;
-        for p in crate::context::Objects::parents(&obj) {
-            objs.use_parent(p, -1);
-        }
-        (obj, charges)
+        objs.remove(handle).ok_or(VerbsError::NoSuchResource)?
     };
     kal.destroy(c, &obj);
     drop(charges); // given back once the object is really gone

@@ -78,80 +78,59 @@ pub fn state_from_ibv(s: u32) -> QpState {
 /// The port every address vector and INIT transition names (the devices here have one).
 pub const PORT: u8 = 1;
 
-/// `QpAttr` + mask → `ibv_qp_attr` + `IBV_QP_*` mask. The address vector always carries a
-/// GRH (RoCE needs it; on native IB the GID routes too), from port 1; a move to INIT also
-/// names the port (libibverbs requires it for RESET→INIT).
+/// `QpAttr` + mask → `ibv_qp_attr` + `IBV_QP_*` mask. Every field is filled in and the
+/// mask says which ones count (libibverbs and the kernel read only those). The address
+/// vector always carries a GRH (RoCE needs it; on native IB the GID routes too), from port
+/// 1; a move to INIT also names the port (libibverbs requires it for RESET→INIT).
 pub fn qp_attr_to_ibv(a: &QpAttr, mask: QpAttrMask) -> Result<(ibv_qp_attr, u32)> {
     use ffi::ibv_qp_attr_mask as m;
     let mut o: ibv_qp_attr = sys::zeroed();
-    let mut om = 0u32;
-    if mask.contains(QpAttrMask::STATE) {
-        o.qp_state = state_to_ibv(a.state);
-        om |= m::IBV_QP_STATE.0;
-        if a.state == QpState::Init {
-            o.port_num = PORT;
-            om |= m::IBV_QP_PORT.0;
-        }
-    }
-    if mask.contains(QpAttrMask::ACCESS) {
-        o.qp_access_flags = access_to_ibv(a.access);
-        om |= m::IBV_QP_ACCESS_FLAGS.0;
-    }
+    o.qp_state = state_to_ibv(a.state);
+    o.port_num = PORT;
+    o.qp_access_flags = access_to_ibv(a.access);
     if mask.contains(QpAttrMask::PATH_MTU) {
         o.path_mtu = mtu_to_ibv(a.path_mtu)?;
-        om |= m::IBV_QP_PATH_MTU.0;
     }
-    if mask.contains(QpAttrMask::DEST_QPN) {
-        o.dest_qp_num = a.dest_qpn;
-        om |= m::IBV_QP_DEST_QPN.0;
+    o.dest_qp_num = a.dest_qpn;
+    o.rq_psn = a.rq_psn & 0xff_ffff;
+    o.sq_psn = a.sq_psn & 0xff_ffff;
+    o.max_rd_atomic = a.max_rd_atomic;
+    o.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    o.timeout = a.timeout;
+    o.retry_cnt = a.retry_cnt;
+    o.rnr_retry = a.rnr_retry;
+    o.min_rnr_timer = a.min_rnr_timer;
+    o.pkey_index = a.pkey_index;
+    o.qkey = a.qkey;
+    o.ah_attr.is_global = 1;
+    o.ah_attr.grh.dgid = ffi::ibv_gid { raw: a.dgid };
+    o.ah_attr.grh.sgid_index = a.sgid_index;
+    o.ah_attr.grh.hop_limit = a.hop_limit;
+    o.ah_attr.port_num = PORT;
+    let mut om = 0u32;
+    for (ours, theirs) in [
+        (QpAttrMask::STATE, m::IBV_QP_STATE),
+        (QpAttrMask::ACCESS, m::IBV_QP_ACCESS_FLAGS),
+        (QpAttrMask::PATH_MTU, m::IBV_QP_PATH_MTU),
+        (QpAttrMask::DEST_QPN, m::IBV_QP_DEST_QPN),
+        (QpAttrMask::RQ_PSN, m::IBV_QP_RQ_PSN),
+        (QpAttrMask::SQ_PSN, m::IBV_QP_SQ_PSN),
+        (QpAttrMask::MAX_RD_ATOMIC, m::IBV_QP_MAX_QP_RD_ATOMIC),
+        (QpAttrMask::MAX_DEST_RD_ATOMIC, m::IBV_QP_MAX_DEST_RD_ATOMIC),
+        (QpAttrMask::TIMEOUT, m::IBV_QP_TIMEOUT),
+        (QpAttrMask::RETRY_CNT, m::IBV_QP_RETRY_CNT),
+        (QpAttrMask::RNR_RETRY, m::IBV_QP_RNR_RETRY),
+        (QpAttrMask::MIN_RNR_TIMER, m::IBV_QP_MIN_RNR_TIMER),
+        (QpAttrMask::PKEY_INDEX, m::IBV_QP_PKEY_INDEX),
+        (QpAttrMask::QKEY, m::IBV_QP_QKEY),
+        (QpAttrMask::AV, m::IBV_QP_AV),
+    ] {
+        if mask.contains(ours) {
+            om |= theirs.0;
+        }
     }
-    if mask.contains(QpAttrMask::RQ_PSN) {
-        o.rq_psn = a.rq_psn & 0xff_ffff;
-        om |= m::IBV_QP_RQ_PSN.0;
-    }
-    if mask.contains(QpAttrMask::SQ_PSN) {
-        o.sq_psn = a.sq_psn & 0xff_ffff;
-        om |= m::IBV_QP_SQ_PSN.0;
-    }
-    if mask.contains(QpAttrMask::MAX_RD_ATOMIC) {
-        o.max_rd_atomic = a.max_rd_atomic;
-        om |= m::IBV_QP_MAX_QP_RD_ATOMIC.0;
-    }
-    if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-        o.max_dest_rd_atomic = a.max_dest_rd_atomic;
-        om |= m::IBV_QP_MAX_DEST_RD_ATOMIC.0;
-    }
-    if mask.contains(QpAttrMask::TIMEOUT) {
-        o.timeout = a.timeout;
-        om |= m::IBV_QP_TIMEOUT.0;
-    }
-    if mask.contains(QpAttrMask::RETRY_CNT) {
-        o.retry_cnt = a.retry_cnt;
-        om |= m::IBV_QP_RETRY_CNT.0;
-    }
-    if mask.contains(QpAttrMask::RNR_RETRY) {
-        o.rnr_retry = a.rnr_retry;
-        om |= m::IBV_QP_RNR_RETRY.0;
-    }
-    if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
-        o.min_rnr_timer = a.min_rnr_timer;
-        om |= m::IBV_QP_MIN_RNR_TIMER.0;
-    }
-    if mask.contains(QpAttrMask::PKEY_INDEX) {
-        o.pkey_index = a.pkey_index;
-        om |= m::IBV_QP_PKEY_INDEX.0;
-    }
-    if mask.contains(QpAttrMask::QKEY) {
-        o.qkey = a.qkey;
-        om |= m::IBV_QP_QKEY.0;
-    }
-    if mask.contains(QpAttrMask::AV) {
-        o.ah_attr.is_global = 1;
-        o.ah_attr.grh.dgid = ffi::ibv_gid { raw: a.dgid };
-        o.ah_attr.grh.sgid_index = a.sgid_index;
-        o.ah_attr.grh.hop_limit = a.hop_limit;
-        o.ah_attr.port_num = PORT;
-        om |= m::IBV_QP_AV.0;
+    if mask.contains(QpAttrMask::STATE) && a.state == QpState::Init {
+        om |= m::IBV_QP_PORT.0;
     }
     Ok((o, om))
 }
@@ -243,14 +222,7 @@ pub fn send_chain<'a>(wqes: &'a [Wqe], ops: &[u32]) -> SendChain<'a> {
             };
             o.num_sge = (w.inline_len > 0) as i32;
         } else {
-            for (d, s) in list.iter_mut().zip(w.sges()) {
-                *d = ibv_sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                };
-            }
-            o.num_sge = w.sges().len() as i32;
+            o.num_sge = copy_sges(w, list);
         }
         o.sg_list = list.as_mut_ptr();
         use ffi::ibv_wr_opcode::*;
@@ -284,16 +256,7 @@ pub fn send_chain<'a>(wqes: &'a [Wqe], ops: &[u32]) -> SendChain<'a> {
         }
         wrs.push(o);
     }
-    // Link them (the vector no longer moves).
-    let n = wrs.len();
-    let base = wrs.as_mut_ptr();
-    for (i, wr) in wrs.iter_mut().enumerate() {
-        wr.next = if i + 1 < n {
-            base.wrapping_add(i + 1)
-        } else {
-            std::ptr::null_mut()
-        };
-    }
+    link(&mut wrs, |wr| &mut wr.next);
     SendChain {
         wrs,
         _sges: sges,
@@ -319,29 +282,40 @@ pub fn recv_chain(wqes: &[Wqe], max_sge: u32) -> Result<RecvChain> {
             return Err(VerbsError::Invalid);
         }
         let list = &mut sges[i];
-        for (d, s) in list.iter_mut().zip(w.sges()) {
-            *d = ibv_sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            };
-        }
         let mut o: ibv_recv_wr = sys::zeroed();
         o.wr_id = w.wr_id;
+        o.num_sge = copy_sges(w, list);
         o.sg_list = list.as_mut_ptr();
-        o.num_sge = w.sges().len() as i32;
         wrs.push(o);
     }
+    link(&mut wrs, |wr| &mut wr.next);
+    Ok(RecvChain { wrs, _sges: sges })
+}
+
+/// Copy `w`'s gather/scatter list into `list`; the number of entries.
+fn copy_sges(w: &Wqe, list: &mut [ibv_sge; MAX_SGE]) -> i32 {
+    for (d, s) in list.iter_mut().zip(w.sges()) {
+        *d = ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        };
+    }
+    w.sges().len() as i32
+}
+
+/// Link work requests into the chain libibverbs walks (`next`; the last one's is NULL).
+/// The vector must not move or grow afterwards.
+fn link<T>(wrs: &mut [T], next: impl Fn(&mut T) -> &mut *mut T) {
     let n = wrs.len();
     let base = wrs.as_mut_ptr();
     for (i, wr) in wrs.iter_mut().enumerate() {
-        wr.next = if i + 1 < n {
+        *next(wr) = if i + 1 < n {
             base.wrapping_add(i + 1)
         } else {
             std::ptr::null_mut()
         };
     }
-    Ok(RecvChain { wrs, _sges: sges })
 }
 
 /// `ibv_wc` → `Cqe`.
