@@ -44,9 +44,23 @@ check_pcap() {
     report=$(bash "$INTEROP/check-pcaps.sh" "$2" 2>&1)
     echo "$report" >"$OUT/$1.pcap-check"
     echo "$report" | grep -q "$proto" || { echo "  $1: no $proto frames decoded"; return 1; }
-    echo "$report" | grep -qi malformed && { echo "  $1: malformed frames"; return 1; }
+    if echo "$report" | grep -qi malformed && ! payload_guesses_only "$2" "$proto"; then
+        echo "  $1: malformed frames"; return 1
+    fi
     echo "$report" | grep -Eq "bad [1-9]" && { echo "  $1: CRC errors"; return 1; }
     return 0
+}
+
+# True when every malformed frame of PCAP is malformed only in what tshark guessed the RDMA
+# payload to be (its protocol stack goes on past PROTO: e.g. an 8-byte Send whose bytes 2-3
+# are zero is decoded as an IPoIB-style ethertype frame, then as Xerox IDP). Consumer data,
+# not a header krdma wrote; the ICRC/CRC checks still cover those frames.
+payload_guesses_only() {
+    local stacks
+    stacks=$(tshark -n -d udp.port==4791,infiniband --disable-protocol rpcordma -r "$1" \
+        -Y _ws.malformed -T fields -e frame.protocols 2>/dev/null)
+    [ -n "$stacks" ] || return 1
+    ! echo "$stacks" | grep -vq ":$2:"
 }
 
 # run NAME GUESTFLAGS 'GUEST CMD' 'HOST ARGS' guest-first|host-first [daemon]

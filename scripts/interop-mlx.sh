@@ -73,24 +73,29 @@ for ex in pingpong rdma_rw; do
         "$GX/$ex --device $GDEV --client $HOST:7481" "--device $HOSTDEV --server 7481" host-first
 done
 
-# Daemon mode inside the guest (no host peer): krdmad serving the kernel's device, its
-# objects in `krdma stat`, a per-user quota, and a killed process's resources given back
-# (scripts/guest/mlx-daemon.sh). The guest loads FUSE from its own kernel's modules.
+# Cases inside the guest alone (scripts/guest/*.sh, busybox sh): guest_only NAME SCRIPT
+# MARKER passes when the script prints "MARKER OK".
+# - rdma-core's own tools (ibv_rc_pingpong, perftest with and without -R, rping) against
+#   krdma over the same kernel device, both roles (mlx-rdmacore.sh);
+# - daemon mode: krdmad serving the kernel's device, its objects in `krdma stat`, a per-user
+#   quota, and a killed process's resources given back (mlx-daemon.sh; the guest loads
+#   FUSE from its own kernel's modules).
 FUSE_KO=$(ls "${VMDIR:-/tmp/vm}"/extract/lib/modules/*/kernel/fs/fuse/fuse.ko 2>/dev/null | head -1)
 guest_only() {
-    local name=$1 script=$2 log=$OUT/$1.guest.log
+    local name=$1 script=$2 marker=$3 log=$OUT/$1.guest.log
     [[ "$name" =~ ${ONLY:-.} ]] || return 0
-    echo "== $name (guest only, daemon)" >&2
+    echo "== $name (guest only)" >&2
     if [ -z "$FUSE_KO" ]; then
         echo "  $name: no fuse.ko for the guest kernel under ${VMDIR:-/tmp/vm}/extract"
     elif bash "$INTEROP/guest-peer.sh" --rdma "$RDMA" --copy "$BIN" --copy "$KRDMAD" \
-        --copy "$FUSE_KO" --copy "$ROOT/scripts/guest/$script" --timeout 200 \
-        -- "DEV=$GDEV sh /mnt/host/$script" >"$log" 2>&1 && grep -q "MLX-DAEMON OK" "$log"; then
-        pass=$((pass + 1)); results+=("PASS $name"); return
+        --copy "$FUSE_KO" --copy "$ROOT/scripts/guest/$script" --timeout 400 \
+        -- "DEV=$GDEV sh /mnt/host/$script" >"$log" 2>&1 && grep -q "$marker OK" "$log"; then
+        pass=$((pass + 1)); results+=("PASS $name ($(grep -c "$marker PASS" "$log") pairs)"); return
     fi
-    grep "MLX-DAEMON" "$log" | tail -3
+    grep "$marker" "$log" | grep -v PASS | tail -5
     fail=$((fail + 1)); results+=("FAIL $name (log: $log)")
 }
-guest_only daemon-quota-death mlx-daemon.sh
+guest_only rdma-core-tools mlx-rdmacore.sh RDMACORE
+guest_only daemon-quota-death mlx-daemon.sh MLX-DAEMON
 
 summary

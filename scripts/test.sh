@@ -4,11 +4,11 @@
 # and fail loudly under CI=true when those are missing, never silently skip there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/build-deps.sh
 
 need_apt=()
 command -v tshark >/dev/null || need_apt+=(tshark)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
-command -v cc >/dev/null || need_apt+=(gcc)
 command -v nm >/dev/null || need_apt+=(binutils)
 # scripts/crate-graph.sh (run by the layering check) reads cargo metadata with python3.
 command -v python3 >/dev/null || need_apt+=(python3)
@@ -25,11 +25,8 @@ command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || need_apt+=(nginx)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v wrk >/dev/null || need_apt+=(wrk)
-# providers/mlx: rdma-mummy-sys builds its dlopen stubs with cmake and its bindings with
-# libclang; its tests resolve symbols in the installed libibverbs/librdmacm (no RDMA device
-# is needed: none are listed).
-command -v cmake >/dev/null || need_apt+=(cmake)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so' >/dev/null || need_apt+=(libclang-dev)
+# providers/mlx: its tests resolve symbols in the installed libibverbs/librdmacm (no RDMA
+# device is needed: none are listed).
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || [ -e /usr/lib64/libibverbs.so.1 ] || need_apt+=(libibverbs1 ibverbs-providers)
 [ -e /usr/lib/x86_64-linux-gnu/librdmacm.so.1 ] || [ -e /usr/lib64/librdmacm.so.1 ] || need_apt+=(librdmacm1)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -14,9 +14,10 @@ fn provider(driver: &str) -> Option<&'static dyn UserProvider> {
     known.into_iter().find(|p| p.driver() == driver)
 }
 
-/// The devices of one context opened in this process, by kAL device number.
+/// The devices of one context opened in this process, by kAL device number (`None`: a
+/// device whose fast path is the kAL's, asked once).
 #[derive(Default)]
-pub struct Opened(parking_lot::Mutex<HashMap<u32, Arc<dyn UserDevice>>>);
+pub struct Opened(parking_lot::Mutex<HashMap<u32, Option<Arc<dyn UserDevice>>>>);
 
 impl Opened {
     /// Device `dev` opened through its uVP, or `None` when its fast path (which
@@ -28,9 +29,10 @@ impl Opened {
     ) -> Result<Option<Arc<dyn UserDevice>>> {
         let mut map = self.0.lock();
         if let Some(d) = map.get(&dev) {
-            return Ok(Some(d.clone()));
+            return Ok(d.clone());
         }
         let FastPath::Consumer { driver, device } = fast_path()? else {
+            map.insert(dev, None);
             return Ok(None);
         };
         let Some(p) = provider(&driver) else {
@@ -43,7 +45,7 @@ impl Opened {
         };
         let d = p.open(&device)?;
         tracing::info!(driver, device, dev, "device opened in this process");
-        map.insert(dev, d.clone());
+        map.insert(dev, Some(d.clone()));
         Ok(Some(d))
     }
 }
