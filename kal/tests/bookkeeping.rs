@@ -331,7 +331,14 @@ fn mirrored_objects_are_accounted_like_the_kals_own() {
         .find(|r| r.id == ctx)
         .unwrap();
     assert_eq!(
-        (row.pds, row.cqs, row.qps, row.mrs, row.mws, row.pinned_bytes),
+        (
+            row.pds,
+            row.cqs,
+            row.qps,
+            row.mrs,
+            row.mws,
+            row.pinned_bytes
+        ),
         (2, 2, 0, 1, 1, 48 << 10)
     );
     let _ = mw;
