@@ -534,6 +534,7 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
         abi::MIRROR_CQ => (Kind::Cq, Resource::Cq, &[]),
         abi::MIRROR_MR => (Kind::Mr, Resource::Mr, &[Kind::Pd]),
         abi::MIRROR_SRQ => (Kind::Srq, Resource::Srq, &[Kind::Pd]),
+        abi::MIRROR_MW => (Kind::Mw, Resource::Mw, &[Kind::Pd]),
         abi::MIRROR_QP => (
             Kind::Qp,
             Resource::Qp,
@@ -551,6 +552,9 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
             None if h == 0 => {}
             None => return Err(VerbsError::Invalid),
         }
+    }
+    if kind == Kind::Mw && !dev.attr().memory_windows {
+        return Err(VerbsError::Unsupported);
     }
     objs.check_limit(kind, &kal.config.limits)?;
     let mut pinned = 0;

@@ -152,6 +152,7 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
     // Device 1: one whose fast path is the consumer's (its objects are only mirrored).
     let hw = DeviceAttr {
         name: "hw0".into(),
+        memory_windows: true,
         fast_path: FastPath::Consumer {
             driver: "test".into(),
             device: "hw0".into(),
@@ -265,7 +266,30 @@ fn mirrored_objects_are_accounted_like_the_kals_own() {
         ),
         Err(VerbsError::PinLimit)
     );
-    // The tree: the PD and CQ are busy while the QP and MR use them.
+    // A memory window names its PD (a mirror on the same device), nothing else; not on a
+    // device without windows.
+    for bad in [[0; 4], [cq, 0, 0, 0], [kal_pd, 0, 0, 0], [pd, cq, 0, 0]] {
+        assert!(
+            mirror(&kal, ctx, 1, abi::MIRROR_MW, bad, (0, 0)).is_err(),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        mirror(&kal, ctx, 0, abi::MIRROR_MW, [kal_pd, 0, 0, 0], (0, 0)),
+        Err(VerbsError::Invalid)
+    );
+    let mw = mirror(&kal, ctx, 1, abi::MIRROR_MW, [pd, 0, 0, 0], (0, 0)).unwrap();
+    let gone = mirror(&kal, ctx, 1, abi::MIRROR_MW, [pd, 0, 0, 0], (0, 0)).unwrap();
+    let mut d = abi::Destroy {
+        handle: gone,
+        _pad: 0,
+    };
+    assert_eq!(
+        call(&kal, ctx, cmd::DEREG_MR, &mut d),
+        Err(VerbsError::NoSuchResource)
+    );
+    call(&kal, ctx, cmd::DEALLOC_MW, &mut d).unwrap();
+    // The tree: the PD and CQ are busy while the QP, MR and window use them.
     let mut d = abi::Destroy {
         handle: pd,
         _pad: 0,
@@ -307,9 +331,17 @@ fn mirrored_objects_are_accounted_like_the_kals_own() {
         .find(|r| r.id == ctx)
         .unwrap();
     assert_eq!(
-        (row.pds, row.cqs, row.qps, row.mrs, row.pinned_bytes),
-        (2, 2, 0, 1, 48 << 10)
+        (
+            row.pds,
+            row.cqs,
+            row.qps,
+            row.mrs,
+            row.mws,
+            row.pinned_bytes
+        ),
+        (2, 2, 0, 1, 1, 48 << 10)
     );
+    let _ = mw;
     // The context's end gives everything back; the kAL destroys only its own objects.
     kal.release(ctx);
     assert_eq!(kal.pinned_total(), 0);

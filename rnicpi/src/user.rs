@@ -162,6 +162,14 @@ pub trait UserPd: Send + Sync {
         let _ = (attr, sink);
         Err(crate::VerbsError::Unsupported)
     }
+    /// A memory window (type 2) in this PD, for devices whose attributes report
+    /// `memory_windows`. It is bound by posting a [`WrOpcode::BindMw`](crate::WrOpcode)
+    /// request on a QP of this PD (its new key: the window's index with a fresh key
+    /// byte, see [`Wqe::bind_mw`]) and invalidated by `LocalInv` of its key or by the
+    /// peer's `SendWithInv`.
+    fn alloc_mw(&self) -> Result<Box<dyn UserMw>> {
+        Err(crate::VerbsError::Unsupported)
+    }
 }
 
 /// What a QP is created with.
@@ -178,6 +186,13 @@ pub struct UserQpInit {
 /// A memory registration; dropping it deregisters.
 pub trait UserMr: Send + Sync {
     fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+}
+
+/// A memory window (type 2); dropping it deallocates it.
+pub trait UserMw: Send + Sync {
+    /// The window's key as of the latest bind posted through the uVP (at first the key
+    /// the device gave it): its index in the upper 24 bits, the key byte in the lower 8.
     fn rkey(&self) -> u32;
 }
 

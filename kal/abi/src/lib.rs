@@ -139,8 +139,8 @@ pub struct Mirror {
     pub dev: u32,
     /// in: one of the `MIRROR_*` kinds.
     pub kind: u32,
-    /// in: handles of the parents, 0 for none: an MR, SRQ or QP names its PD first; a QP
-    /// then its send CQ, its receive CQ and its SRQ.
+    /// in: handles of the parents, 0 for none: an MR, SRQ, memory window or QP names its
+    /// PD first; a QP then its send CQ, its receive CQ and its SRQ.
     pub parents: [u32; 4],
     /// in: an MR's first byte and length (charged to the pin allowance).
     pub addr: u64,
@@ -156,6 +156,8 @@ pub const MIRROR_QP: u32 = 3;
 pub const MIRROR_SRQ: u32 = 4;
 pub const MIRROR_MR: u32 = 5;
 pub const MIRROR_LISTENER: u32 = 6;
+/// A memory window (type 2); destroyed with `DEALLOC_MW`.
+pub const MIRROR_MW: u32 = 7;
 
 pub const MAX_GIDS: usize = 8;
 

@@ -165,9 +165,17 @@ pub fn validate_send(w: &Wqe, caps: &QpCaps) -> Result<u32> {
         WrOpcode::AtomicCmpSwp => IBV_WR_ATOMIC_CMP_AND_SWP,
         WrOpcode::AtomicFetchAdd => IBV_WR_ATOMIC_FETCH_AND_ADD,
         WrOpcode::LocalInv => IBV_WR_LOCAL_INV,
-        // A type-2 window bind needs the window object (ibv_alloc_mw), which the user
-        // half does not hand out.
-        WrOpcode::BindMw => return Err(VerbsError::Unsupported),
+        WrOpcode::BindMw => {
+            // A type-2 window is bound onto a non-empty range (IB o10-37.2.40: it is
+            // unbound by invalidation, LocalInv of its key), with remote rights only.
+            let b = w.bind_args();
+            let access = b.access.ok_or(VerbsError::Invalid)?;
+            let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+            if b.len == 0 || !remote.contains(access) || w.is_inline() || w.num_sge != 0 {
+                return Err(VerbsError::Invalid);
+            }
+            return Ok(IBV_WR_BIND_MW);
+        }
         WrOpcode::Recv => return Err(VerbsError::Invalid),
     };
     if w.num_sge as usize > MAX_SGE {
@@ -262,6 +270,29 @@ pub fn send_chain<'a>(wqes: &'a [Wqe], ops: &[u32]) -> SendChain<'a> {
         _sges: sges,
         _wqes: std::marker::PhantomData,
     }
+}
+
+/// Fill in the bind of `wr` (an `IBV_WR_BIND_MW` request converted from `w`): window `mw`
+/// gets `w`'s new key and the range of registration `mr` with `w`'s rights. The pointers
+/// must stay valid until the request is posted.
+pub fn set_bind(wr: &mut ibv_send_wr, w: &Wqe, mw: *mut ffi::ibv_mw, mr: *mut ffi::ibv_mr) {
+    let b = w.bind_args();
+    wr.num_sge = 0;
+    wr.bind_mw_tso_union.bind_mw = ffi::bind_mw_t {
+        mw,
+        rkey: b.mw_rkey,
+        bind_info: ffi::ibv_mw_bind_info {
+            mr,
+            addr: b.addr,
+            length: b.len,
+            mw_access_flags: access_to_ibv(b.access.unwrap_or(Access::empty())),
+        },
+    };
+}
+
+/// The index part of a window key (what stays the same across its binds).
+pub fn mw_index(rkey: u32) -> u32 {
+    rkey & !0xff
 }
 
 /// Receive requests for one post.
@@ -642,13 +673,101 @@ mod tests {
             Err(VerbsError::Invalid)
         );
         let bind = Wqe::bind_mw(1, 2, 3, 4, 5, Access::REMOTE_READ);
-        assert_eq!(validate_send(&bind, &c), Err(VerbsError::Unsupported));
+        assert_eq!(
+            validate_send(&bind, &c),
+            Ok(ffi::ibv_wr_opcode::IBV_WR_BIND_MW)
+        );
+        // Type 2: no empty range (unbinding is invalidation), remote rights only, no data.
+        for bad in [
+            Wqe::bind_mw(1, 2, 3, 4, 0, Access::REMOTE_READ),
+            Wqe::bind_mw(1, 2, 3, 4, 5, Access::REMOTE_READ | Access::LOCAL_WRITE),
+            Wqe::bind_mw(1, 2, 3, 4, 5, Access::REMOTE_READ | Access::MW_BIND),
+            Wqe {
+                swap: 1 << 40,
+                ..bind
+            },
+            Wqe { num_sge: 1, ..bind },
+        ] {
+            assert_eq!(validate_send(&bad, &c), Err(VerbsError::Invalid), "{bad:?}");
+        }
         let recv = recv_chain(&[Wqe::recv(7, &[sge; 5])], 4);
         assert!(recv.is_err());
         let recv = recv_chain(&[Wqe::recv(7, &[sge, sge]), Wqe::recv(8, &[sge])], 4).unwrap();
         assert_eq!(recv.wrs[0].num_sge, 2);
         assert_eq!(recv.wrs[0].next, &recv.wrs[1] as *const _ as *mut _);
         assert_eq!(recv.wrs[1].wr_id, 8);
+    }
+
+    #[test]
+    fn window_binds_and_invalidations() {
+        use ffi::ibv_access_flags as f;
+        use ffi::ibv_wr_opcode::*;
+        let sge = Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 0x55,
+        };
+        let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let wqes = [
+            Wqe::new(1, WrOpcode::Send, &[sge]),
+            Wqe::bind_mw(2, 0x0012_3402, 0x0000_7701, 0x2000, 256, rw)
+                .with_flags(send_flags::SIGNALED | send_flags::FENCE),
+            Wqe::new(3, WrOpcode::LocalInv, &[]).with_imm(0x0012_3402),
+            Wqe::new(4, WrOpcode::SendWithInv, &[sge]).with_imm(0x0045_6709),
+        ];
+        let ops: Vec<u32> = wqes
+            .iter()
+            .map(|w| validate_send(w, &caps()).unwrap())
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                IBV_WR_SEND,
+                IBV_WR_BIND_MW,
+                IBV_WR_LOCAL_INV,
+                IBV_WR_SEND_WITH_INV
+            ]
+        );
+        let mut chain = send_chain(&wqes, &ops);
+        // Stand-ins for the libibverbs objects (only their addresses travel).
+        let (mut mw, mut mr) = (0u64, 0u64);
+        let (mwp, mrp) = (
+            (&mut mw as *mut u64).cast::<ffi::ibv_mw>(),
+            (&mut mr as *mut u64).cast::<ffi::ibv_mr>(),
+        );
+        set_bind(&mut chain.wrs[1], &wqes[1], mwp, mrp);
+        let w = &chain.wrs;
+        assert_eq!(w[1].opcode, IBV_WR_BIND_MW);
+        assert_eq!(w[1].num_sge, 0);
+        assert_eq!(
+            w[1].send_flags,
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | ffi::ibv_send_flags::IBV_SEND_FENCE.0
+        );
+        // SAFETY (test): reading the union members we wrote.
+        unsafe {
+            let b = w[1].bind_mw_tso_union.bind_mw;
+            assert_eq!((b.mw, b.rkey), (mwp, 0x0012_3402));
+            assert_eq!(
+                (b.bind_info.mr, b.bind_info.addr, b.bind_info.length),
+                (mrp, 0x2000, 256)
+            );
+            assert_eq!(
+                b.bind_info.mw_access_flags,
+                f::IBV_ACCESS_REMOTE_READ.0 | f::IBV_ACCESS_REMOTE_WRITE.0
+            );
+            // The key to invalidate travels in the immediate/invalidate word.
+            assert_eq!(
+                w[2].imm_data_invalidated_rkey_union.invalidated_rkey,
+                0x0012_3402
+            );
+            assert_eq!(
+                w[3].imm_data_invalidated_rkey_union.invalidated_rkey,
+                0x0045_6709
+            );
+        }
+        assert_eq!(w[3].num_sge, 1);
+        assert_eq!(mw_index(0x0012_3402), 0x0012_3400);
+        assert_eq!(mw_index(0x0012_34ff), mw_index(0x0012_3400));
     }
 
     #[test]

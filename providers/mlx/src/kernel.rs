@@ -74,8 +74,7 @@ impl IbvKernelDevice {
             max_ird: pos(a.max_qp_rd_atom),
             max_ord: pos(a.max_qp_init_rd_atom),
             atomics: a.atomic_cap != rdma_mummy_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
-            // Windows need ibv_alloc_mw/ibv_bind_mw, which the user half does not offer.
-            memory_windows: false,
+            memory_windows: type2_windows(a.device_cap_flags, a.max_mw),
             phys_port_cnt: a.phys_port_cnt,
             private_data: if iwarp {
                 IWARP_PRIVATE_DATA
@@ -93,6 +92,16 @@ impl IbvKernelDevice {
     fn ibv_name(&self) -> &str {
         &self.ctx.info.name
     }
+}
+
+/// Whether `ibv_query_device` reports memory windows of type 2 (bound by a send-queue
+/// request, as the RNIC-PI's `BindMw`): the capability flag of type 2A or 2B and a
+/// non-zero `max_mw`. Linux rxe reports `IBV_DEVICE_MEM_WINDOW_TYPE_2B` and 4096
+/// windows; siw reports neither.
+pub(crate) fn type2_windows(cap_flags: u32, max_mw: i32) -> bool {
+    use rdma_mummy_sys::ibv_device_cap_flags as f;
+    let type2 = f::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0 | f::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+    cap_flags & type2 != 0 && max_mw > 0
 }
 
 /// The largest inline size (of those a Wqe can carry) the device grants an RC QP: the
@@ -322,6 +331,21 @@ impl Provider for IbvKernelDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_windows_of_type_2() {
+        use rdma_mummy_sys::ibv_device_cap_flags as f;
+        // Linux rxe: MEM_WINDOW | MEM_WINDOW_TYPE_2B (and others), max_mw 4096.
+        let rxe = f::IBV_DEVICE_MEM_WINDOW.0
+            | f::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0
+            | f::IBV_DEVICE_MEM_MGT_EXTENSIONS.0;
+        assert!(type2_windows(rxe, 4096));
+        assert!(type2_windows(f::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0, 16));
+        // siw: no windows; type 1 only is not enough; a flag without windows neither.
+        assert!(!type2_windows(f::IBV_DEVICE_MEM_MGT_EXTENSIONS.0, 0));
+        assert!(!type2_windows(f::IBV_DEVICE_MEM_WINDOW.0, 4096));
+        assert!(!type2_windows(rxe, 0));
+    }
 
     #[test]
     fn sysfs_counters_and_netdev() {

@@ -18,8 +18,11 @@
 //!   device (`ibv_context`), one completion channel, an rdma_cm event channel, and a thread
 //!   that `poll(2)`s the completion channel, the context's async fd and the rdma_cm channel
 //!   and delivers `CqNotify`, the affiliated/unaffiliated asynchronous events and the
-//!   connection events to the [`rnicpi::EventSink`] of the object concerned. PD, MR, CQ, QP
-//!   and SRQ are libibverbs objects; `post_send`/`post_recv` turn [`rnicpi::Wqe`]s into
+//!   connection events to the [`rnicpi::EventSink`] of the object concerned. PD, MR, CQ, QP,
+//!   SRQ and memory window (type 2, `ibv_alloc_mw`, where the device has them: the kernel
+//!   half reports `memory_windows` from `ibv_query_device`) are libibverbs objects; a
+//!   `BindMw` request becomes `IBV_WR_BIND_MW` with the window and registration its PD
+//!   knows by key; `post_send`/`post_recv` turn [`rnicpi::Wqe`]s into
 //!   `ibv_send_wr`/`ibv_recv_wr` chains, `poll` turns `ibv_wc` into [`rnicpi::Cqe`], `modify`
 //!   turns [`rnicpi::QpAttr`] + mask into `ibv_qp_attr` + `IBV_QP_*` (address vector with a
 //!   GRH from port 1, path MTU in bytes → `IBV_MTU_*`), so `ual::oob` brings an RC QP to
@@ -56,7 +59,9 @@ mod user;
 
 pub use cm::{IbvListener, IB_PRIVATE_DATA, IWARP_PRIVATE_DATA};
 pub use kernel::{kernel_devices, IbvKernelDevice, NAME_PREFIX};
-pub use user::{user_provider, IbvCq, IbvDevice, IbvMr, IbvPd, IbvQp, IbvSrq, Ibverbs, DRIVER};
+pub use user::{
+    user_provider, IbvCq, IbvDevice, IbvMr, IbvMw, IbvPd, IbvQp, IbvSrq, Ibverbs, DRIVER,
+};
 
 /// The names of the devices libibverbs lists (empty without libibverbs).
 pub fn ibv_device_names() -> Vec<String> {

@@ -24,8 +24,9 @@ use std::ptr::{self, NonNull};
 pub(crate) use ffi::{ibv_qp_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
 
 /// Every libibverbs symbol the provider resolves (the inline verbs go through the
-/// context's ops table and need none). The symbol test dlopens the installed library and
-/// looks each one up.
+/// context's ops table and need none: `ibv_post_send`, `ibv_poll_cq`, `ibv_alloc_mw`,
+/// `ibv_dealloc_mw`, ...). The symbol test dlopens the installed library and looks each
+/// one up.
 pub const IBVERBS_SYMBOLS: &[&str] = &[
     "ibv_get_device_list",
     "ibv_free_device_list",
@@ -410,6 +411,18 @@ impl Pd {
         let mr = unsafe { ffi::ibv_reg_mr(self.0.as_ptr(), addr.cast(), len, access as c_int) };
         Ok(Mr(nonnull(mr)?))
     }
+
+    /// A memory window of type 2 (`EOPNOTSUPP` → `Unsupported` where the device's
+    /// provider has none, e.g. siw).
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        // SAFETY: live PD; the inline verb calls through the context's ops table and fails
+        // with errno set when the provider does not offer windows.
+        let mw = unsafe { ffi::ibv_alloc_mw(self.0.as_ptr(), ffi::ibv_mw_type::IBV_MW_TYPE_2) };
+        Ok(Mw(NonNull::new(mw).ok_or_else(|| match errno() {
+            libc::EOPNOTSUPP | libc::ENOSYS => VerbsError::Unsupported,
+            e => err_from_errno(e),
+        })?))
+    }
 }
 
 impl Drop for Pd {
@@ -438,10 +451,54 @@ impl Mr {
     }
 }
 
+impl Mr {
+    /// The registration, for a window bind's `bind_info.mr` (valid while `self` lives).
+    pub(crate) fn raw(&self) -> *mut ffi::ibv_mr {
+        self.0.as_ptr()
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: deregistered once.
         unsafe { ffi::ibv_dereg_mr(self.0.as_ptr()) };
+    }
+}
+
+/// A memory window (type 2).
+pub struct Mw(NonNull<ffi::ibv_mw>);
+// SAFETY: verbs objects may be used from any thread; the one field written after
+// allocation (`rkey`, see `set_rkey`) is written under the owner's lock.
+unsafe impl Send for Mw {}
+// SAFETY: as above.
+unsafe impl Sync for Mw {}
+
+impl Mw {
+    /// The key libibverbs holds for the window.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: live window; plain field (written only by `set_rkey`, under the owner's
+        // lock).
+        unsafe { ptr::addr_of!((*self.0.as_ptr()).rkey).read() }
+    }
+    /// Record the window's current key where the device's provider reads it when a bind
+    /// is posted (rxe hands `mw->rkey` to the kernel, which refuses a bind naming any key
+    /// but the current one). The caller serialises this with posting binds of the window.
+    pub(crate) fn set_rkey(&self, rkey: u32) {
+        // SAFETY: live window; libibverbs reads this field only while a bind of the window
+        // is posted, which the caller does not do concurrently.
+        unsafe { ptr::addr_of_mut!((*self.0.as_ptr()).rkey).write(rkey) }
+    }
+    /// The window, for a bind's `bind_mw.mw` (valid while `self` lives).
+    pub(crate) fn raw(&self) -> *mut ffi::ibv_mw {
+        self.0.as_ptr()
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        // SAFETY: deallocated once; a window exists only where the provider has both
+        // alloc_mw and dealloc_mw in its ops table.
+        unsafe { ffi::ibv_dealloc_mw(self.0.as_ptr()) };
     }
 }
 

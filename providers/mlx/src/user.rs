@@ -1,18 +1,20 @@
 //! The user half: [`Ibverbs`], a [`UserProvider`] whose objects are libibverbs objects
 //! created in the consumer's own process.
 //!
-//! Over 600 lines: by a few, with the tests at the end.
+//! Over 600 lines: every object of the user half is here (a window bind reaches from the
+//! QP into its PD's tables of windows and registrations), with the tests at the end.
 
 use crate::cm::{self, CmState};
 use crate::conv;
 use crate::sys::{self, AsyncElement, CompChannel, Context, EventChannel, Wake};
 use parking_lot::Mutex;
 use rnicpi::user::{
-    UserCq, UserDevice, UserListener, UserMr, UserPd, UserProvider, UserQp, UserQpInit, UserSrq,
+    UserCq, UserDevice, UserListener, UserMr, UserMw, UserPd, UserProvider, UserQp, UserQpInit,
+    UserSrq,
 };
 use rnicpi::{
     Access, ConnParam, Cqe, Event, EventKind, EventSink, QpAttr, QpAttrMask, QpCaps, QpState,
-    QpType, Result, SrqAttr, VerbsError, Wqe,
+    QpType, Result, SrqAttr, VerbsError, Wqe, WrOpcode,
 };
 use std::any::Any;
 use std::collections::HashMap;
@@ -236,6 +238,8 @@ impl UserDevice for IbvDevice {
         let pd = sys::Pd::new(&self.shared.ctx)?;
         Ok(Arc::new(IbvPd(Arc::new(PdInner {
             pd,
+            mrs: Mutex::new(HashMap::new()),
+            mws: Mutex::new(HashMap::new()),
             dev: self.shared.clone(),
         }))))
     }
@@ -276,7 +280,34 @@ pub(crate) fn own_qp(qp: &Arc<dyn UserQp>) -> Result<Arc<QpInner>> {
 
 pub(crate) struct PdInner {
     pd: sys::Pd,
+    /// Its registrations by lkey and its windows by index (`conv::mw_index` of the key):
+    /// a bind names both by key, libibverbs wants the objects.
+    mrs: Mutex<HashMap<u32, Weak<sys::Mr>>>,
+    mws: Mutex<HashMap<u32, Weak<MwInner>>>,
     dev: Arc<Shared>,
+}
+
+impl PdInner {
+    /// The window and registration a bind names (`Invalid` when either is not this PD's).
+    fn bind_objects(&self, w: &Wqe) -> Result<Bound> {
+        let b = w.bind_args();
+        let mw = self
+            .mws
+            .lock()
+            .get(&conv::mw_index(b.mw_rkey))
+            .and_then(Weak::upgrade);
+        let mr = self.mrs.lock().get(&b.mr_lkey).and_then(Weak::upgrade);
+        match (mw, mr) {
+            (Some(mw), Some(mr)) => Ok(Bound { mw, mr }),
+            _ => Err(VerbsError::Invalid),
+        }
+    }
+}
+
+/// The objects of one bind, held while it is posted.
+struct Bound {
+    mw: Arc<MwInner>,
+    mr: Arc<sys::Mr>,
 }
 
 /// A protection domain.
@@ -288,10 +319,25 @@ impl UserPd for IbvPd {
             return Err(VerbsError::Invalid);
         }
         // SAFETY: the caller keeps the memory mapped while the registration exists.
-        let mr = unsafe { self.0.pd.reg_mr(addr, len, conv::access_to_ibv(access))? };
+        let mr = Arc::new(unsafe { self.0.pd.reg_mr(addr, len, conv::access_to_ibv(access))? });
+        self.0.mrs.lock().insert(mr.lkey(), Arc::downgrade(&mr));
         Ok(Box::new(IbvMr {
             mr,
-            _pd: self.0.clone(),
+            pd: self.0.clone(),
+        }))
+    }
+
+    fn alloc_mw(&self) -> Result<Box<dyn UserMw>> {
+        let mw = Arc::new(MwInner {
+            mw: self.0.pd.alloc_mw()?,
+            posting: Mutex::new(()),
+        });
+        let index = conv::mw_index(mw.mw.rkey());
+        self.0.mws.lock().insert(index, Arc::downgrade(&mw));
+        Ok(Box::new(IbvMw {
+            inner: mw,
+            index,
+            pd: self.0.clone(),
         }))
     }
 
@@ -342,7 +388,8 @@ impl UserPd for IbvPd {
             cm_key: Mutex::new(None),
             held_recv: Mutex::new(Vec::new()),
             dev: self.0.dev.clone(),
-            _keep: (init.send_cq, init.recv_cq, init.srq, self.0.clone()),
+            pd: self.0.clone(),
+            _keep: (init.send_cq, init.recv_cq, init.srq),
         }))))
     }
 
@@ -367,8 +414,42 @@ impl UserPd for IbvPd {
 
 /// A memory registration.
 pub struct IbvMr {
-    mr: sys::Mr,
-    _pd: Arc<PdInner>,
+    /// Shared with a bind being posted (which names it by lkey).
+    mr: Arc<sys::Mr>,
+    pd: Arc<PdInner>,
+}
+
+impl Drop for IbvMr {
+    fn drop(&mut self) {
+        self.pd.mrs.lock().remove(&self.mr.lkey());
+    }
+}
+
+/// A memory window (type 2).
+pub struct IbvMw {
+    inner: Arc<MwInner>,
+    index: u32,
+    pd: Arc<PdInner>,
+}
+
+struct MwInner {
+    mw: sys::Mw,
+    /// Held while a bind of the window is posted: its key in `ibv_mw` must be the current
+    /// one then, and becomes the bind's once it is posted.
+    posting: Mutex<()>,
+}
+
+impl UserMw for IbvMw {
+    fn rkey(&self) -> u32 {
+        let _g = self.inner.posting.lock();
+        self.inner.mw.rkey()
+    }
+}
+
+impl Drop for IbvMw {
+    fn drop(&mut self) {
+        self.pd.mws.lock().remove(&self.index);
+    }
 }
 
 impl UserMr for IbvMr {
@@ -487,13 +568,10 @@ pub(crate) struct QpInner {
     /// (Linux rxe: `EINVAL`), and rdma_cm only hides that for QPs it creates itself.
     held_recv: Mutex<Vec<Wqe>>,
     pub(crate) dev: Arc<Shared>,
+    /// Its PD: the windows and registrations its binds name.
+    pd: Arc<PdInner>,
     #[allow(clippy::type_complexity)]
-    _keep: (
-        Arc<dyn UserCq>,
-        Arc<dyn UserCq>,
-        Option<Arc<dyn UserSrq>>,
-        Arc<PdInner>,
-    ),
+    _keep: (Arc<dyn UserCq>, Arc<dyn UserCq>, Option<Arc<dyn UserSrq>>),
 }
 
 impl QpInner {
@@ -552,6 +630,46 @@ impl QpInner {
         Ok(q)
     }
 
+    /// Post requests some of which bind windows: every window and registration is found
+    /// first (`Invalid` before anything is posted), then the requests go in pieces that
+    /// each end with a bind, so that the window's key in `ibv_mw` is the current one when
+    /// its bind is posted (rxe gives the kernel that key, which checks it) and the bind's
+    /// new key after. A later piece the device refuses leaves the earlier ones posted.
+    fn post_binding(&self, wqes: &[Wqe], ops: &[u32]) -> Result<()> {
+        let bound = wqes
+            .iter()
+            .map(|w| match w.opcode() {
+                Some(WrOpcode::BindMw) => self.pd.bind_objects(w).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<Option<Bound>>>>()?;
+        let mut start = 0;
+        while start < wqes.len() {
+            let end = bound[start..]
+                .iter()
+                .position(Option::is_some)
+                .map_or(wqes.len(), |i| start + i + 1);
+            let mut chain = conv::send_chain(&wqes[start..end], &ops[start..end]);
+            match &bound[end - 1] {
+                Some(b) => {
+                    let last = end - 1 - start;
+                    conv::set_bind(
+                        &mut chain.wrs[last],
+                        &wqes[end - 1],
+                        b.mw.mw.raw(),
+                        b.mr.raw(),
+                    );
+                    let _g = b.mw.posting.lock();
+                    self.qp.post_send(&mut chain.wrs[0])?;
+                    b.mw.mw.set_rkey(wqes[end - 1].bind_args().mw_rkey);
+                }
+                None => self.qp.post_send(&mut chain.wrs[0])?,
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
     pub(crate) fn weak(self: &Arc<Self>) -> Weak<QpInner> {
         Arc::downgrade(self)
     }
@@ -576,8 +694,11 @@ impl UserQp for IbvQp {
             .iter()
             .map(|w| conv::validate_send(w, &self.0.caps))
             .collect::<Result<Vec<u32>>>()?;
-        let mut chain = conv::send_chain(wqes, &ops);
-        self.0.qp.post_send(&mut chain.wrs[0])
+        if !wqes.iter().any(|w| w.opcode() == Some(WrOpcode::BindMw)) {
+            let mut chain = conv::send_chain(wqes, &ops);
+            return self.0.qp.post_send(&mut chain.wrs[0]);
+        }
+        self.0.post_binding(wqes, &ops)
     }
     fn post_recv(&self, wqes: &[Wqe]) -> Result<()> {
         if wqes.is_empty() {

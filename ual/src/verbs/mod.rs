@@ -344,6 +344,7 @@ fn mirror_destroy_cmd(kind: u32) -> u32 {
         abi::MIRROR_QP => cmd::DESTROY_QP,
         abi::MIRROR_SRQ => cmd::DESTROY_SRQ,
         abi::MIRROR_MR => cmd::DEREG_MR,
+        abi::MIRROR_MW => cmd::DEALLOC_MW,
         _ => cmd::DESTROY_LISTEN,
     }
 }

@@ -99,9 +99,21 @@ impl Context {
     }
 
     /// Allocate a memory window in `pd` (bind it with [`Mw::bind_wqe`] on a QP of `pd`).
+    /// On a device whose fast path is this process's, the uVP makes it (`Unsupported`
+    /// where the device has no type-2 windows) after the kAL has recorded it.
     pub fn alloc_mw(self: &Arc<Self>, pd: &Arc<Pd>) -> Result<Arc<Mw>> {
-        if pd.user.is_some() {
-            return Err(VerbsError::Unsupported); // not yet through a uVP
+        if let Some((_, upd)) = &pd.user {
+            let (handle, mw) =
+                self.mirrored(pd.dev, abi::MIRROR_MW, [pd.handle, 0, 0, 0], (0, 0), |_| {
+                    upd.alloc_mw()
+                })?;
+            return Ok(Arc::new(Mw {
+                ctx: self.clone(),
+                handle,
+                rkey: mw.rkey().into(),
+                device: Some(mw),
+                _pd: pd.clone(),
+            }));
         }
         let mut a = abi::AllocMw {
             pd: pd.handle,
@@ -112,6 +124,7 @@ impl Context {
             ctx: self.clone(),
             handle: a.handle,
             rkey: a.rkey.into(),
+            device: None,
             _pd: pd.clone(),
         }))
     }
@@ -164,6 +177,9 @@ pub struct Mw {
     ctx: Arc<Context>,
     pub handle: u32,
     rkey: std::sync::atomic::AtomicU32,
+    /// The uVP's window, on a device whose fast path is the consumer's; deallocated after
+    /// the kAL's record.
+    device: Option<Box<dyn user_half::UserMw>>,
     _pd: Arc<Pd>,
 }
 
@@ -187,5 +203,6 @@ impl Mw {
 impl Drop for Mw {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DEALLOC_MW, self.handle);
+        drop(self.device.take());
     }
 }
