@@ -290,6 +290,11 @@ pub fn set_bind(wr: &mut ibv_send_wr, w: &Wqe, mw: *mut ffi::ibv_mw, mr: *mut ff
     };
 }
 
+/// An unbind: a bind of length 0 (how krdma's consumers unbind a window).
+pub fn is_unbind(w: &Wqe) -> bool {
+    w.opcode() == Some(WrOpcode::BindMw) && w.bind_args().len == 0
+}
+
 /// The index part of a window key (what stays the same across its binds).
 pub fn mw_index(rkey: u32) -> u32 {
     rkey & !0xff

@@ -304,6 +304,39 @@ impl PdInner {
     }
 }
 
+impl PdInner {
+    /// `wqes` with each unbind (a bind of length 0, how krdma's consumers unbind a window
+    /// — IT-API's RMR unlink) turned into what unbinds a type-2 window on a verbs device:
+    /// a Local Invalidate of the window's current key (IB o10-37.2.40). The window must be
+    /// bound; one the peer invalidated (Send with Invalidate) is not, and the device then
+    /// fails the request.
+    fn unbinds_as_invalidates(&self, wqes: &[Wqe]) -> Result<Vec<Wqe>> {
+        wqes.iter()
+            .map(|w| {
+                if !conv::is_unbind(w) {
+                    return Ok(*w);
+                }
+                let index = conv::mw_index(w.bind_args().mw_rkey);
+                let mw = self.mws.lock().get(&index).and_then(Weak::upgrade);
+                let mw = mw.ok_or(VerbsError::Invalid)?;
+                let key = {
+                    let _g = mw.posting.lock();
+                    mw.mw.rkey()
+                };
+                Ok(Wqe {
+                    opcode: WrOpcode::LocalInv as u8,
+                    imm_or_inv: key,
+                    compare_add: 0,
+                    swap: 0,
+                    rkey: 0,
+                    remote_addr: 0,
+                    ..*w
+                })
+            })
+            .collect()
+    }
+}
+
 /// The objects of one bind, held while it is posted.
 struct Bound {
     mw: Arc<MwInner>,
@@ -690,6 +723,14 @@ impl UserQp for IbvQp {
             // A UD send needs an address handle, which a Wqe does not carry.
             return Err(VerbsError::Unsupported);
         }
+        let unbinding;
+        let wqes = match wqes.iter().any(conv::is_unbind) {
+            false => wqes,
+            true => {
+                unbinding = self.0.pd.unbinds_as_invalidates(wqes)?;
+                &unbinding[..]
+            }
+        };
         let ops = wqes
             .iter()
             .map(|w| conv::validate_send(w, &self.0.caps))
