@@ -73,6 +73,28 @@ for ex in pingpong rdma_rw; do
         "$GX/$ex --device $GDEV --client $HOST:7481" "--device $HOSTDEV --server 7481" host-first
 done
 
+# uDAPL: Debian's unmodified dtest at both ends through the system's libdat2 and krdma's
+# DAT provider — in the guest on the kernel's device through mlx, on the host on krdma's
+# software device — both registered as ofa-v2-eth0 (dtest's client takes the name from its
+# server), each with its own address as the IA parameters' second word.
+cargo build --profile "$PROFILE" -p krdma-dapl-provider >&2 || exit 1
+command -v dtest >/dev/null || apt-get install -y -qq dapl2-utils libdapl2 >/dev/null
+cp "$TARGET/$PROFILE/libdaplkrdma.so" "$BIN/"
+datconf() { echo "ofa-v2-eth0 u2.0 nonthreadsafe default $1 dapl.2.0 \"$2 $3\" \"\""; }
+datconf /mnt/host/bin/libdaplkrdma.so "$GDEV" "$GUEST" >"$BIN/dat.conf"
+datconf "$BIN/libdaplkrdma.so" "$HOSTDEV" "$HOST" >"$OUT/dat-host.conf"
+DTEST="dtest -P ofa-v2-eth0 -b 4096 -B 10"
+# dtest exits 0 even when it prints "DAPL Test Complete. FAILED": a side passes only when
+# it says PASSED.
+printf '#!/bin/sh\nDAT_OVERRIDE=%s stdbuf -oL -eL dtest "$@" >"$0.log" 2>&1; rc=$?; cat "$0.log"\n[ $rc = 0 ] && grep -q "Complete. PASSED" "$0.log"\n' \
+    "$OUT/dat-host.conf" >"$OUT/dtest-host.sh"
+chmod +x "$OUT/dtest-host.sh"
+gdtest() { echo "env DAT_OVERRIDE=/mnt/host/bin/dat.conf KRDMA_RXE=off $DTEST $1 >/tmp/dtest.log 2>&1; cat /tmp/dtest.log; grep -q 'Complete. PASSED' /tmp/dtest.log"; }
+HOST_PROG=$OUT/dtest-host.sh record "dapl-guest-server" 2 "" "$(gdtest -s)" \
+    "-P ofa-v2-eth0 -b 4096 -B 10 -h $GUEST" guest-first
+HOST_PROG=$OUT/dtest-host.sh record "dapl-host-server" 2 "" "$(gdtest "-h $HOST")" \
+    "-P ofa-v2-eth0 -s -b 4096 -B 10" host-first
+
 # Cases inside the guest alone (scripts/guest/*.sh, busybox sh): guest_only NAME SCRIPT
 # MARKER passes when the script prints "MARKER OK".
 # - rdma-core's own tools (ibv_rc_pingpong, perftest with and without -R, rping) against

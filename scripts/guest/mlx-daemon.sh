@@ -16,29 +16,39 @@ export KRDMA_RXE=off KRDMA_DEVICE=/tmp/krdma
 for _ in $(seq 50); do grep -q ready /tmp/krdmad.log && break; sleep 0.1; done
 grep -q ready /tmp/krdmad.log || { cat /tmp/krdmad.log; fail "krdmad did not start"; }
 $K devices | grep -A30 "hca_id: $DEV" | grep -q "fast path:.*in the consumer" || fail "$DEV not listed as a consumer fast-path device"
-# A server that holds a PD, CQ, QP and MR while it waits for its peer's TCP exchange.
-$K pingpong -d $DEV -g 1 -p 18600 >/tmp/holder.log 2>&1 &
+# A holder: the IT-API pingpong example as a server, which makes its PZ, EVDs, endpoint
+# (a QP) and LMR before it waits for a connection (IB and iWARP alike).
+hold() { /mnt/host/bin/pingpong --device $DEV --server "$1" >"/tmp/holder$1.log" 2>&1 & }
+row() { grep -E "│ [0-9]+ +┆ $1 " "$2"; }
+hold 7490
 HOLDER=$!
-sleep 2
-$K stat > /tmp/stat1.txt 2>&1
-cat /tmp/stat1.txt | head -8
-# The holder's row: PDs 1, CQs 1, QPs 1, MRs 1, pinned > 0.
-grep -E "│ [0-9]+ +┆ $HOLDER " /tmp/stat1.txt | awk -F'┆' '{gsub(/ /,""); if ($4==1 && $5==1 && $6==1 && $8==1 && $11+0>0) ok=1} END {exit !ok}' \
+sleep 3
+$K stat >/tmp/stat1.txt 2>&1
+head -8 /tmp/stat1.txt
+# The holder's row: a PD, a QP, an MR (at least) and pinned bytes.
+row $HOLDER /tmp/stat1.txt | awk -F'┆' '{for (i = 1; i <= NF; i++) gsub(/[ │]/, "", $i);
+    if ($4 >= 1 && $6 == 1 && $8 >= 1 && $11 + 0 > 0) ok = 1} END {exit !ok}' \
     || fail "the holder's mirrored objects are not in krdma stat"
-echo "MLX-DAEMON: holder's PD, CQ, QP, MR and pinned bytes are in krdma stat"
-if $K pingpong -d $DEV -g 1 -p 18601 >/tmp/second.log 2>&1; then fail "second QP allowed past quota qps=1"; fi
-grep -qi "quota" /tmp/second.log || { cat /tmp/second.log; fail "second holder not refused by the quota"; }
-echo "MLX-DAEMON: second QP refused by the per-user quota: $(tail -1 /tmp/second.log)"
+echo "MLX-DAEMON: holder's PD, CQs, QP, MR and pinned bytes are in krdma stat"
+# A second holder is refused its QP by the per-user quota (the kAL counts the refusal).
+hold 7491
+SECOND=$!
+sleep 3
+if kill -0 $SECOND 2>/dev/null; then fail "second QP allowed past quota qps=1"; fi
+$K stat 2>&1 | grep -E "quota_refused_qps +┆ [1-9]" >/dev/null || fail "the quota did not refuse the second QP"
+echo "MLX-DAEMON: second QP refused by the per-user quota ($(tail -1 /tmp/holder7491.log))"
 kill -9 $HOLDER; wait $HOLDER 2>/dev/null
 sleep 1
-$K stat > /tmp/stat2.txt 2>&1
+$K stat >/tmp/stat2.txt 2>&1
 head -1 /tmp/stat2.txt
 head -1 /tmp/stat2.txt | grep -q "1 context(s), 0 pinned bytes" || fail "killed holder's context or pins not released"
 echo "MLX-DAEMON: killed holder's context and pins released"
-$K pingpong -d $DEV -g 1 -p 18602 >/tmp/third.log 2>&1 &
+hold 7492
 THIRD=$!
-sleep 2
-$K stat 2>&1 | grep -qE "┆ $THIRD " || fail "quota not given back after the holder died"
+sleep 3
+$K stat >/tmp/stat3.txt 2>&1
+row $THIRD /tmp/stat3.txt | awk -F'┆' '{gsub(/ /, "", $6); if ($6 == 1) ok = 1} END {exit !ok}' \
+    || fail "quota not given back after the holder died"
 kill -9 $THIRD
 echo "MLX-DAEMON: quota given back; a new holder gets its QP"
 echo "MLX-DAEMON OK"

@@ -184,6 +184,10 @@ pub fn every_command(k: &Known, own: &Own) -> Vec<Attempt> {
     (srq_attrs.handle, srq_attrs.limit) = (k.srq, 1);
     let mut mw = abi::AllocMw::zeroed();
     mw.pd = k.pd;
+    // A record naming the victim's PD and CQ as parents (on a device whose fast path is
+    // the kAL's it is refused anyway; from another process it must never be looked at).
+    let mut mirror = abi::Mirror::zeroed();
+    (mirror.dev, mirror.kind, mirror.parents) = (k.dev, abi::MIRROR_QP, [k.pd, k.cq, k.cq, 0]);
     let mut port = abi::QueryPort::zeroed();
     (port.dev, port.port) = (k.dev, 1);
     let mut dev = abi::QueryDevice::zeroed();
@@ -247,6 +251,7 @@ pub fn every_command(k: &Known, own: &Own) -> Vec<Attempt> {
         a("DESTROY_SRQ", cmd::DESTROY_SRQ, destroy(k.srq), true),
         a("ALLOC_MW", cmd::ALLOC_MW, bytes(&mw), true),
         a("DEALLOC_MW", cmd::DEALLOC_MW, destroy(k.mw), true),
+        a("MIRROR", cmd::MIRROR, bytes(&mirror), true),
     ];
     assert_eq!(v.len(), cmd::ALL.len(), "every command of the ABI is tried");
     v

@@ -50,6 +50,13 @@ impl Opened {
     }
 }
 
+impl Opened {
+    /// Forget the open devices without closing them (a fork child: they are the parent's).
+    pub fn leak(&self) {
+        std::mem::forget(std::mem::take(&mut *self.0.lock()));
+    }
+}
+
 /// Delivers a uVP's events for one object to the context's dispatcher, under the
 /// object's handle.
 pub struct HandleSink {

@@ -140,5 +140,8 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DESTROY_CQ, self.handle);
+        if let CqPath::Device(d) = &self.path {
+            self.ctx.keep_in_fork_child(d.clone());
+        }
     }
 }

@@ -114,5 +114,8 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DESTROY_LISTEN, self.handle);
+        if let Some(l) = &self.device {
+            self.ctx.keep_in_fork_child(l.clone());
+        }
     }
 }

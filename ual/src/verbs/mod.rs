@@ -180,6 +180,17 @@ impl Context {
         }
     }
 
+    /// Drop `extra`, a second reference to (or the owner of) an object of a device's uVP —
+    /// except in a fork child, where the object is the parent's, made on a device file
+    /// the child shares: destroying it there would destroy the parent's. The child leaks
+    /// it instead, so the object outlives the child's copy of its owner.
+    fn keep_in_fork_child<T>(&self, extra: T) {
+        match self.home.is_here() {
+            true => drop(extra),
+            false => std::mem::forget(extra),
+        }
+    }
+
     /// Where a uVP delivers the events of object `handle`.
     fn sink(&self, handle: u32) -> Arc<dyn rnicpi::EventSink> {
         Arc::new(HandleSink {
@@ -289,8 +300,10 @@ impl Drop for Context {
         };
         if !self.home.is_here() {
             // A fork child: the event thread is the parent's (it does not exist here)
-            // and the stop signal an eventfd shared with the parent. Touch neither.
+            // and the stop signal an eventfd shared with the parent. Touch neither, nor
+            // the devices opened through their uVP (their contexts are the parent's).
             std::mem::forget(t);
+            self.opened.leak();
             return;
         }
         self.chan.stop_waiters();

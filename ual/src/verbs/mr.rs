@@ -161,7 +161,9 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         if self.ctx.here().is_err() {
-            return; // the parent's registration and pins
+            // The parent's registration and pins (and device registration).
+            self.ctx.keep_in_fork_child(self.device.take());
+            return;
         }
         self.ctx.destroy(cmd::DEREG_MR, self.handle);
         if self.device.take().is_none() {
@@ -203,6 +205,6 @@ impl Mw {
 impl Drop for Mw {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DEALLOC_MW, self.handle);
-        drop(self.device.take());
+        self.ctx.keep_in_fork_child(self.device.take());
     }
 }

@@ -37,5 +37,8 @@ pub struct Pd {
 impl Drop for Pd {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DEALLOC_PD, self.handle);
+        if let Some((dev, pd)) = &self.user {
+            self.ctx.keep_in_fork_child((dev.clone(), pd.clone()));
+        }
     }
 }

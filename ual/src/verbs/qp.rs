@@ -331,5 +331,8 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DESTROY_QP, self.handle);
+        if let QpPath::Device(dev, qp) = &self.path {
+            self.ctx.keep_in_fork_child((dev.clone(), qp.clone()));
+        }
     }
 }

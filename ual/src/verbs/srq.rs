@@ -142,5 +142,8 @@ impl Srq {
 impl Drop for Srq {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DESTROY_SRQ, self.handle);
+        if let SrqPath::Device(d) = &self.path {
+            self.ctx.keep_in_fork_child(d.clone());
+        }
     }
 }
