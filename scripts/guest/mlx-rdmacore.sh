@@ -49,5 +49,16 @@ pair rping-rdmacore-server "rping -s -a $IP -p $port -C 5 -v" \
     "$K rping -c -a $IP -p $port -C 5 -v -V --device $DEV"
 pair rping-krdma-server "$K rping -s -a $IP -p $port -C 5 -v --device $DEV" \
     "rping -c -a $IP -p $port -C 5 -v -V"
+# uDAPL: dtest through the guest's libdaplofa (its /etc/dat.conf entry ofa-v2-eth0) against
+# dtest through krdma's DAT provider on the same device (/mnt/host/bin/dat.conf names it
+# ofa-v2-eth0 too: dtest's client takes the provider name from its server). dtest exits 0
+# when it fails; a side passes only when it says PASSED.
+if [ -f /mnt/host/bin/dat.conf ]; then
+    D="dtest -P ofa-v2-eth0 -b 4096 -B 10"
+    KD="env DAT_OVERRIDE=/mnt/host/bin/dat.conf KRDMA_RXE=off $D"
+    passed() { echo "$1 >/tmp/dt.\$\$ 2>&1; grep -q 'Complete. PASSED' /tmp/dt.\$\$"; }
+    pair dapl-ofa-server "$(passed "$D -s")" "$(passed "$KD -h $IP")"
+    pair dapl-krdma-server "$(passed "$KD -s")" "$(passed "$D -h $IP")"
+fi
 echo "RDMACORE RESULT $ok passed, $bad failed"
 [ $bad = 0 ] && echo "RDMACORE OK"
