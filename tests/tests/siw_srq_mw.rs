@@ -130,7 +130,7 @@ fn one_srq_serves_many_qps() {
             let sge = s.mr.sge((i * SLOT) as u64, SLOT as u32);
             srq.post_recv(&Wqe::recv(i as u64, &[sge])).unwrap();
         }
-        assert_eq!(srq.len(), Some(2 * QPS as u32));
+        assert_eq!(srq.queued(), Some(2 * QPS as u32));
         srq.arm_limit(3).unwrap();
         assert_eq!(srq.query().unwrap().limit, 3);
 
@@ -156,7 +156,7 @@ fn one_srq_serves_many_qps() {
             assert!(seen.insert((msg[0], msg[1])), "each message once");
         }
         assert_eq!(seen.len(), 2 * QPS);
-        assert_eq!(srq.len(), Some(0));
+        assert_eq!(srq.queued(), Some(0));
         let ev = srq.events().recv_timeout(T).expect("SRQ limit event");
         assert_eq!(ev.kind, EventKind::SrqLimitReached);
         assert_eq!(
@@ -174,7 +174,7 @@ fn one_srq_serves_many_qps() {
             .unwrap();
         conns[0].1.qp.disconnect(true).unwrap();
         s.event(&conns[0].0, EventKind::LastWqeReached);
-        assert_eq!(srq.len(), Some(1));
+        assert_eq!(srq.queued(), Some(1));
         conns[1].1.send(9, 0, 4, SIG).unwrap();
         let c = s.cq.wait(1, T).unwrap();
         assert_eq!((c[0].wr_id, c[0].status()), (100, WcStatus::Success));

@@ -94,7 +94,7 @@ impl Srq {
 
     /// Receives posted and not yet taken by a QP; `None` where the device does not say
     /// (a device whose fast path is the consumer's).
-    pub fn len(&self) -> Option<u32> {
+    pub fn queued(&self) -> Option<u32> {
         match &self.path {
             SrqPath::Ring(r) => Some(r.len()),
             SrqPath::Device(_) => None,
