@@ -94,6 +94,30 @@ pub(crate) fn set_linger_zero(s: &TcpStream) {
     let _ = socket::setsockopt(s, sockopt::Linger, &zero);
 }
 
+/// Whether the connection ended with a reset rather than the peer's FIN. After a reset
+/// only the first call on the socket reports it (`ECONNRESET`) and every later read sees
+/// an end of stream, so when the tx thread's write took the error, the rx thread's read
+/// returns 0 as for a FIN: it asks the socket's TCP state instead — `CLOSE` after a
+/// reset, `CLOSE_WAIT` (or a closing state of our own) after a FIN.
+pub(crate) fn was_reset(s: &TcpStream) -> bool {
+    const TCP_CLOSE: u8 = 7; // include/net/tcp_states.h
+    // SAFETY: an all-zero tcp_info is a valid value of the plain C struct.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the live local struct; the
+    // descriptor is the stream's own.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && info.tcpi_state == TCP_CLOSE
+}
+
 /// The default: a close sends a FIN after what is queued.
 const LINGER_OFF: libc::linger = libc::linger {
     l_onoff: 0,
@@ -129,6 +153,25 @@ mod tests {
         let mut buf = [0u8; 8];
         let e = b.read(&mut buf).expect_err("a reset, not an orderly EOF");
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    #[test]
+    fn a_reset_is_told_from_a_fin_after_its_error_was_taken() {
+        let (a, mut b) = pair();
+        assert!(!was_reset(&b));
+        Llp::abort(&a);
+        // Another call takes the error (as the tx thread's write would)...
+        let _ = (&b).write(&[1]);
+        let _ = (&b).write(&[1]);
+        // ...and the read sees an end of stream; the state still says reset.
+        let mut buf = [0u8; 8];
+        let _ = b.read(&mut buf);
+        assert!(was_reset(&b));
+        let (c, d) = pair();
+        Llp::shutdown(&c, Shutdown::Write);
+        let mut d2 = &d;
+        assert_eq!(d2.read(&mut buf).unwrap(), 0);
+        assert!(!was_reset(&d), "a FIN is not a reset");
     }
 
     #[test]

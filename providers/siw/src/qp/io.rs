@@ -311,7 +311,12 @@ impl SiwQp {
         let mut framing = wire::FpduDecoder::new();
         loop {
             let n = match sock.read(&mut buf) {
-                Ok(0) => return self.connection_lost(framing.at_boundary()),
+                // An end of stream: the peer's FIN — or a reset whose error another
+                // call on the socket took first (a dead peer is never an orderly close).
+                Ok(0) => {
+                    let fin = framing.at_boundary() && !llp::was_reset(&sock);
+                    return self.connection_lost(fin);
+                }
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return self.connection_lost(false),
