@@ -7,7 +7,9 @@
 build_apt=()
 command -v cc >/dev/null || build_apt+=(gcc)
 command -v cmake >/dev/null || build_apt+=(cmake)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || build_apt+=(libclang-dev)
+# The package, not just a libclang.so: bindgen also needs clang's own headers
+# (libclang-common-*-dev), which a runtime-only libclang lacks.
+dpkg-query -W -f='${Status}' libclang-dev 2>/dev/null | grep -q 'ok installed' || build_apt+=(libclang-dev)
 if [ ${#build_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${build_apt[@]}" >/dev/null
