@@ -26,31 +26,19 @@
 //!
 //! Prints `PASS ...` per step and `ALL PASS` at the end; exits non-zero on the first failure.
 
+mod common;
+
+use common::{fail, pattern, sink, Buf, Res};
 use mlx::{kernel_devices, user_provider, IbvDevice};
-use rnicpi::user::{UserCq, UserDevice, UserListener, UserMr, UserPd, UserQp, UserQpInit, UserSrq};
+use rnicpi::user::{UserCq, UserDevice, UserListener, UserPd, UserQp, UserQpInit, UserSrq};
 use rnicpi::{
-    wc_flags, Access, ConnParam, Cqe, Event, EventKind, EventSink, QpAttr, QpAttrMask, QpCaps,
-    QpState, QpType, Sge, SrqAttr, WcOpcode, WcStatus, Wqe, WrOpcode,
+    wc_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps, QpState,
+    QpType, SrqAttr, WcOpcode, WcStatus, Wqe, WrOpcode,
 };
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-type Res<T> = Result<T, String>;
-
-fn fail<T>(msg: impl Into<String>) -> Res<T> {
-    Err(msg.into())
-}
-
-fn sink() -> (Arc<dyn EventSink>, Receiver<Event>) {
-    let (tx, rx) = channel::<Event>();
-    let tx = Mutex::new(tx);
-    let s = move |ev: Event| {
-        let _ = tx.lock().unwrap().send(ev);
-    };
-    (Arc::new(s), rx)
-}
 
 /// The first event of one of `kinds` (others are printed and skipped).
 fn wait_any(rx: &Receiver<Event>, kinds: &[EventKind], what: &str) -> Res<Event> {
@@ -92,51 +80,6 @@ fn expect(cq: &Arc<dyn UserCq>, wr_id: u64, op: WcOpcode, what: &str) -> Res<Cqe
         ));
     }
     Ok(c)
-}
-
-/// A registered buffer (the registration is declared first: it goes before the memory).
-struct Buf {
-    mr: Box<dyn UserMr>,
-    mem: Vec<u8>,
-}
-
-impl Buf {
-    fn new(pd: &Arc<dyn UserPd>, len: usize, bind: bool) -> Res<Buf> {
-        let mut mem = vec![0u8; len];
-        let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        if bind {
-            access |= Access::MW_BIND;
-        }
-        // SAFETY: `mem` lives as long as its registration (declared after it) and never moves.
-        let mr = unsafe { pd.reg_mr(mem.as_mut_ptr(), len, access) }
-            .map_err(|e| format!("reg_mr: {e}"))?;
-        Ok(Buf { mr, mem })
-    }
-    fn addr(&self, off: usize) -> u64 {
-        self.mem.as_ptr() as u64 + off as u64
-    }
-    fn sge(&self, off: usize, len: usize) -> Sge {
-        Sge {
-            addr: self.addr(off),
-            length: len as u32,
-            lkey: self.mr.lkey(),
-        }
-    }
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        (off..off + len)
-            // SAFETY: in bounds of `mem`; volatile because the device writes it.
-            .map(|i| unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(i)) })
-            .collect()
-    }
-    fn write(&mut self, off: usize, data: &[u8]) {
-        self.mem[off..off + data.len()].copy_from_slice(data);
-    }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed))
-        .collect()
 }
 
 struct Side {
@@ -189,7 +132,11 @@ impl Env {
             QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS,
         )
         .map_err(|e| format!("INIT: {e}"))?;
-        let buf = Buf::new(&self.pd, 1 << 15, self.bind)?;
+        let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        if self.bind {
+            access |= Access::MW_BIND;
+        }
+        let buf = Buf::new(&self.pd, 1 << 15, access)?;
         Ok(Side {
             qp,
             cq,

@@ -16,32 +16,19 @@
 //!
 //! Prints `PASS ...` per step and `ALL PASS` at the end; exits non-zero on the first failure.
 
+mod common;
+
+use common::{fail, pattern, sink, Buf, Res};
 use mlx::{kernel_devices, user_provider, IbvDevice};
-use rnicpi::user::{UserCq, UserDevice, UserMr, UserPd, UserQp, UserQpInit};
+use rnicpi::user::{UserCq, UserDevice, UserPd, UserQp, UserQpInit};
 use rnicpi::{
-    send_flags, Access, ConnParam, Cqe, Event, EventKind, EventSink, QpAttr, QpAttrMask, QpCaps,
-    QpState, QpType, Sge, WcOpcode, WcStatus, Wqe, WrOpcode,
+    send_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps, QpState,
+    QpType, WcOpcode, WcStatus, Wqe, WrOpcode,
 };
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-type Res<T> = Result<T, String>;
-
-fn fail<T>(msg: impl Into<String>) -> Res<T> {
-    Err(msg.into())
-}
-
-/// A sink that forwards events to a channel.
-fn sink() -> (Arc<dyn EventSink>, Receiver<Event>) {
-    let (tx, rx) = channel::<Event>();
-    let tx = Mutex::new(tx);
-    let s = move |ev: Event| {
-        let _ = tx.lock().unwrap().send(ev);
-    };
-    (Arc::new(s), rx)
-}
 
 fn wait_event(rx: &Receiver<Event>, kind: EventKind, what: &str) -> Res<Event> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -101,54 +88,6 @@ fn expect_cqe(c: &Cqe, wr_id: u64, op: WcOpcode, what: &str) -> Res<()> {
     Ok(())
 }
 
-/// A registered buffer.
-struct Buf {
-    // Declared first: deregistered before the memory goes.
-    mr: Box<dyn UserMr>,
-    mem: Vec<u8>,
-}
-
-impl Buf {
-    fn new(pd: &Arc<dyn UserPd>, len: usize) -> Res<Buf> {
-        let mut mem = vec![0u8; len];
-        let access = Access::LOCAL_WRITE
-            | Access::REMOTE_WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC;
-        // SAFETY: `mem` lives in the same struct as its registration, which drops first
-        // (fields drop in declaration order), and is never reallocated.
-        let mr = unsafe { pd.reg_mr(mem.as_mut_ptr(), len, access) }
-            .map_err(|e| format!("reg_mr: {e}"))?;
-        Ok(Buf { mr, mem })
-    }
-    fn addr(&self, off: usize) -> u64 {
-        self.mem.as_ptr() as u64 + off as u64
-    }
-    fn sge(&self, off: usize, len: usize) -> Sge {
-        Sge {
-            addr: self.addr(off),
-            length: len as u32,
-            lkey: self.mr.lkey(),
-        }
-    }
-    /// Read what the device wrote (volatile: the compiler does not see the device).
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        (off..off + len)
-            // SAFETY: in bounds of `mem`.
-            .map(|i| unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(i)) })
-            .collect()
-    }
-    fn write(&mut self, off: usize, data: &[u8]) {
-        self.mem[off..off + data.len()].copy_from_slice(data);
-    }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 struct Side {
     qp: Arc<dyn UserQp>,
     cq: Arc<dyn UserCq>,
@@ -179,7 +118,9 @@ fn make_side(dev: &Arc<dyn UserDevice>, pd: &Arc<dyn UserPd>) -> Res<Side> {
             sink: qp_sink,
         })
         .map_err(|e| format!("create_qp: {e}"))?;
-    let buf = Buf::new(pd, 1 << 16)?;
+    let access =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let buf = Buf::new(pd, 1 << 16, access)?;
     Ok(Side {
         qp,
         cq,

@@ -101,7 +101,7 @@ pub(crate) fn set_linger_zero(s: &TcpStream) {
 /// reset, `CLOSE_WAIT` (or a closing state of our own) after a FIN.
 pub(crate) fn was_reset(s: &TcpStream) -> bool {
     const TCP_CLOSE: u8 = 7; // include/net/tcp_states.h
-    // SAFETY: an all-zero tcp_info is a valid value of the plain C struct.
+                             // SAFETY: an all-zero tcp_info is a valid value of the plain C struct.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into the live local struct; the
