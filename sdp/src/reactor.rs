@@ -5,7 +5,7 @@
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -128,15 +128,36 @@ pub fn register(
 impl Registration {
     /// Stop watching one descriptor of this registration (e.g. a closed face's back).
     pub fn remove(&mut self, fd: BorrowedFd<'_>) {
-        let same = |f: &OwnedFd| {
-            nix::sys::stat::fstat(f).ok().map(|s| (s.st_dev, s.st_ino))
-                == nix::sys::stat::fstat(fd).ok().map(|s| (s.st_dev, s.st_ino))
-        };
-        if let Some(i) = self.fds.iter().position(same) {
+        if let Some(i) = self.fds.iter().position(|f| same_file(f.as_fd(), fd)) {
             let f = self.fds.swap_remove(i);
             let _ = reactor().epoll.delete(&f);
         }
     }
+}
+
+impl Registration {
+    /// Watch `fd` (one of this registration's) edge-triggered for input, room for output
+    /// and the peer's shutdown — a face that has become a data path.
+    pub fn watch_data(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        let flags = EpollFlags::EPOLLIN
+            | EpollFlags::EPOLLOUT
+            | EpollFlags::EPOLLRDHUP
+            | EpollFlags::EPOLLET;
+        let own = self
+            .fds
+            .iter()
+            .find(|f| same_file(f.as_fd(), fd))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        reactor()
+            .epoll
+            .modify(own, &mut EpollEvent::new(flags, self.key))?;
+        Ok(())
+    }
+}
+
+fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    let id = |f| nix::sys::stat::fstat(f).ok().map(|s| (s.st_dev, s.st_ino));
+    id(a).is_some() && id(a) == id(b)
 }
 
 impl Drop for Registration {

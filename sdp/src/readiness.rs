@@ -28,6 +28,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 /// The face's send buffer: as small as the kernel allows, so a little filler blocks it.
 const FACE_SNDBUF: usize = 4096;
 
+/// Each direction's buffer once the face carries the data ([`Readiness::into_data_path`]).
+const DATA_PATH_BUF: usize = 256 * 1024;
+
 /// The back end of a face, and what the face currently shows.
 #[derive(Debug)]
 pub struct Readiness {
@@ -138,6 +141,23 @@ impl Readiness {
         };
         let _ = shutdown(self.back.as_raw_fd(), mode);
         self.ended = Some(how);
+    }
+
+    /// Make the face a plain byte stream (the connection is relayed through it from now
+    /// on, `crate::conn` "shared across fork"): the readable token is taken back through
+    /// `face`, the writable filler read away, and both ends get ordinary buffer sizes.
+    /// Readiness is then the kernel's own, from the bytes that really wait.
+    pub fn into_data_path(&mut self, face: BorrowedFd<'_>) -> std::io::Result<()> {
+        if self.readable {
+            let mut b = [0u8; 1];
+            let _ = recv(face.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT);
+            self.readable = false;
+        }
+        self.drain_back();
+        self.writable = true;
+        setsockopt(&face, sockopt::SndBuf, &DATA_PATH_BUF)?;
+        setsockopt(&self.back, sockopt::SndBuf, &DATA_PATH_BUF)?;
+        Ok(())
     }
 
     pub fn ended(&self) -> Option<End> {

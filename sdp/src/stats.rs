@@ -46,12 +46,13 @@ pub fn report() -> String {
     for c in conns {
         let (phase, counters, credits) = c.snapshot();
         out.push_str(&format!(
-            "conn device={} local={} peer={} phase={:?} credits={}",
+            "conn device={} local={} peer={} phase={:?} credits={} relayed={}",
             c.device_name(),
             c.local,
             c.peer,
             phase,
-            credits
+            credits,
+            c.is_relayed()
         ));
         for (k, v) in counters.rows() {
             out.push_str(&format!(" {k}={v}"));

@@ -104,6 +104,19 @@ impl SdpStream {
         }
     }
 
+    /// Hand the connection to the kernel: the returned socket carries its bytes, relayed
+    /// by this process (see the `conn` module's relay), so it can go where an `SdpStream`
+    /// cannot — to a child process across `fork` and `exec` (as its standard input, say),
+    /// or to another process with `SCM_RIGHTS` — and be used there as an ordinary stream
+    /// socket. The connection closes once every copy of the socket is closed, and ends
+    /// with this process. Bytes already received come first; the peer's zero-copy
+    /// adverts are declined from now on (its bytes come by buffered copy).
+    pub fn into_relayed(self) -> io::Result<std::os::unix::net::UnixStream> {
+        self.conn.relay(self.face.as_fd())?;
+        let face = self.face.try_clone()?;
+        Ok(std::os::unix::net::UnixStream::from(face))
+    }
+
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.conn.peer)
     }
@@ -262,6 +275,10 @@ impl AsRawFd for SdpStream {
 
 impl Drop for SdpStream {
     fn drop(&mut self) {
+        if self.conn.is_relayed() {
+            // Its face's holders own it now (`into_relayed`).
+            return;
+        }
         if *self.linger.lock().unwrap_or_else(|e| e.into_inner()) == Some(Duration::ZERO) {
             self.conn.abort();
         }

@@ -264,6 +264,10 @@ pub struct Counters {
     /// SDP listeners that could not be made (the socket stayed TCP only).
     pub listen_sdp_failed: AtomicU64,
     pub policy_errors: AtomicU64,
+    /// SDP sockets relayed through their faces because the process forked.
+    pub relayed_at_fork: AtomicU64,
+    /// SDP sockets a fork found that could not be relayed (unusable in the child).
+    pub relay_failed: AtomicU64,
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -282,6 +286,8 @@ pub static COUNTERS: Counters = Counters {
     refused_tcp_on_sdp_listener: AtomicU64::new(0),
     listen_sdp_failed: AtomicU64::new(0),
     policy_errors: AtomicU64::new(0),
+    relayed_at_fork: AtomicU64::new(0),
+    relay_failed: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -306,6 +312,8 @@ impl Counters {
             ),
             ("listen_sdp_failed", g(&self.listen_sdp_failed)),
             ("policy_errors", g(&self.policy_errors)),
+            ("relayed_at_fork", g(&self.relayed_at_fork)),
+            ("relay_failed", g(&self.relay_failed)),
         ]
     }
 }

@@ -1,6 +1,8 @@
 /* A socket program written for the SDP preload's test: it mixes sockets the switch puts
  * on SDP (port A) and on TCP (port B, by the policy), dups them, forks, execs, and waits
- * for them with poll, select and epoll in the same loop; every message is checked.
+ * for them with poll, select and epoll in the same loop; every message is checked. Fork
+ * children and exec'd programs use inherited sockets of both kinds, and the parent keeps
+ * using them after.
  *
  *   sdp_mix ADDR PORT_A PORT_B   the test (listens on every address, connects to ADDR)
  *   sdp_mix --exec-child FD      (run by the test itself after exec) write on FD, exit
@@ -179,7 +181,8 @@ int main(int argc, char **argv) {
     epoll_ctl(ep, EPOLL_CTL_DEL, sb2, NULL);
 
     /* fork: the child closes its copies of everything and uses an inherited TCP
-     * socket; the parent's sockets, SDP and TCP, keep working. */
+     * socket; the parent's sockets, SDP and TCP, keep working (SDP ones relayed from
+     * here on). */
     pid_t child = fork();
     CHECK(child >= 0);
     if (child == 0) {
@@ -200,19 +203,45 @@ int main(int argc, char **argv) {
         exchange(cb, sb2, r, ep);
     }
 
-    /* exec: a TCP socket survives into the new program. */
+    /* fork: the child uses inherited sockets of both kinds, both ways, with every
+     * waiting call (its own epoll set), while the parent waits; then the parent goes on
+     * with them. */
     child = fork();
     CHECK(child >= 0);
     if (child == 0) {
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", cb);
-        execl("/proc/self/exe", argv[0], "--exec-child", fd, (char *)NULL);
-        _exit(127);
+        int ep2 = epoll_create1(0);
+        CHECK(ep2 >= 0);
+        for (int r = 100; r < 104; r++) {
+            exchange(ca2, sa, r, ep2);
+            exchange(cb, sb2, r, ep2);
+        }
+        write_all(ca2, "kid!", 4);
+        _exit(0);
     }
     CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    read_all(sb2, four, 4);
-    CHECK(strcmp(four, "exec") == 0);
+    read_all(sa, four, 4);
+    CHECK(strcmp(four, "kid!") == 0);
     for (int r = 12; r < 15; r++) {
+        exchange(ca2, sa, r, ep);
+        exchange(cb, sb2, r, ep);
+    }
+
+    /* exec: sockets of both kinds survive into the new program. */
+    int kinds[2][2] = {{cb, sb2}, {ca2, sa}};
+    for (int k = 0; k < 2; k++) {
+        child = fork();
+        CHECK(child >= 0);
+        if (child == 0) {
+            char fd[16];
+            snprintf(fd, sizeof fd, "%d", kinds[k][0]);
+            execl("/proc/self/exe", argv[0], "--exec-child", fd, (char *)NULL);
+            _exit(127);
+        }
+        CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        read_all(kinds[k][1], four, 4);
+        CHECK(strcmp(four, "exec") == 0);
+    }
+    for (int r = 15; r < 18; r++) {
         exchange(ca2, sa, r, ep);
         exchange(cb, sb2, r, ep);
     }

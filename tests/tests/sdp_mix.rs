@@ -1,7 +1,8 @@
 //! A program written for it (`tests/c/sdp_mix.c`) under the SDP preload: sockets on SDP
 //! (port A) and on TCP (port B, by the policy file) side by side, dup'ed, a fork whose
-//! child closes its copies and writes on an inherited TCP socket, an exec whose new
-//! program uses an inherited TCP socket, poll, select and epoll over both kinds at once,
+//! child closes its copies and writes on an inherited TCP socket, a fork whose child
+//! exchanges data both ways over inherited SDP and TCP sockets, execs whose new programs
+//! write on an inherited SDP and TCP socket, poll, select and epoll over both kinds at once,
 //! an orderly close — every message checked, and the program's own SDP report saying
 //! which sockets were SDP. Over siw0 and rxe0, embedded front door.
 
@@ -93,6 +94,9 @@ fn mix(device: &str) {
     assert_eq!(counter(&text, "accepted_sdp"), 1, "{text}");
     assert_eq!(counter(&text, "connect_tcp"), 1, "{text}");
     assert_eq!(counter(&text, "violations"), 0, "{text}");
+    // Both SDP sockets were relayed at the first fork, and stayed usable everywhere.
+    assert_eq!(counter(&text, "relayed_at_fork"), 2, "{text}");
+    assert_eq!(counter(&text, "relay_failed"), 0, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -157,3 +157,62 @@ fn readiness_nonblocking_timeouts_siw0() {
 fn readiness_nonblocking_timeouts_rxe0() {
     each("rxe0", readiness_nonblocking_timeouts);
 }
+
+/// A stream handed to the kernel (`into_relayed`): bytes received before come first, a
+/// child program (`cat`, its standard input and output the relayed socket) echoes 3 MiB
+/// written in buffered and zero-copy sizes, the child's exit closes the last copy and the
+/// peer reads end of file after the echo.
+fn relayed_to_a_child_program(o: &Options) {
+    let (c, s) = pair(o);
+    let c = std::sync::Arc::new(c);
+    (&*c).write_all(b"early").unwrap();
+    // Wait until the early bytes are in the server's buffers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.bytes_readable() < 5 {
+        assert!(Instant::now() < deadline, "early bytes never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut sock = s.into_relayed().unwrap();
+    let mut early = [0u8; 5];
+    sock.read_exact(&mut early).unwrap();
+    assert_eq!(&early, b"early");
+    let child = std::process::Command::new("cat")
+        .stdin(std::os::fd::OwnedFd::from(sock.try_clone().unwrap()))
+        .stdout(std::os::fd::OwnedFd::from(sock.try_clone().unwrap()))
+        .spawn()
+        .unwrap();
+    drop(sock);
+    let mut data = vec![0u8; 3 << 20];
+    fill_pattern(&mut data, 7);
+    let want = crc(&data);
+    let w = c.clone();
+    let writer = std::thread::spawn(move || {
+        let mut off = 0;
+        for size in [1000usize, 300_000, 17, 1 << 20].iter().cycle() {
+            if off == data.len() {
+                break;
+            }
+            let end = (off + size).min(data.len());
+            (&*w).write_all(&data[off..end]).unwrap();
+            off = end;
+        }
+        w.shutdown(Shutdown::Write).unwrap();
+    });
+    let mut echo = Vec::new();
+    (&*c).read_to_end(&mut echo).unwrap();
+    writer.join().unwrap();
+    assert_eq!(echo.len(), 3 << 20);
+    assert_eq!(crc(&echo), want, "echo differs");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+}
+
+#[test]
+fn relayed_to_a_child_program_siw0() {
+    each("siw0", relayed_to_a_child_program);
+}
+
+#[test]
+fn relayed_to_a_child_program_rxe0() {
+    each("rxe0", relayed_to_a_child_program);
+}

@@ -29,7 +29,7 @@
 mod real;
 mod table;
 
-use krdma_sdp::conn::{io_error, Conn};
+use krdma_sdp::conn::{io_error, is_relayed, Conn};
 use krdma_sdp::switch::{Role, Use, COUNTERS};
 use libc::{c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
 use real::real;
@@ -39,7 +39,7 @@ use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use table::{global, inside, is_inside, Kind, Listening, Sock, Stream};
+use table::{global, inside, is_inside, Kind, Listening, Relayed, Sock, Stream};
 
 fn set_errno(e: c_int) {
     // SAFETY: errno of the calling thread.
@@ -583,8 +583,9 @@ unsafe fn tcp_accepted(
 // ---------------------------------------------------------------------------------------
 // Data.
 
-/// The stream behind `fd`, if it is an SDP socket of this process. A forked child's
-/// inherited SDP socket (its connection lives in the parent) fails with `ENOTSUP`.
+/// The stream behind `fd`, if it is an SDP socket of this process whose bytes the library
+/// moves (a relayed one is the kernel's to serve). An inherited SDP socket that is not
+/// relayed (its connection lives in the parent) fails with `ENOTSUP`.
 fn stream(fd: c_int) -> Option<Result<Arc<Stream>, ()>> {
     if is_inside() {
         return None;
@@ -595,6 +596,36 @@ fn stream(fd: c_int) -> Option<Result<Arc<Stream>, ()>> {
         Kind::Stream(st) => Some(Ok(st.clone())),
         Kind::Foreign => Some(Err(())),
         _ => None,
+    }
+}
+
+/// `recv` on the face itself.
+fn real_recv(fd: c_int, buf: &mut [u8], flags: c_int) -> ssize_t {
+    // SAFETY: recv into a buffer of the given length.
+    unsafe {
+        (real().recvfrom)(
+            fd,
+            buf.as_mut_ptr() as *mut c_void,
+            buf.len(),
+            flags,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// `send` on the face itself.
+fn real_send(fd: c_int, buf: &[u8], flags: c_int) -> ssize_t {
+    // SAFETY: send from a buffer of the given length.
+    unsafe {
+        (real().sendto)(
+            fd,
+            buf.as_ptr() as *const c_void,
+            buf.len(),
+            flags,
+            std::ptr::null(),
+            0,
+        )
     }
 }
 
@@ -620,13 +651,17 @@ fn sdp_recv(fd: c_int, s: &Stream, buf: &mut [u8], flags: c_int) -> ssize_t {
     let block = flags & libc::MSG_DONTWAIT == 0 && !nonblocking(fd);
     let dl = deadline(fd, libc::SO_RCVTIMEO);
     if flags & libc::MSG_PEEK != 0 {
-        return inside(|| s.conn.peek(face(fd), buf, block, dl))
-            .map(|n| n as ssize_t)
-            .unwrap_or_else(|e| fail(&e));
+        return match inside(|| s.conn.peek(face(fd), buf, block, dl)) {
+            Ok(n) => n as ssize_t,
+            Err(e) if is_relayed(&e) => real_recv(fd, buf, flags),
+            Err(e) => fail(&e),
+        };
     }
     let mut got = 0;
     loop {
         match inside(|| s.conn.read(face(fd), &mut buf[got..], block, dl)) {
+            // Relayed since this call began (another thread forked): the face has the rest.
+            Err(e) if is_relayed(&e) && got == 0 => return real_recv(fd, buf, flags),
             Ok(0) => return got as ssize_t,
             Ok(n) => {
                 got += n;
@@ -664,6 +699,7 @@ fn sdp_send(fd: c_int, s: &Stream, buf: &[u8], flags: c_int) -> ssize_t {
                     break;
                 }
             }
+            Err(e) if is_relayed(&e) && sent == 0 => return real_send(fd, buf, flags),
             Err(_) if sent > 0 => break,
             Err(e) => {
                 tracing::debug!(fd, error = %e, "SDP send failed");
@@ -1048,9 +1084,16 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     let s = if is_inside() { None } else { table::get(fd) };
     if let Some(sock) = s {
-        if let Kind::Stream(st) = &*sock.kind() {
-            write_addr(st.conn.local, sock.family, addr, len);
-            return 0;
+        match &*sock.kind() {
+            Kind::Stream(st) => {
+                write_addr(st.conn.local, sock.family, addr, len);
+                return 0;
+            }
+            Kind::Relayed(r) => {
+                write_addr(r.local, sock.family, addr, len);
+                return 0;
+            }
+            _ => {}
         }
     }
     (real().getsockname)(fd, addr, len)
@@ -1060,9 +1103,16 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     let s = if is_inside() { None } else { table::get(fd) };
     if let Some(sock) = s {
-        if let Kind::Stream(st) = &*sock.kind() {
-            write_addr(st.conn.peer, sock.family, addr, len);
-            return 0;
+        match &*sock.kind() {
+            Kind::Stream(st) => {
+                write_addr(st.conn.peer, sock.family, addr, len);
+                return 0;
+            }
+            Kind::Relayed(r) => {
+                write_addr(r.peer, sock.family, addr, len);
+                return 0;
+            }
+            _ => {}
         }
     }
     (real().getpeername)(fd, addr, len)
@@ -1089,6 +1139,7 @@ pub unsafe extern "C" fn getsockopt(
     };
     let st = match &*sock.kind() {
         Kind::Stream(st) => st.clone(),
+        Kind::Relayed(r) => return relayed_getsockopt(fd, sock.family, r, level, opt, val, len),
         _ => return (real().getsockopt)(fd, level, opt, val, len),
     };
     match (level, opt) {
@@ -1156,6 +1207,36 @@ pub unsafe extern "C" fn getsockopt(
     }
 }
 
+/// `getsockopt` on a relayed socket: socket-level options are the face's (an `AF_UNIX`
+/// stream answers them as a TCP socket would), except the family and protocol; the
+/// others read back what was set.
+unsafe fn relayed_getsockopt(
+    fd: c_int,
+    family: c_int,
+    r: &Relayed,
+    level: c_int,
+    opt: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    match (level, opt) {
+        (libc::SOL_SOCKET, libc::SO_DOMAIN) => put_int(val, len, family),
+        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => put_int(val, len, libc::IPPROTO_TCP),
+        (libc::SOL_SOCKET, _) => return (real().getsockopt)(fd, level, opt, val, len),
+        _ => {
+            let v = r
+                .options
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(level, opt))
+                .copied()
+                .unwrap_or(0);
+            put_int(val, len, v);
+        }
+    }
+    0
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(
     fd: c_int,
@@ -1170,6 +1251,18 @@ pub unsafe extern "C" fn setsockopt(
     };
     let st = match &*sock.kind() {
         Kind::Stream(st) => st.clone(),
+        Kind::Relayed(r) if level != libc::SOL_SOCKET => {
+            let int = if !val.is_null() && len as usize >= std::mem::size_of::<c_int>() {
+                *(val as *const c_int)
+            } else {
+                0
+            };
+            r.options
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((level, opt), int);
+            return 0;
+        }
         _ => return (real().setsockopt)(fd, level, opt, val, len),
     };
     let int = if !val.is_null() && len as usize >= std::mem::size_of::<c_int>() {

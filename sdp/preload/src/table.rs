@@ -4,7 +4,7 @@
 use crate::real::real;
 use krdma_sdp::conn::{Conn, Options};
 use krdma_sdp::reactor::{self, Reactive, Registration};
-use krdma_sdp::switch::{Policy, Use};
+use krdma_sdp::switch::{Policy, Use, COUNTERS};
 use krdma_sdp::SdpListener;
 use libc::{c_int, c_void};
 use std::cell::Cell;
@@ -57,8 +57,8 @@ pub fn global() -> &'static Global {
                     .with_writer(std::io::stderr)
                     .try_init();
             }
-            // SAFETY: registering a plain function as the fork child handler.
-            unsafe { libc::pthread_atfork(None, None, Some(in_fork_child)) };
+            // SAFETY: registering plain functions as the fork handlers.
+            unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_fork_child)) };
             // SAFETY: registering a plain function to run at exit.
             unsafe { libc::atexit(at_exit) };
             let policy = Policy::load();
@@ -116,13 +116,55 @@ extern "C" fn at_exit() {
     });
 }
 
-/// In a fork child: the SDP sockets inherited belong to the parent's connections.
+/// Before a `fork`: every SDP socket of this process becomes relayed through its face
+/// (`krdma_sdp::conn::Conn::relay`), so that parent and child — and whatever either
+/// `exec`s — can use it as the kernel socket the face is.
+extern "C" fn before_fork() {
+    if FORKED.load(Ordering::Relaxed) {
+        return;
+    }
+    let socks: Vec<(c_int, Arc<Sock>)> = table().iter().map(|(f, s)| (*f, s.clone())).collect();
+    for (fd, sock) in socks {
+        let mut k = sock.kind();
+        let Kind::Stream(st) = &*k else { continue };
+        // SAFETY: `fd` is in the table, so the program holds it open; the handler runs
+        // in the thread that is forking, before any other code can close it.
+        let face = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        match inside(|| st.conn.relay(face)) {
+            Ok(()) => {
+                let options = st.options.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                COUNTERS.relayed_at_fork.fetch_add(1, Ordering::Relaxed);
+                *k = Kind::Relayed(Arc::new(Relayed {
+                    local: st.conn.local,
+                    peer: st.conn.peer,
+                    options: Mutex::new(options),
+                    owner: Mutex::new(Some(st.clone())),
+                }));
+            }
+            Err(e) => {
+                COUNTERS.relay_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(fd, error = %e, "SDP socket not relayed across fork");
+            }
+        }
+    }
+}
+
+/// In a fork child: the SDP sockets inherited belong to the parent's connections. Relayed
+/// ones are kernel sockets here too; the others (a relay that could not be set up, and
+/// listeners) are not ours to use.
 extern "C" fn in_fork_child() {
     FORKED.store(true, Ordering::Relaxed);
     krdma_sdp::device::Device::forget_all();
     if let Ok(t) = TABLE.try_lock() {
         for s in t.values() {
             if let Ok(mut k) = s.kind.try_lock() {
+                if let Kind::Relayed(r) = &*k {
+                    // The parent's hold on the socket must not be let go from here.
+                    if let Ok(mut o) = r.owner.try_lock() {
+                        std::mem::forget(o.take());
+                    }
+                    continue;
+                }
                 let old = std::mem::replace(&mut *k, Kind::Foreign);
                 // The parent's objects must not be torn down from here.
                 std::mem::forget(old);
@@ -139,8 +181,23 @@ pub enum Kind {
     Listener(Arc<Listening>),
     /// An SDP connection's face.
     Stream(Arc<Stream>),
-    /// An SDP socket inherited from the parent process.
+    /// An SDP connection whose face carries its bytes (it was shared by a `fork`): the
+    /// kernel serves every call on it.
+    Relayed(Arc<Relayed>),
+    /// An SDP socket inherited from the parent process that is not relayed.
     Foreign,
+}
+
+/// What a relayed socket still needs from the library: its names, and the options the
+/// face (an `AF_UNIX` socket) has no use for.
+pub struct Relayed {
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    /// Options of levels other than `SOL_SOCKET`, read back as set.
+    pub options: Mutex<HashMap<(c_int, c_int), c_int>>,
+    /// The connection's owner keeps the socket (and its port) until its last descriptor
+    /// here is closed; `None` in fork children.
+    owner: Mutex<Option<Arc<Stream>>>,
 }
 
 pub struct Sock {

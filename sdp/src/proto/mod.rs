@@ -742,6 +742,21 @@ impl Connection {
         self.drop_remote();
     }
 
+    /// Take no more zero-copy adverts: the peer's waiting ones, and every later one, are
+    /// answered SendSm (their bytes then come by buffered copy). An RDMA Read under way
+    /// finishes first; its advert is declined after it.
+    pub fn decline_zcopy(&mut self) {
+        self.cfg.zcopy_sink = false;
+        if !self.rx.iter().any(|i| matches!(i, RxItem::Remote { .. })) {
+            return;
+        }
+        if self.reading_remote.is_some() {
+            self.cancel_seen = true;
+        } else {
+            self.drop_remote();
+        }
+    }
+
     /// Forget the peer's advert (cancelled) and tell it so (SendSm).
     fn drop_remote(&mut self) {
         let before = self.rx.len();

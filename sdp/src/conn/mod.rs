@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use ual::RegBuf;
 
+mod relay;
+pub use relay::{is_relayed, Relayed};
+
 /// Send slots per connection (messages in flight).
 const TX_SLOTS: u32 = 8;
 /// Cookie kinds (high bits) of the work requests a connection posts.
@@ -131,6 +134,8 @@ pub struct State {
     waiters: u32,
     /// The reset was reported once; later writes say EPIPE as TCP's do.
     reset_reported: bool,
+    /// The face carries the data ([`Conn::relay`]).
+    relay: Option<relay::Relay>,
 }
 
 /// One SDP connection.
@@ -217,6 +222,7 @@ impl Conn {
                 detached: false,
                 waiters: 0,
                 reset_reported: false,
+                relay: None,
             }),
             reg: Mutex::new(None),
             local,
@@ -418,6 +424,7 @@ impl Conn {
     }
 
     fn on_cm(&self, st: &mut State, kind: ConnEventKind, private_data: &[u8]) {
+        tracing::debug!(?kind, phase = ?st.proto.phase(), peer = %self.peer, "SDP transport event");
         match kind {
             ConnEventKind::Established => {
                 // The active side learns the peer's buffers from the HelloAck.
@@ -453,6 +460,21 @@ impl Conn {
     /// Send what the protocol has to send while send slots last; close the transport
     /// once the protocol is done with it; bring the face up to date.
     fn flush(&self, st: &mut State) {
+        // Zero-copy outcomes first: a revoked advert's remainder goes by buffered copy,
+        // ahead of anything that may follow it (a DisConn waits for the zero-copy send).
+        while let Some(ev) = st.proto.poll_event() {
+            if let ProtoEvent::ZcopyRevoked { read } = ev {
+                if st.proto.phase() == Phase::Open && read < st.staged {
+                    let mut rest = vec![0u8; st.staged - read];
+                    if let Some(z) = &st.zc {
+                        z.src_buf.read(read, &mut rest);
+                    }
+                    let _ = st.proto.send(&rest);
+                }
+            }
+            st.staged = 0;
+        }
+        self.pump(st);
         while let Some(&slot) = st.slots.last() {
             let State { proto, scratch, .. } = &mut *st;
             let Some(t) = proto.poll_transmit(Instant::now(), scratch) else {
@@ -475,19 +497,6 @@ impl Conn {
                 break;
             }
         }
-        // Zero-copy outcomes: a revoked advert's remainder goes by buffered copy.
-        while let Some(ev) = st.proto.poll_event() {
-            if let ProtoEvent::ZcopyRevoked { read } = ev {
-                if st.proto.phase() == Phase::Open && read < st.staged {
-                    let mut rest = vec![0u8; st.staged - read];
-                    if let Some(z) = &st.zc {
-                        z.src_buf.read(read, &mut rest);
-                    }
-                    let _ = st.proto.send(&rest);
-                }
-            }
-            st.staged = 0;
-        }
         if st.proto.transport_done() && !st.transport_closed && st.established.is_some() {
             st.transport_closed = true;
             let _ = self.ep.disconnect();
@@ -500,6 +509,10 @@ impl Conn {
         let p = &st.proto;
         if p.phase() == Phase::Failed {
             st.readiness.end(End::Hangup);
+            return;
+        }
+        if st.relay.is_some() {
+            // The face shows the bytes themselves; the relay shows the end of file.
             return;
         }
         if p.readable() {
@@ -578,6 +591,9 @@ impl Conn {
         }
         loop {
             let mut st = self.lock();
+            if st.relay.is_some() {
+                return Err(relay::relayed_error());
+            }
             self.progress(&mut st);
             let mut got = 0;
             while got < out.len() {
@@ -633,6 +649,9 @@ impl Conn {
     ) -> io::Result<usize> {
         loop {
             let mut st = self.lock();
+            if st.relay.is_some() {
+                return Err(relay::relayed_error());
+            }
             self.progress(&mut st);
             match st.proto.next_read() {
                 Some(ReadItem::Buffered { buf, offset, len }) => {
@@ -760,6 +779,9 @@ impl Conn {
         }
         loop {
             let mut st = self.lock();
+            if st.relay.is_some() {
+                return Err(relay::relayed_error());
+            }
             self.progress(&mut st);
             if let Some(e) = st.proto.error().cloned() {
                 let first = !st.reset_reported;
@@ -855,6 +877,7 @@ impl Conn {
     /// The socket's last reference is gone: an orderly close (DisConn once everything
     /// queued has gone), or an abort when unread data would be lost (as TCP resets then).
     fn last_close(&self, st: &mut State) {
+        tracing::debug!(unread = st.proto.readable_bytes(), peer = %self.peer, "SDP last close");
         if st.proto.readable_bytes() > 0 {
             st.proto.abort();
         } else {
@@ -957,11 +980,18 @@ impl Reactive for Conn {
 
     fn on_ready(&self) {
         let mut st = self.lock();
-        if st.waiters > 0 {
+        // A relayed face's events are the relay's alone (a caller asleep does not poll the
+        // back).
+        if st.waiters > 0 && st.relay.is_none() {
             return;
         }
         self.progress(&mut st);
-        if !st.face_gone && st.readiness.ended() != Some(End::Hangup) && st.readiness.face_closed()
+        // (A relayed face's last bytes are taken from the back before its close counts.)
+        let drained = st.relay.as_ref().is_none_or(|r| r.face_done);
+        if !st.face_gone
+            && st.readiness.ended() != Some(End::Hangup)
+            && drained
+            && st.readiness.face_closed()
         {
             // Every descriptor of the socket is closed, in every process.
             self.forget_face(&mut st);
@@ -971,7 +1001,11 @@ impl Reactive for Conn {
             }
         }
         let failed_face = st.readiness.ended() == Some(End::Hangup);
-        let finished = st.transport_closed && (!st.detached || st.face_gone || failed_face);
+        // Let go only once every send has completed: dropping the connection aborts its
+        // endpoint, which would throw away a DisConn posted just before.
+        let sends_done = st.slots.len() == TX_SLOTS as usize;
+        let finished =
+            st.transport_closed && sends_done && (!st.detached || st.face_gone || failed_face);
         if finished {
             drop(st);
             let mut l = lingering().lock().unwrap_or_else(|e| e.into_inner());
