@@ -139,10 +139,6 @@ impl Registration {
     /// Watch `fd` (one of this registration's) edge-triggered for input, room for output
     /// and the peer's shutdown — a face that has become a data path.
     pub fn watch_data(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
-        let flags = EpollFlags::EPOLLIN
-            | EpollFlags::EPOLLOUT
-            | EpollFlags::EPOLLRDHUP
-            | EpollFlags::EPOLLET;
         let own = self
             .fds
             .iter()
@@ -150,10 +146,34 @@ impl Registration {
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
         reactor()
             .epoll
-            .modify(own, &mut EpollEvent::new(flags, self.key))?;
+            .modify(own, &mut EpollEvent::new(DATA_PATH, self.key))?;
+        Ok(())
+    }
+
+    /// Also watch `fd` as a data path ([`Registration::watch_data`]).
+    pub fn add_data(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        self.add_with(fd, DATA_PATH)
+    }
+
+    /// Also watch `fd`, edge-triggered, for input.
+    pub fn add_readable(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        self.add_with(fd, EpollFlags::EPOLLIN | EpollFlags::EPOLLET)
+    }
+
+    fn add_with(&mut self, fd: BorrowedFd<'_>, flags: EpollFlags) -> std::io::Result<()> {
+        let own = fd.try_clone_to_owned()?;
+        reactor()
+            .epoll
+            .add(&own, EpollEvent::new(flags, self.key))?;
+        self.fds.push(own);
         Ok(())
     }
 }
+
+const DATA_PATH: EpollFlags = EpollFlags::EPOLLIN
+    .union(EpollFlags::EPOLLOUT)
+    .union(EpollFlags::EPOLLRDHUP)
+    .union(EpollFlags::EPOLLET);
 
 fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
     let id = |f| nix::sys::stat::fstat(f).ok().map(|s| (s.st_dev, s.st_ino));

@@ -74,6 +74,20 @@ impl Readiness {
         ))
     }
 
+    /// A readiness whose back is `back`, one end of a kernel stream connection that is
+    /// a data path from the start (its face is the other end, held elsewhere).
+    pub fn with_back(back: OwnedFd) -> std::io::Result<Readiness> {
+        let fl = nix::fcntl::fcntl(&back, nix::fcntl::FcntlArg::F_GETFL)?;
+        let fl = nix::fcntl::OFlag::from_bits_truncate(fl) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&back, nix::fcntl::FcntlArg::F_SETFL(fl))?;
+        Ok(Readiness {
+            back,
+            readable: false,
+            writable: true,
+            ended: None,
+        })
+    }
+
     /// The back's descriptor (the stack polls it for the face's last close).
     pub fn back(&self) -> BorrowedFd<'_> {
         self.back.as_fd()
@@ -171,10 +185,11 @@ impl Readiness {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         // The face's close shuts the back both ways: `POLLHUP`, whatever is queued.
         let mut p = [PollFd::new(self.back.as_fd(), PollFlags::empty())];
+        // (A TCP back also says so with an error: the other end reset.)
         matches!(poll(&mut p, PollTimeout::ZERO), Ok(1))
             && p[0]
                 .revents()
-                .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
     }
 }
 

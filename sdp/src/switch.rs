@@ -268,6 +268,9 @@ pub struct Counters {
     pub relayed_at_fork: AtomicU64,
     /// SDP sockets a fork found that could not be relayed (unusable in the child).
     pub relay_failed: AtomicU64,
+    /// SDP connections handed to a listener shared with fork children (as loopback TCP
+    /// connections this process relays).
+    pub bridged: AtomicU64,
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -288,6 +291,7 @@ pub static COUNTERS: Counters = Counters {
     policy_errors: AtomicU64::new(0),
     relayed_at_fork: AtomicU64::new(0),
     relay_failed: AtomicU64::new(0),
+    bridged: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -314,6 +318,7 @@ impl Counters {
             ("policy_errors", g(&self.policy_errors)),
             ("relayed_at_fork", g(&self.relayed_at_fork)),
             ("relay_failed", g(&self.relay_failed)),
+            ("bridged", g(&self.bridged)),
         ]
     }
 }

@@ -2,7 +2,8 @@
 //! (`libkrdma_sdp_preload.so`), over siw0 and rxe0: iperf3 (several streams, both
 //! directions), sockperf (ping-pong and throughput), redis-server with redis-benchmark and
 //! a BGSAVE (redis forks; the child must work and the parent's sockets stay up), nginx
-//! serving a file to curl and to wrk. Each with both ends offloaded, and with one end
+//! serving a file to curl and to wrk — in one process, and as a master whose two worker
+//! processes accept on its listener (the SDP connections bridged to them). Each with both ends offloaded, and with one end
 //! plain TCP (the other end's switch falls back, or accepts TCP beside SDP). The bytes
 //! received are checked, and the switch's own report (`krdma-sdp`'s socket) says which
 //! transport carried them.
@@ -575,11 +576,21 @@ fn redis_rxe0() {
 
 // ---------------------------------------------------------------------------------------
 
-fn nginx(device: &'static str) {
+/// nginx serving a file to curl and to wrk; with `master`, two worker processes forked by
+/// the master accept on its listener.
+fn nginx(device: &'static str, master: bool) {
     if !have("nginx") || !have("curl") || !have("wrk") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("krdma-sdp-nginx-{}-{device}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "krdma-sdp-nginx-{}-{device}-{master}",
+        std::process::id()
+    ));
+    let processes = if master {
+        "master_process on; worker_processes 2;"
+    } else {
+        "master_process off; worker_processes 1;"
+    };
     std::fs::create_dir_all(dir.join("www")).unwrap();
     let mut file = vec![0u8; 3 << 20];
     fill_pattern(&mut file, 99);
@@ -593,7 +604,7 @@ fn nginx(device: &'static str) {
         std::fs::write(
             &conf,
             format!(
-                "daemon off; master_process off; worker_processes 1; pid {d}/nginx-{i}.pid; error_log stderr warn;
+                "daemon off; {processes} pid {d}/nginx-{i}.pid; error_log stderr warn;
                  events {{ worker_connections 256; }}
                  http {{ access_log off; sendfile on; keepalive_requests 100000;
                    client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};
@@ -645,12 +656,16 @@ fn nginx(device: &'static str) {
         if so {
             let r = report(server.0.id());
             eprintln!(
-                "nginx {device} server_sdp={so} client_sdp={co}: accepted_sdp={} accepted_tcp={}",
+                "nginx {device} master={master} server_sdp={so} client_sdp={co}: accepted_sdp={} accepted_tcp={} bridged={}",
                 counter(&r, "accepted_sdp"),
-                counter(&r, "accepted_tcp")
+                counter(&r, "accepted_tcp"),
+                counter(&r, "bridged")
             );
+            // The master's report: with workers, the connections it bridged to them (the
+            // workers, fork children, answer no reports).
+            let sdp = if master { "bridged" } else { "accepted_sdp" };
             if co {
-                assert!(counter(&r, "accepted_sdp") >= 5, "{r}");
+                assert!(counter(&r, sdp) >= 5, "{r}");
             }
         }
     }
@@ -659,10 +674,20 @@ fn nginx(device: &'static str) {
 
 #[test]
 fn nginx_curl_wrk_siw0() {
-    nginx("siw0");
+    nginx("siw0", false);
 }
 
 #[test]
 fn nginx_curl_wrk_rxe0() {
-    nginx("rxe0");
+    nginx("rxe0", false);
+}
+
+#[test]
+fn nginx_workers_siw0() {
+    nginx("siw0", true);
+}
+
+#[test]
+fn nginx_workers_rxe0() {
+    nginx("rxe0", true);
 }

@@ -26,6 +26,7 @@
 // contracts (documented in its manual pages), not new unsafe interfaces of ours.
 #![allow(clippy::missing_safety_doc)]
 
+mod bridges;
 mod real;
 mod table;
 
@@ -487,6 +488,23 @@ pub unsafe extern "C" fn accept4(
         _ => None,
     });
     let Some((l, family)) = l else {
+        let shared =
+            if is_inside() { None } else { table::get(fd) }.and_then(|s| match &*s.kind() {
+                Kind::Shared(sl) => Some((sl.clone(), s.family)),
+                _ => None,
+            });
+        if let Some((sl, family)) = shared {
+            // A fork child accepting on its parent's listener: the SDP connections come
+            // as bridges the parent relays.
+            sl.accepting();
+            let mut st: libc::sockaddr_storage = std::mem::zeroed();
+            let mut slen = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+            let nfd = (real().accept4)(fd, &mut st as *mut _ as *mut sockaddr, &mut slen, flags);
+            if nfd >= 0 && !adopt_bridge(nfd, family, &st, slen, addr, len) {
+                copy_addr(&st, slen, addr, len);
+            }
+            return nfd;
+        }
         let n = (real().accept4)(fd, addr, len, flags);
         return if is_inside() { relocate(n) } else { n };
     };
@@ -533,7 +551,7 @@ pub unsafe extern "C" fn accept4(
                 if flags & libc::SOCK_NONBLOCK != 0 {
                     (real().fcntl)(nfd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
                 }
-                return tcp_accepted(&l, nfd, &st, slen, addr, len);
+                return tcp_accepted(&l, family, nfd, &st, slen, addr, len);
             }
             None => {}
         }
@@ -547,7 +565,7 @@ pub unsafe extern "C" fn accept4(
             (real().close)(nfd);
             continue;
         }
-        let r = tcp_accepted(&l, nfd, &st, slen, addr, len);
+        let r = tcp_accepted(&l, family, nfd, &st, slen, addr, len);
         if r >= 0 {
             return r;
         }
@@ -558,12 +576,16 @@ pub unsafe extern "C" fn accept4(
 /// policy says SDP only (then it is closed, counted, and -1 returned to look further).
 unsafe fn tcp_accepted(
     l: &Listening,
+    family: c_int,
     nfd: c_int,
     st: &libc::sockaddr_storage,
     slen: socklen_t,
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> c_int {
+    if adopt_bridge(nfd, family, st, slen, addr, len) {
+        return nfd;
+    }
     if l.sdp_only() {
         COUNTERS
             .refused_tcp_on_sdp_listener
@@ -572,12 +594,50 @@ unsafe fn tcp_accepted(
         return -1;
     }
     COUNTERS.accepted_tcp.fetch_add(1, Ordering::Relaxed);
+    copy_addr(st, slen, addr, len);
+    nfd
+}
+
+/// Copy an address `accept` gave into the program's buffer.
+unsafe fn copy_addr(
+    st: &libc::sockaddr_storage,
+    slen: socklen_t,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) {
     if !addr.is_null() && !len.is_null() {
         let room = (*len as usize).min(slen as usize);
         std::ptr::copy_nonoverlapping(st as *const _ as *const u8, addr as *mut u8, room);
         *len = slen;
     }
-    nfd
+}
+
+/// If the connection `accept` gave (`nfd`, from `st`) is a bridge of a shared listener
+/// (`bridges`), make it a relayed SDP socket with the SDP connection's addresses, which
+/// go to the program's buffer. Returns whether it was one.
+unsafe fn adopt_bridge(
+    nfd: c_int,
+    family: c_int,
+    st: &libc::sockaddr_storage,
+    slen: socklen_t,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> bool {
+    let Some(from) = read_addr(st as *const _ as *const sockaddr, slen) else {
+        return false;
+    };
+    if !from.ip().to_canonical().is_loopback() {
+        return false;
+    }
+    let Some((local, peer)) = bridges::take(from.port()) else {
+        return false;
+    };
+    let sock = Arc::new(Sock::new(family));
+    *sock.kind() = Kind::Relayed(Arc::new(Relayed::bridged(local, peer)));
+    table::insert(nfd, sock);
+    write_addr(peer, family, addr, len);
+    COUNTERS.accepted_sdp.fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 // ---------------------------------------------------------------------------------------

@@ -126,6 +126,12 @@ extern "C" fn before_fork() {
     let socks: Vec<(c_int, Arc<Sock>)> = table().iter().map(|(f, s)| (*f, s.clone())).collect();
     for (fd, sock) in socks {
         let mut k = sock.kind();
+        if let Kind::Listener(l) = &*k {
+            if let Err(e) = inside(|| l.prepare_sharing()) {
+                tracing::warn!(fd, error = %e, "SDP listener not shared across fork");
+            }
+            continue;
+        }
         let Kind::Stream(st) = &*k else { continue };
         // SAFETY: `fd` is in the table, so the program holds it open; the handler runs
         // in the thread that is forking, before any other code can close it.
@@ -165,6 +171,21 @@ extern "C" fn in_fork_child() {
                     }
                     continue;
                 }
+                let wake = match &*k {
+                    Kind::Listener(l) => l.wake_fd(),
+                    _ => None,
+                };
+                if let Some(wake) = wake {
+                    let old = std::mem::replace(
+                        &mut *k,
+                        Kind::Shared(Arc::new(SharedListener {
+                            wake,
+                            asked: AtomicBool::new(false),
+                        })),
+                    );
+                    std::mem::forget(old);
+                    continue;
+                }
                 let old = std::mem::replace(&mut *k, Kind::Foreign);
                 // The parent's objects must not be torn down from here.
                 std::mem::forget(old);
@@ -184,8 +205,43 @@ pub enum Kind {
     /// An SDP connection whose face carries its bytes (it was shared by a `fork`): the
     /// kernel serves every call on it.
     Relayed(Arc<Relayed>),
+    /// A listener inherited from the parent process, whose SDP connections the parent
+    /// bridges to it (`crate::bridges`).
+    Shared(Arc<SharedListener>),
     /// An SDP socket inherited from the parent process that is not relayed.
     Foreign,
+}
+
+/// A fork child's view of its parent's listener.
+pub struct SharedListener {
+    /// Written once to ask the parent to bridge its SDP connections to the listener.
+    wake: c_int,
+    asked: AtomicBool,
+}
+
+impl SharedListener {
+    /// This process accepts on the listener: ask its owner, once, to hand the SDP
+    /// connections over as bridges from now on.
+    pub fn accepting(&self) {
+        if !self.asked.swap(true, Ordering::Relaxed) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: an 8-byte write to the eventfd the owner made before the fork.
+            unsafe { libc::write(self.wake, one.as_ptr() as *const c_void, 8) };
+        }
+    }
+}
+
+impl Relayed {
+    /// A bridge accepted from a shared listener (`crate::bridges`): its relay runs in the
+    /// listener's owner.
+    pub fn bridged(local: SocketAddr, peer: SocketAddr) -> Relayed {
+        Relayed {
+            local,
+            peer,
+            options: Mutex::new(HashMap::new()),
+            owner: Mutex::new(None),
+        }
+    }
 }
 
 /// What a relayed socket still needs from the library: its names, and the options the
@@ -260,6 +316,12 @@ pub struct Listening {
     fd: c_int,
     st: Mutex<ListenState>,
     reg: Mutex<Option<Registration>>,
+    /// Made before a `fork`: a child that accepts on the listener writes it
+    /// ([`SharedListener::accepting`]).
+    wake: Mutex<Option<OwnedFd>>,
+    /// SDP connections are bridged to the kernel listener (`crate::bridges`), for
+    /// whichever process accepts, instead of waiting for this process's `accept`.
+    shared: AtomicBool,
 }
 
 struct ListenState {
@@ -282,6 +344,8 @@ impl Listening {
                 doorbell: None,
             }),
             reg: Mutex::new(None),
+            wake: Mutex::new(None),
+            shared: AtomicBool::new(false),
         });
         let me: Weak<dyn Reactive> = Arc::downgrade(&l) as Weak<dyn Reactive>;
         let reg = reactor::register(&[(l.sdp.as_fd(), false)], me)?;
@@ -291,6 +355,102 @@ impl Listening {
 
     pub fn sdp_only(&self) -> bool {
         self.use_ == Use::Sdp
+    }
+
+    /// Before a `fork`: make the descriptor a child writes when it accepts here, and the
+    /// map bridges are filed in.
+    pub fn prepare_sharing(&self) -> std::io::Result<()> {
+        let mut w = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_some() {
+            return Ok(());
+        }
+        crate::bridges::prepare();
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the descriptor eventfd just made.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if let Some(r) = self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            r.add_readable(fd.as_fd())?;
+        }
+        *w = Some(fd);
+        Ok(())
+    }
+
+    fn wake_fd(&self) -> Option<c_int> {
+        self.wake.try_lock().ok()?.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// A child asked for the SDP connections: from now on they are bridged, those
+    /// waiting too (the doorbell goes: nothing waits for this process's `accept` now).
+    fn start_sharing(&self) {
+        if self.shared.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::info!(at = %self.at, "SDP listener shared with a fork child: connections bridged");
+        let mut st = self.state();
+        let waiting: Vec<Accepted> = st.ready.drain(..).collect();
+        st.doorbell = None;
+        for a in waiting {
+            match a {
+                Accepted::Sdp(c, f) => self.bridge(c, f),
+                tcp => st.ready.push_back(tcp),
+            }
+        }
+        self.ensure_doorbell(&mut st);
+    }
+
+    /// Hand the SDP connection `c` to the kernel listener as a loopback TCP connection
+    /// whose bytes this process relays (`crate::bridges`).
+    fn bridge(&self, c: Arc<Conn>, face: OwnedFd) {
+        drop(face);
+        let target = self.loopback();
+        let r = inside(|| -> std::io::Result<()> {
+            use nix::sys::socket::{self as ns, SockFlag, SockType, SockaddrStorage};
+            let family = if target.is_ipv4() {
+                ns::AddressFamily::Inet
+            } else {
+                ns::AddressFamily::Inet6
+            };
+            let s = ns::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+            ns::bind(
+                s.as_raw_fd(),
+                &SockaddrStorage::from(SocketAddr::new(target.ip(), 0)),
+            )?;
+            let me: SockaddrStorage = ns::getsockname(s.as_raw_fd())?;
+            let port = me
+                .as_sockaddr_in()
+                .map(|a| a.port())
+                .or_else(|| me.as_sockaddr_in6().map(|a| a.port()))
+                .unwrap_or(0);
+            let filed = crate::bridges::file(port, c.local, c.peer);
+            if let Err(e) = ns::connect(s.as_raw_fd(), &SockaddrStorage::from(target)) {
+                crate::bridges::withdraw(port);
+                return Err(e.into());
+            }
+            let _ = ns::setsockopt(&s, ns::sockopt::TcpNoDelay, &true);
+            c.relay_through(s)?;
+            COUNTERS.bridged.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(port, filed, peer = %c.peer, "SDP connection bridged to the shared listener");
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!(error = %e, peer = %c.peer, "SDP connection not bridged; aborted");
+            inside(|| c.abort());
+        }
+    }
+
+    /// Where a loopback connection reaches the kernel listener.
+    fn loopback(&self) -> SocketAddr {
+        if !self.at.ip().is_unspecified() {
+            self.at
+        } else if self.at.is_ipv4() {
+            SocketAddr::from(([127, 0, 0, 1], self.at.port()))
+        } else {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.at.port()))
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, ListenState> {
@@ -376,11 +536,7 @@ impl Listening {
         if st.ready.is_empty() || st.doorbell.is_some() {
             return;
         }
-        let target = if self.at.ip().is_unspecified() {
-            SocketAddr::from(([127, 0, 0, 1], self.at.port()))
-        } else {
-            self.at
-        };
+        let target = self.loopback();
         let r = inside(|| std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)));
         match r {
             Ok(s) => {
@@ -395,8 +551,16 @@ impl Listening {
 
 impl Reactive for Listening {
     fn on_ready(&self) {
+        if let Some(w) = self.wake.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let mut b = [0u8; 8];
+            // SAFETY: an 8-byte read from our non-blocking eventfd.
+            if unsafe { libc::read(w.as_raw_fd(), b.as_mut_ptr() as *mut c_void, 8) } == 8 {
+                self.start_sharing();
+            }
+        }
         loop {
             match self.sdp.try_accept_conn() {
+                Ok(Some((c, f))) if self.shared.load(Ordering::Relaxed) => self.bridge(c, f),
                 Ok(Some((c, f))) => {
                     let mut st = self.state();
                     st.ready.push_back(Accepted::Sdp(c, f));

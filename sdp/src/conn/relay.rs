@@ -24,11 +24,12 @@
 
 use super::{Conn, State};
 use crate::proto::{Phase, ReadItem};
+use crate::readiness::Readiness;
 use nix::errno::Errno;
 use nix::sys::socket::{recv, send, shutdown, MsgFlags, Shutdown};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, MutexGuard};
 
 /// The most bytes moved in one step each way.
 const CHUNK: usize = 64 * 1024;
@@ -80,23 +81,45 @@ impl Conn {
         }
         self.progress(&mut st);
         st.readiness.into_data_path(face)?;
-        st.proto.decline_zcopy();
         let eof_shown = st.readiness.ended().is_some();
+        if let Some(r) = self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            r.watch_data(st.readiness.back())?;
+        }
+        self.start_relay(st, eof_shown);
+        Ok(())
+    }
+
+    /// Relay this connection, just accepted and its face never handed out, through
+    /// `back` instead: one end of a kernel stream connection whose other end someone else
+    /// holds (a listener shared by `fork` hands its SDP connections out this way).
+    pub fn relay_through(self: &Arc<Self>, back: OwnedFd) -> io::Result<()> {
+        let mut st = self.lock();
+        if st.relay.is_some() {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        self.progress(&mut st);
+        let old = std::mem::replace(&mut st.readiness, Readiness::with_back(back)?);
+        if let Some(r) = self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            r.remove(old.back());
+            r.add_data(st.readiness.back())?;
+        }
+        self.start_relay(st, false);
+        Ok(())
+    }
+
+    fn start_relay(self: &Arc<Self>, mut st: MutexGuard<'_, State>, eof_shown: bool) {
+        st.proto.decline_zcopy();
         st.relay = Some(Relay {
             eof_shown,
             ..Relay::default()
         });
-        if let Some(r) = self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            r.watch_data(st.readiness.back())?;
-        }
-        tracing::debug!(peer = %self.peer, "SDP socket relayed through its face");
+        tracing::debug!(peer = %self.peer, "SDP socket relayed");
         self.flush(&mut st);
         let detached = st.detached;
         drop(st);
         if !detached {
             self.keep_until_face_closed();
         }
-        Ok(())
     }
 
     /// Whether the face is the data path ([`Conn::relay`]).
