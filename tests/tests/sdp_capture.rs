@@ -1,7 +1,8 @@
 //! SDP over rxe0 captured on the wire and decoded by tshark's InfiniBand SDP dissector:
 //! every Send that starts a message decodes as an SDP message with a known MID, the
 //! messages the exchange must have produced are there (Data, SrcAvail and RdmaRdCompl of
-//! a zero-copy write, DisConn both ways), and no frame is malformed.
+//! a read-based zero-copy write, SinkAvail and RdmaWrCompl of a write-based one, DisConn
+//! both ways), and no frame is malformed.
 //!
 //! Capturing needs root (`CI=true` fails without it; elsewhere the test is skipped).
 //! Wireshark finds SDP by the Annex A4 service ID of the connection, which the IT-API's
@@ -48,6 +49,10 @@ fn sdp_over_rxe_decodes_in_tshark() {
         .args([
             "-i",
             "lo",
+            // A large capture buffer: the zero-copy bursts must not overflow it on a
+            // loaded machine.
+            "-B",
+            "64",
             "-f",
             &format!("udp port 4791 and host {addr}"),
             "-w",
@@ -70,7 +75,9 @@ fn sdp_over_rxe_decodes_in_tshark() {
         .expect("tshark did not start capturing");
     std::thread::sleep(Duration::from_millis(300));
 
-    // The exchange: small writes, an urgent byte, a zero-copy write, orderly close.
+    // The exchange: small writes, an urgent byte, a zero-copy write pulled by the reader
+    // (SrcAvail), one pushed into the blocked reader's landing buffer (SinkAvail),
+    // orderly close.
     let o = Options {
         device: "rxe0".into(),
         target: Some(ual::Target::Embedded),
@@ -87,6 +94,12 @@ fn sdp_over_rxe_decodes_in_tshark() {
         c.send_oob(b'!').unwrap();
         c.write_all(&vec![7u8; 512 * 1024]).unwrap();
         c.write_all(b"tail").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while c.stats().1.sink_adverts_rx == 0 {
+            assert!(std::time::Instant::now() < deadline, "no SinkAvail came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.write_all(&vec![9u8; 512 * 1024]).unwrap();
         c.shutdown(Shutdown::Write).unwrap();
         let mut rest = Vec::new();
         c.read_to_end(&mut rest).unwrap();
@@ -94,12 +107,20 @@ fn sdp_over_rxe_decodes_in_tshark() {
     });
     let (mut s, _) = l.accept().unwrap();
     let mut got = Vec::new();
-    s.read_to_end(&mut got).unwrap();
-    assert_eq!(got.len(), 500 + 512 * 1024 + 4);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got.len(), 500 + 512 * 1024 + 4 + 512 * 1024);
     s.write_all(b"bye").unwrap();
     s.shutdown(Shutdown::Write).unwrap();
     assert_eq!(client.join().unwrap(), b"bye");
-    std::thread::sleep(Duration::from_millis(500));
+    // Time for the capture to take in the last frames before it stops.
+    std::thread::sleep(Duration::from_millis(1500));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(tshark.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -153,7 +174,8 @@ fn sdp_over_rxe_decodes_in_tshark() {
         if matches!(f.get(1).copied(), Some("0") | Some("4")) {
             let mid = f.get(2).copied().unwrap_or("");
             let known = [
-                "0xff", "0xfe", "0xfd", "0x02", "0x03", "0x04", "0x06", "0x08", "0x0b", "0x0c",
+                "0xff", "0xfe", "0xfd", "0x02", "0x03", "0x04", "0x05", "0x06", "0x08", "0x0a",
+                "0x0b", "0x0c",
             ];
             assert!(
                 known.contains(&mid),
@@ -168,6 +190,8 @@ fn sdp_over_rxe_decodes_in_tshark() {
         ("0xff", "Data"),
         ("0xfe", "SrcAvail"),
         ("0x06", "RdmaRdCompl"),
+        ("0xfd", "SinkAvail"),
+        ("0x05", "RdmaWrCompl"),
         ("0x02", "DisConn"),
     ] {
         assert!(mids.contains_key(mid), "no {what} in the capture: {mids:?}");

@@ -38,6 +38,7 @@ const TX_SLOTS: u32 = 8;
 const RECV: u64 = 1 << 32;
 const SEND: u64 = 2 << 32;
 const READ: u64 = 3 << 32;
+const WRITE: u64 = 4 << 32;
 /// How long a blocked caller polls the completion queue before it sleeps.
 /// Writes of at least this many bytes go by zero copy (measured: docs/benchmarks.md).
 const DEFAULT_ZCOPY_THRESHOLD: usize = 128 * 1024;
@@ -113,12 +114,24 @@ struct Zcopy {
     sink_buf: Arc<RegBuf>,
 }
 
+/// The write-based zero-copy regions, made on first use: the staging buffer our RDMA
+/// Writes go from, and the landing buffer we advertise (the peer writes into it).
+struct WriteZcopy {
+    src: Lmr,
+    src_buf: Arc<RegBuf>,
+    sink: Lmr,
+    sink_buf: Arc<RegBuf>,
+}
+
 /// The mutable part of a connection.
 pub struct State {
     pub proto: Connection,
     slots: Vec<u32>,
     scratch: Vec<u8>,
     zc: Option<Zcopy>,
+    wz: Option<WriteZcopy>,
+    /// Our RDMA Write from the staging buffer is under way.
+    write_busy: bool,
     /// An RDMA Read of ours finished (true: successfully).
     read_done: Option<bool>,
     /// Bytes staged for the zero-copy send outstanding.
@@ -213,6 +226,8 @@ impl Conn {
                 slots: (0..TX_SLOTS).rev().collect(),
                 scratch: vec![0; tx_slot],
                 zc: None,
+                wz: None,
+                write_busy: false,
                 read_done: None,
                 staged: 0,
                 established: None,
@@ -386,6 +401,9 @@ impl Conn {
             if cookie & !0xffff_ffff == SEND {
                 st.slots.push((cookie & 0xffff_ffff) as u32);
             }
+            if cookie == WRITE {
+                st.write_busy = false;
+            }
             if status != DtoStatus::Flushed {
                 tracing::debug!(?kind, ?status, "SDP work request failed");
             }
@@ -419,6 +437,7 @@ impl Conn {
             }
             SEND => st.slots.push(id),
             READ => st.read_done = Some(true),
+            WRITE => st.write_busy = false,
             _ => {}
         }
     }
@@ -475,6 +494,9 @@ impl Conn {
             st.staged = 0;
         }
         self.pump(st);
+        if !st.slots.is_empty() {
+            self.write_to_peer_sink(st);
+        }
         while let Some(&slot) = st.slots.last() {
             let State { proto, scratch, .. } = &mut *st;
             let Some(t) = proto.poll_transmit(Instant::now(), scratch) else {
@@ -502,6 +524,103 @@ impl Conn {
             let _ = self.ep.disconnect();
         }
         self.show(st);
+    }
+
+    /// RDMA Write queued bytes into the peer's landing buffer when it advertised one and
+    /// enough are queued (its RdmaWrCompl is then the next message sent).
+    fn write_to_peer_sink(&self, st: &mut State) {
+        if st.write_busy || self.ensure_write_zcopy(st).is_err() {
+            return;
+        }
+        let State { proto, wz, .. } = &mut *st;
+        let wz = wz.as_ref().expect("made above");
+        let mut staged = vec![0u8; wz.src_buf.len()];
+        let Some(w) = proto.poll_rdma_write(&mut staged) else {
+            return;
+        };
+        wz.src_buf.write(0, &staged[..w.len]);
+        let posted = wz
+            .src
+            .segment(0, w.len as u32)
+            .map_err(itapi_err)
+            .and_then(|seg| {
+                self.ep
+                    .post_rdma_write(
+                        &[seg],
+                        WRITE,
+                        DtoFlags::SIGNALED,
+                        RdmaAddr {
+                            addr: w.addr,
+                            rmr_context: u64::from(w.rkey),
+                        },
+                    )
+                    .map_err(itapi_err)
+            });
+        match posted {
+            Ok(()) => st.write_busy = true,
+            Err(e) => {
+                tracing::debug!(error = %e, "SDP RDMA Write not posted");
+                st.proto.transport_failed();
+            }
+        }
+    }
+
+    fn ensure_write_zcopy(&self, st: &mut State) -> io::Result<()> {
+        if st.wz.is_none() {
+            let size = st.proto.config().send_buffer.max(64 * 1024);
+            let src_buf = RegBuf::new(size)?;
+            let src =
+                Lmr::create(&self.dev.pz, src_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
+            let sink_buf = RegBuf::new(size)?;
+            let sink = Lmr::create(
+                &self.dev.pz,
+                sink_buf.clone(),
+                MemPriv::LOCAL | MemPriv::REMOTE_WRITE,
+            )
+            .map_err(itapi_err)?;
+            st.wz = Some(WriteZcopy {
+                src,
+                src_buf,
+                sink,
+                sink_buf,
+            });
+        }
+        Ok(())
+    }
+
+    /// A reader asking for `want` bytes found none: advertise the landing buffer, so the
+    /// peer may RDMA Write the next bytes straight there.
+    fn offer_sink(&self, st: &mut State, want: usize) {
+        if !st.proto.sink_wanted(want) || self.ensure_write_zcopy(st).is_err() {
+            return;
+        }
+        let wz = st.wz.as_ref().expect("made above");
+        let advert = Advert {
+            size: wz.sink_buf.len() as u32,
+            rkey: wz.sink.rmr_context().unwrap_or(0) as u32,
+            addr: wz.sink.addr(),
+        };
+        st.proto.advertise_sink(advert);
+        self.flush(st);
+    }
+
+    /// Copy the bytes of a local read item (a receive buffer's, or the landing buffer's)
+    /// into `out`; returns how many, or `None` for items not held here.
+    fn copy_item(&self, st: &State, item: ReadItem, out: &mut [u8]) -> Option<usize> {
+        match item {
+            ReadItem::Buffered { buf, offset, len } => {
+                let n = len.min(out.len());
+                self.rx_buf
+                    .read(buf as usize * self.rx_slot + offset, &mut out[..n]);
+                Some(n)
+            }
+            ReadItem::Landed { offset, len } => {
+                let n = len.min(out.len());
+                st.wz.as_ref()?.sink_buf.read(offset, &mut out[..n]);
+                Some(n)
+            }
+            ReadItem::Remote { .. } | ReadItem::Eof => None,
+        }
     }
 
     /// Bring the face up to date (the parts only the back can change).
@@ -598,13 +717,14 @@ impl Conn {
             let mut got = 0;
             while got < out.len() {
                 match st.proto.next_read() {
-                    Some(ReadItem::Buffered { buf, offset, len }) => {
-                        let n = len.min(out.len() - got);
-                        self.rx_buf
-                            .read(buf as usize * self.rx_slot + offset, &mut out[got..got + n]);
+                    Some(item @ (ReadItem::Buffered { .. } | ReadItem::Landed { .. })) => {
+                        let n = self.copy_item(&st, item, &mut out[got..]).unwrap_or(0);
                         got += n;
                         if let Some(b) = st.proto.consume(n) {
                             self.repost(&mut st, b);
+                        }
+                        if n == 0 {
+                            break;
                         }
                     }
                     Some(ReadItem::Remote { addr, rkey, len }) => {
@@ -630,6 +750,7 @@ impl Conn {
             if let Some(e) = st.proto.error() {
                 return Err(io_error(e));
             }
+            self.offer_sink(&mut st, out.len());
             st.readiness.clear_readable(face);
             if !block {
                 return Err(io::ErrorKind::WouldBlock.into());
@@ -654,11 +775,8 @@ impl Conn {
             }
             self.progress(&mut st);
             match st.proto.next_read() {
-                Some(ReadItem::Buffered { buf, offset, len }) => {
-                    let n = len.min(out.len());
-                    self.rx_buf
-                        .read(buf as usize * self.rx_slot + offset, &mut out[..n]);
-                    return Ok(n);
+                Some(item @ (ReadItem::Buffered { .. } | ReadItem::Landed { .. })) => {
+                    return Ok(self.copy_item(&st, item, out).unwrap_or(0));
                 }
                 Some(ReadItem::Eof) => return Ok(0),
                 Some(ReadItem::Remote { .. }) => {

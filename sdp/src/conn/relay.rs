@@ -156,13 +156,17 @@ impl Conn {
             r.to_face.clear();
             r.to_face_sent = 0;
             match st.proto.next_read() {
-                Some(ReadItem::Buffered { buf, offset, len }) => {
-                    let n = len.min(CHUNK);
-                    r.to_face.resize(n, 0);
-                    self.rx_buf
-                        .read(buf as usize * self.rx_slot + offset, &mut r.to_face);
+                Some(item @ (ReadItem::Buffered { .. } | ReadItem::Landed { .. })) => {
+                    let mut chunk = std::mem::take(&mut r.to_face);
+                    chunk.resize(CHUNK, 0);
+                    let n = self.copy_item(st, item, &mut chunk).unwrap_or(0);
+                    chunk.truncate(n);
+                    st.relay.as_mut().expect("relayed").to_face = chunk;
                     if let Some(b) = st.proto.consume(n) {
                         self.repost(st, b);
+                    }
+                    if n == 0 {
+                        return;
                     }
                 }
                 Some(ReadItem::Eof) => {

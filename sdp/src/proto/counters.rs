@@ -24,8 +24,14 @@ pub struct Counters {
     pub oob_rx: u64,
     /// A SendSm for an advert already fully read (harmless, counted).
     pub late_sendsm: u64,
-    /// SinkAvail adverts left unused (this implementation does not write into them).
+    /// SinkAvail adverts left unused (zero copy off, or an empty advert).
     pub sink_adverts_ignored: u64,
+    /// Landing buffers advertised (SinkAvail sent) and received.
+    pub sink_adverts_tx: u64,
+    pub sink_adverts_rx: u64,
+    /// Bytes RDMA Written into the peer's landing buffer, and landed in ours.
+    pub zcopy_write_tx_bytes: u64,
+    pub zcopy_write_rx_bytes: u64,
     /// Protocol violations by the peer (each aborted the connection).
     pub violations: u64,
 }
@@ -71,6 +77,10 @@ impl Counters {
             ("oob_rx", self.oob_rx),
             ("late_sendsm", self.late_sendsm),
             ("sink_adverts_ignored", self.sink_adverts_ignored),
+            ("sink_adverts_tx", self.sink_adverts_tx),
+            ("sink_adverts_rx", self.sink_adverts_rx),
+            ("zcopy_write_tx_bytes", self.zcopy_write_tx_bytes),
+            ("zcopy_write_rx_bytes", self.zcopy_write_rx_bytes),
             ("violations", self.violations),
         ]
     }

@@ -30,14 +30,27 @@
 //! sends SrcAvailCancel and waits for the sink's SendSm. After SendSm the source sends
 //! what was not read by buffered copy.
 //!
+//! ## Zero copy (write based)
+//!
+//! A reader that finds nothing to read, asking for at least `zcopy_threshold` bytes,
+//! advertises its landing buffer (SinkAvail). A writer holding a sink advert and at least
+//! that many bytes queued (or the advert's size) moves them with one RDMA Write into it
+//! and sends RdmaWrCompl right after (the write lands before the message on the reliable
+//! connection); the reader takes the bytes from its landing buffer in their place in the
+//! stream. A sink that takes its advert back (SinkAvailCancel) is answered SinkCancelAck.
+//! See `write_zcopy.rs`.
+//!
 //! Over 600 lines: one connection's protocol machine, whose buffered-copy, zero-copy,
-//! credit and close paths share its state (tests are in `tests.rs`); zero copy could move
-//! to its own file next.
+//! credit and close paths share its state (tests are in `tests.rs`; write-based zero
+//! copy is in `write_zcopy.rs`).
 
 mod counters;
 pub mod sim;
 #[cfg(test)]
 mod tests;
+mod write_zcopy;
+
+pub use write_zcopy::RdmaWrite;
 
 pub use counters::Counters;
 
@@ -68,6 +81,9 @@ pub struct Config {
     pub zcopy_threshold: usize,
     /// Accept the peer's SrcAvail adverts (otherwise answer SendSm).
     pub zcopy_sink: bool,
+    /// Advertise a landing buffer (SinkAvail) for large reads, and RDMA Write into the
+    /// peer's (write-based zero copy; `zcopy_threshold` applies).
+    pub zcopy_write: bool,
     /// Bytes the send queue holds (`SO_SNDBUF`).
     pub send_buffer: usize,
     /// Send a keep-alive after this much silence (`SO_KEEPALIVE`).
@@ -82,6 +98,7 @@ impl Default for Config {
             max_recv_size: 64 * 1024,
             zcopy_threshold: 256 * 1024,
             zcopy_sink: true,
+            zcopy_write: true,
             send_buffer: 256 * 1024,
             keepalive: None,
         }
@@ -117,6 +134,8 @@ pub enum Violation {
     Unexpected(wire::Mid),
     #[error("RdmaRdCompl for {got} bytes, {left} were advertised")]
     OverRead { got: u32, left: u32 },
+    #[error("RdmaWrCompl for {got} bytes into a {size}-byte sink")]
+    OverWrite { got: u32, size: u32 },
     #[error("data after DisConn")]
     DataAfterDisConn,
 }
@@ -145,6 +164,9 @@ pub enum ReadItem {
     },
     /// `len` bytes of the peer's advertised buffer, to RDMA Read at `addr` with `rkey`.
     Remote { addr: u64, rkey: u32, len: usize },
+    /// `len` bytes at `offset` in our advertised landing buffer (the peer RDMA Wrote
+    /// them there).
+    Landed { offset: usize, len: usize },
     /// The peer will send no more (DisConn): end of file.
     Eof,
 }
@@ -190,6 +212,9 @@ pub struct Transmit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Control {
     RdmaRdCompl(u32),
+    RdmaWrCompl(u32),
+    SinkAvail(Advert),
+    SinkCancelAck,
     SendSm,
     SrcAvailCancel,
     ChRcvBuf(u32),
@@ -215,6 +240,10 @@ enum RxItem {
     Remote {
         advert: Advert,
         read: u32,
+    },
+    Landed {
+        offset: usize,
+        len: usize,
     },
 }
 
@@ -252,6 +281,10 @@ pub struct Connection {
     rx_bytes: usize,
     reading_remote: Option<usize>,
     cancel_seen: bool,
+    /// Our landing buffer, advertised (SinkAvail) and not yet written.
+    sink: Option<Advert>,
+    /// The peer's landing buffer we may RDMA Write into.
+    peer_sink: Option<Advert>,
     peer_fin: bool,
     oob_in: Option<u8>,
     // Time.
@@ -293,6 +326,8 @@ impl Connection {
             rx_bytes: 0,
             reading_remote: None,
             cancel_seen: false,
+            sink: None,
+            peer_sink: None,
             peer_fin: false,
             oob_in: None,
             last_tx: now,
@@ -483,7 +518,10 @@ impl Connection {
     /// Whether a write of `len` bytes is large enough for zero copy (it fits once the
     /// queue ahead of it has gone: [`zcopy_fits`](Self::zcopy_fits)).
     pub fn zcopy_wanted(&self, len: usize) -> bool {
-        self.cfg.zcopy_threshold > 0 && len >= self.cfg.zcopy_threshold && self.phase == Phase::Open
+        self.cfg.zcopy_threshold > 0
+            && len >= self.cfg.zcopy_threshold
+            && self.phase == Phase::Open
+            && self.peer_sink.is_none()
     }
 
     /// Whether zero copy fits a write of `len` bytes now: the threshold is met, the
@@ -495,6 +533,7 @@ impl Connection {
             && self.tx.is_empty()
             && self.oob_out.is_none()
             && self.source.is_none()
+            && self.peer_sink.is_none()
             && !self.fin_requested
     }
 
@@ -706,10 +745,17 @@ impl Connection {
                 }
                 false
             }
-            Body::SinkAvail { .. } => {
-                // We never write into sink adverts: the data goes by SrcAvail or buffered
-                // copy, which the sink takes instead (Annex A4 allows the source this).
-                self.counters.sink_adverts_ignored += 1;
+            Body::SinkAvail { advert, .. } => {
+                self.on_sink_avail(advert);
+                false
+            }
+            Body::RdmaWrCompl { size } => {
+                self.on_rdma_wr_compl(size)?;
+                false
+            }
+            Body::SinkAvailCancel => {
+                self.peer_sink = None;
+                self.control.push_back(Control::SinkCancelAck);
                 false
             }
             Body::ModeChange { flags } if (flags >> 4) & 0x7 == 0 => false,
@@ -838,6 +884,10 @@ impl Connection {
                 rkey: advert.rkey,
                 len: (advert.size - read) as usize,
             }),
+            Some(RxItem::Landed { offset, len }) => Some(ReadItem::Landed {
+                offset: *offset,
+                len: *len,
+            }),
             None if self.peer_fin => Some(ReadItem::Eof),
             None => None,
         }
@@ -847,6 +897,16 @@ impl Connection {
     /// named; returns the buffer when it is empty now (post it again, then call
     /// [`on_reposted`](Self::on_reposted)).
     pub fn consume(&mut self, n: usize) -> Option<BufId> {
+        if let Some(RxItem::Landed { offset, len }) = self.rx.front_mut() {
+            let n = n.min(*len);
+            *offset += n;
+            *len -= n;
+            self.rx_bytes -= n;
+            if *len == 0 {
+                self.rx.pop_front();
+            }
+            return None;
+        }
         let Some(RxItem::Data { buf, offset, len }) = self.rx.front_mut() else {
             return None;
         };
@@ -911,6 +971,12 @@ impl Connection {
             if let Some(c) = self.control.pop_front() {
                 let body = match c {
                     Control::RdmaRdCompl(size) => Body::RdmaRdCompl { size },
+                    Control::RdmaWrCompl(size) => Body::RdmaWrCompl { size },
+                    Control::SinkAvail(advert) => Body::SinkAvail {
+                        advert,
+                        non_discarded: 0,
+                    },
+                    Control::SinkCancelAck => Body::SinkCancelAck,
                     Control::SendSm => Body::SendSm,
                     Control::SrcAvailCancel => Body::SrcAvailCancel,
                     Control::ChRcvBuf(size) => Body::ChRcvBuf { size },
@@ -1037,5 +1103,6 @@ fn rx_item_len(i: &RxItem) -> usize {
     match i {
         RxItem::Data { len, .. } => *len,
         RxItem::Remote { advert, read } => (advert.size - read) as usize,
+        RxItem::Landed { len, .. } => *len,
     }
 }

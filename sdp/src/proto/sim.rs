@@ -1,13 +1,18 @@
 //! Two connections joined in memory with a simulated clock, for the protocol's tests and
 //! fuzzing: every message goes into one of the receiver's posted buffers (none posted is
 //! a failure: the credits must prevent it), zero-copy reads copy from the source's
-//! "registered" memory ([`Side::regions`]).
+//! "registered" memory ([`Side::regions`]), zero-copy writes land in the reader's landing
+//! buffer ([`Side::landing`]), advertised whenever a read finds nothing.
 
 use super::*;
 use crate::wire::Mid;
 use std::collections::HashMap;
 
 pub const SLOT: usize = 1 << 17;
+/// The landing buffer's key and address as a side advertises it.
+pub const LANDING_RKEY: u32 = 0x5157;
+pub const LANDING_ADDR: u64 = 0x7000_0000;
+pub const LANDING_SIZE: usize = 256 * 1024;
 
 pub struct Side {
     pub c: Connection,
@@ -15,6 +20,8 @@ pub struct Side {
     pub posted: Vec<BufId>,
     /// Zero-copy source memory, by rkey.
     pub regions: HashMap<u32, (u64, Vec<u8>)>,
+    /// The landing buffer the peer RDMA Writes into.
+    pub landing: Vec<u8>,
     pub sent: Vec<Mid>,
 }
 
@@ -26,6 +33,7 @@ impl Side {
             bufs: HashMap::new(),
             posted: (0..n).collect(),
             regions: HashMap::new(),
+            landing: vec![0; LANDING_SIZE],
             sent: Vec::new(),
         }
     }
@@ -70,7 +78,22 @@ impl Side {
                         }
                     }
                 }
-                Some(ReadItem::Eof) | None => break,
+                Some(ReadItem::Landed { offset, len }) => {
+                    let n = len.min(max - out.len());
+                    out.extend_from_slice(&self.landing[offset..offset + n]);
+                    self.c.consume(n);
+                }
+                Some(ReadItem::Eof) => break,
+                None => {
+                    if out.is_empty() && self.c.sink_wanted(max) {
+                        self.c.advertise_sink(Advert {
+                            size: LANDING_SIZE as u32,
+                            rkey: LANDING_RKEY,
+                            addr: LANDING_ADDR,
+                        });
+                    }
+                    break;
+                }
             }
         }
         Ok(out)
@@ -122,6 +145,19 @@ impl Pair {
 
     /// Deliver one message from `from` to `to`; false when there was none.
     pub fn deliver(now: Instant, from: &mut Side, to: &mut Side) -> bool {
+        let mut staged = vec![0u8; LANDING_SIZE];
+        if let Some(w) = from.c.poll_rdma_write(&mut staged) {
+            // The reader's device checks the key and the range, as for reads (an honest
+            // peer's advert always passes).
+            let at = w.addr.checked_sub(LANDING_ADDR).map(|a| a as usize);
+            match at {
+                Some(at) if w.rkey == LANDING_RKEY && at + w.len <= to.landing.len() => {
+                    to.landing[at..at + w.len].copy_from_slice(&staged[..w.len]);
+                }
+                // A forged advert: a remote access error ends the writer's transport.
+                _ => from.c.transport_failed(),
+            }
+        }
         let mut slot = vec![0u8; SLOT];
         let Some(t) = from.c.poll_transmit(now, &mut slot) else {
             return false;

@@ -315,7 +315,7 @@ fn keepalive_after_silence_on_the_simulated_clock() {
 }
 
 #[test]
-fn mode_change_to_buffered_accepted_others_refused_sinkavail_ignored() {
+fn mode_change_to_buffered_accepted_others_refused() {
     let mut p = Pair::default();
     let inject = |p: &mut Pair, body: Body<'_>| -> Result<bool, ConnError> {
         let m = Message {
@@ -346,7 +346,7 @@ fn mode_change_to_buffered_accepted_others_refused_sinkavail_ignored() {
         ),
         Ok(true)
     );
-    assert_eq!(p.b.c.counters.sink_adverts_ignored, 1);
+    assert_eq!(p.b.c.counters.sink_adverts_rx, 1);
     assert!(matches!(
         inject(&mut p, Body::ModeChange { flags: 0x20 }),
         Err(ConnError::Protocol(Violation::Unexpected(Mid::ModeChange)))
@@ -458,4 +458,109 @@ fn sequence_numbers_wrap() {
     }
     assert_eq!(got, data);
     assert!(p.a.c.next_mseq < 1000);
+}
+
+#[test]
+fn zcopy_write_mode_lands_large_writes_in_the_readers_buffer() {
+    let mut p = Pair::default();
+    let threshold = p.a.c.config().zcopy_threshold;
+    let data = pattern(3 << 20, 9);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    // The reader asks for a lot with nothing there: it advertises its landing buffer.
+    assert!(p.b.read(&p.a, 1 << 20).unwrap().is_empty());
+    p.settle();
+    assert_eq!(p.b.sent.last(), Some(&Mid::SinkAvail));
+    // A little at a time goes by buffered copy, the advert waiting.
+    sent += p.a.c.send(&data[..100]).unwrap();
+    p.settle();
+    got.extend(p.b.read(&p.a, 1 << 20).unwrap());
+    assert_eq!(got.len(), 100);
+    assert_eq!(p.a.c.counters.zcopy_write_tx_bytes, 0);
+    while got.len() < data.len() {
+        // Writes of every size; those of the threshold or more leave by RDMA Write
+        // whenever an advert is there.
+        for w in [threshold, 100, threshold * 3 / 2, 1] {
+            let end = (sent + w).min(data.len());
+            sent += p.a.c.send(&data[sent..end]).unwrap();
+        }
+        p.settle();
+        loop {
+            let chunk = p.b.read(&p.a, 1 << 20).unwrap();
+            p.settle();
+            if chunk.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&chunk);
+        }
+    }
+    assert_eq!(got, data, "bytes out of order or changed");
+    let (a, b) = (&p.a.c.counters, &p.b.c.counters);
+    assert!(a.zcopy_write_tx_bytes > 0, "{a:?}");
+    assert_eq!(a.zcopy_write_tx_bytes, b.zcopy_write_rx_bytes);
+    assert!(a.bcopy_tx_bytes > 0, "small writes by buffered copy: {a:?}");
+    assert!(b.sink_adverts_tx >= 2 && a.sink_adverts_rx >= 2);
+    assert_eq!(a.violations + b.violations, 0);
+}
+
+#[test]
+fn sink_cancel_is_acknowledged_and_unsolicited_write_completions_abort() {
+    let mut p = Pair::default();
+    assert!(p.b.read(&p.a, 1 << 20).unwrap().is_empty());
+    p.settle();
+    assert!(p.a.c.counters.sink_adverts_rx == 1);
+    // The sink takes the advert back: the source forgets it and acknowledges.
+    let cancel = Message {
+        bsdh: Bsdh {
+            bufs: 16,
+            mseq: p.a.c.last_rx_mseq + 1,
+            mseq_ack: p.a.c.next_mseq - 1,
+            ..Bsdh::default()
+        },
+        body: Body::SinkAvailCancel,
+    }
+    .to_vec();
+    assert_eq!(
+        p.a.c.on_receive(p.now, 0, Received::whole(&cancel)),
+        Ok(true)
+    );
+    assert!(p.a.c.peer_sink.is_none());
+    let mut slot = vec![0u8; SLOT];
+    let t = p.a.c.poll_transmit(p.now, &mut slot).unwrap();
+    assert_eq!(t.mid, Mid::SinkCancelAck);
+    // A write completion for more than the advert, or without one, aborts.
+    let mut q = Pair::default();
+    assert!(q.b.read(&q.a, 1 << 20).unwrap().is_empty());
+    q.settle();
+    let over = Message {
+        bsdh: Bsdh {
+            bufs: 16,
+            mseq: q.b.c.last_rx_mseq + 1,
+            mseq_ack: q.b.c.next_mseq - 1,
+            ..Bsdh::default()
+        },
+        body: Body::RdmaWrCompl {
+            size: super::sim::LANDING_SIZE as u32 + 1,
+        },
+    }
+    .to_vec();
+    assert!(matches!(
+        q.b.c.on_receive(q.now, 0, Received::whole(&over)),
+        Err(ConnError::Protocol(Violation::OverWrite { .. }))
+    ));
+    let mut r = Pair::default();
+    let unsolicited = Message {
+        bsdh: Bsdh {
+            bufs: 16,
+            mseq: r.b.c.last_rx_mseq + 1,
+            mseq_ack: r.b.c.next_mseq - 1,
+            ..Bsdh::default()
+        },
+        body: Body::RdmaWrCompl { size: 10 },
+    }
+    .to_vec();
+    assert!(matches!(
+        r.b.c.on_receive(r.now, 0, Received::whole(&unsolicited)),
+        Err(ConnError::Protocol(Violation::Unexpected(Mid::RdmaWrCompl)))
+    ));
 }

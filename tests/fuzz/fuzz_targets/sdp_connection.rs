@@ -1,6 +1,7 @@
 //! The SDP protocol state machine (`krdma_sdp::proto`) driven by arbitrary operations of
 //! two honest peers — writes of any size (buffered or zero copy), reads, cancels, urgent
-//! bytes, half closes, aborts, time passing — interleaved with forged messages from a
+//! bytes, half closes, aborts, time passing, reads large enough to advertise a landing
+//! buffer for the writer's RDMA Writes — interleaved with forged messages from a
 //! hostile peer. Never a panic; between honest peers the reader gets exactly a prefix of
 //! what was written and no message ever finds the receiver without a posted buffer (the
 //! simulated pair checks that on every delivery).
@@ -33,6 +34,7 @@ struct Input {
     recv_bufs: u8,
     recv_size: u16,
     zcopy_sink: bool,
+    zcopy_write: bool,
     keepalive: bool,
     ops: Vec<Op>,
 }
@@ -44,6 +46,7 @@ fuzz_target!(|input: Input| {
         max_recv_size: 16384,
         zcopy_threshold: 4096,
         zcopy_sink: input.zcopy_sink,
+        zcopy_write: input.zcopy_write,
         send_buffer: 32768,
         keepalive: input.keepalive.then(|| Duration::from_secs(1)),
     };
