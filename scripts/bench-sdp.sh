@@ -65,3 +65,29 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
     done
 fi
 run_case "kernel TCP (baseline, again)" "KRDMA_SDP_OFF=1" "KRDMA_SDP_OFF=1" 127.0.0.1
+
+# The zero-copy threshold, measured: iperf3 (one stream, siw0 and rxe0, embedded) with
+# 128 KiB and 1 MiB writes, zero copy off and from 128 KiB / 1 MiB (both modes: the
+# reader's SinkAvail when it waits, the writer's SrcAvail otherwise).
+echo
+echo "| device, write size | zero copy off | from 128 KiB | from 1 MiB |"
+echo "|---|---|---|---|"
+for dev in siw0 rxe0; do
+    ip=$([ $dev = rxe0 ] && echo 127.0.77.1 || echo 127.0.0.1)
+    for len in 128K 1M; do
+        row="| $dev, $len |"
+        for th in 0 131072 1048576; do
+            port=$((29000 + RANDOM % 2000))
+            env LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.1 \
+                KRDMA_SDP_ZCOPY_THRESHOLD=$th iperf3 -s -1 -p $port >/dev/null 2>&1 &
+            s=$!
+            sleep 1.5
+            bw=$(env LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.2 \
+                KRDMA_SDP_ZCOPY_THRESHOLD=$th iperf3 -c "$ip" -p $port -t "$SECS" -l $len -J |
+                python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))') || bw="?"
+            kill $s 2>/dev/null || true; wait $s 2>/dev/null || true
+            row="$row $bw Gbit/s |"
+        done
+        echo "$row"
+    done
+done

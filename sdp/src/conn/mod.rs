@@ -119,6 +119,8 @@ struct Zcopy {
 struct WriteZcopy {
     src: Lmr,
     src_buf: Arc<RegBuf>,
+    /// Where the queued bytes are gathered before they go into `src_buf`.
+    staged: Vec<u8>,
     sink: Lmr,
     sink_buf: Arc<RegBuf>,
 }
@@ -529,16 +531,15 @@ impl Conn {
     /// RDMA Write queued bytes into the peer's landing buffer when it advertised one and
     /// enough are queued (its RdmaWrCompl is then the next message sent).
     fn write_to_peer_sink(&self, st: &mut State) {
-        if st.write_busy || self.ensure_write_zcopy(st).is_err() {
+        if st.write_busy || !st.proto.peer_sink_open() || self.ensure_write_zcopy(st).is_err() {
             return;
         }
         let State { proto, wz, .. } = &mut *st;
-        let wz = wz.as_ref().expect("made above");
-        let mut staged = vec![0u8; wz.src_buf.len()];
-        let Some(w) = proto.poll_rdma_write(&mut staged) else {
+        let wz = wz.as_mut().expect("made above");
+        let Some(w) = proto.poll_rdma_write(&mut wz.staged) else {
             return;
         };
-        wz.src_buf.write(0, &staged[..w.len]);
+        wz.src_buf.write(0, &wz.staged[..w.len]);
         let posted = wz
             .src
             .segment(0, w.len as u32)
@@ -579,6 +580,7 @@ impl Conn {
             )
             .map_err(itapi_err)?;
             st.wz = Some(WriteZcopy {
+                staged: vec![0; src_buf.len()],
                 src,
                 src_buf,
                 sink,

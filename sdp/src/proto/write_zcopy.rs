@@ -79,6 +79,12 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether the peer's landing buffer is advertised to us (an RDMA Write may follow
+    /// once enough bytes are queued).
+    pub fn peer_sink_open(&self) -> bool {
+        self.peer_sink.is_some()
+    }
+
     /// If the peer's landing buffer is advertised and enough bytes are queued for it (its
     /// size, or at least the zero-copy threshold), move up to `out.len()` of them into
     /// `out` for an RDMA Write into it; RdmaWrCompl is then the next message.
