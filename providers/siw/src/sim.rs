@@ -18,6 +18,7 @@ use crate::{SiwConfig, SiwDevice};
 use parking_lot::Mutex;
 use rnicpi::sim::{NoNetwork, SimQp, SimRng};
 use std::collections::VecDeque;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::net::Shutdown;
 use std::sync::Arc;
@@ -118,6 +119,9 @@ pub struct Sim {
     moved: [u64; 2],
     /// Corrupt the byte at this offset of the stream from end 0 (once).
     corrupt_at: Option<u64>,
+    seed: u64,
+    /// Everything the streams carried (chunk by chunk, ends included), in order.
+    trace: DefaultHasher,
 }
 
 impl Sim {
@@ -157,6 +161,8 @@ impl Sim {
             model,
             moved: [0; 2],
             corrupt_at: None,
+            seed,
+            trace: DefaultHasher::new(),
         }
     }
 
@@ -178,6 +184,18 @@ impl Sim {
     /// Bytes moved so far from end `i` to the other.
     pub fn moved_from(&self, i: usize) -> u64 {
         self.moved[i]
+    }
+
+    /// A digest of what the streams carried so far, chunk by chunk, and of each QP's
+    /// events: two runs of one seed (or two builds of the engine) must agree on it.
+    pub fn digest(&self) -> u64 {
+        let mut h = self.trace.clone();
+        for e in &self.ends {
+            for ev in e.qp.events.all() {
+                (format!("{:?}", ev.kind), ev.status).hash(&mut h);
+            }
+        }
+        h.finish()
     }
 
     /// One step: both transmitters run, then one direction chosen by the seed moves a
@@ -230,6 +248,7 @@ impl Sim {
             }
         }
         self.moved[from] += chunk.len() as u64;
+        (from, &chunk, fin, reset).hash(&mut self.trace);
         let to = &mut self.ends[1 - from];
         if reset || to.out.state.lock().reset {
             // A reset, from the peer or our own abortive close: the reader's socket fails.
@@ -254,6 +273,29 @@ impl Sim {
             to.rx_done = true;
             let clean = to.framing.at_boundary();
             to.engine.connection_lost(clean);
+        }
+    }
+}
+
+impl Drop for Sim {
+    /// With `SIW_SIM_DIGEST=<file>`, append this run's seed and digest to the file: the
+    /// record two builds of the engine are compared by.
+    fn drop(&mut self) {
+        if let Some(path) = std::env::var_os("SIW_SIM_DIGEST") {
+            use std::io::Write;
+            let line = format!(
+                "{} {} {:016x}\n",
+                self.seed,
+                self.moved[0] + self.moved[1],
+                self.digest()
+            );
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
         }
     }
 }
