@@ -48,26 +48,32 @@ pub(super) enum After {
     },
 }
 
-/// A message part-way out: where its next batch starts.
+/// A message part-way out.
 #[allow(clippy::large_enum_variant)] // as `Transmit`
 pub(super) enum TxCursor {
-    /// A Send or RDMA Write being segmented.
-    Request {
-        wqe: Wqe,
-        msg: Message,
-        regions: Sgl,
-        crc: bool,
-        mtu: usize,
-        off: u64,
-    },
-    /// A Read Response; `region` is the source (none for a zero-length read).
-    Response {
-        rr: ReadRequest,
-        region: Option<Arc<Region>>,
-        crc: bool,
-        mtu: usize,
-        off: u64,
-    },
+    Request(MessageTx),
+    Response(ResponseTx),
+}
+
+/// A Send or RDMA Write being segmented: its next batch starts at `off`.
+pub(super) struct MessageTx {
+    wqe: Wqe,
+    msg: Message,
+    /// The gather list, checked once when the request was taken.
+    regions: Sgl,
+    crc: bool,
+    mtu: usize,
+    off: u64,
+}
+
+/// A Read Response being segmented: its next batch starts at `off`.
+pub(super) struct ResponseTx {
+    pub(super) rr: ReadRequest,
+    /// The source (none for a zero-length read).
+    pub(super) region: Option<Arc<Region>>,
+    pub(super) crc: bool,
+    pub(super) mtu: usize,
+    pub(super) off: u64,
 }
 
 /// How a message's FPDUs are addressed: Sends to the peer's Send queue, Writes to a
@@ -141,23 +147,8 @@ impl State {
     ) -> Transmit {
         loop {
             match self.tx_cur.take() {
-                Some(TxCursor::Request {
-                    wqe,
-                    msg,
-                    regions,
-                    crc,
-                    mtu,
-                    off,
-                }) => {
-                    return self.emit_message(env, out, wqe, msg, regions, crc, mtu, off);
-                }
-                Some(TxCursor::Response {
-                    rr,
-                    region,
-                    crc,
-                    mtu,
-                    off,
-                }) => match self.emit_read_response(env, out, rr, region, crc, mtu, off) {
+                Some(TxCursor::Request(m)) => return self.emit_message(env, out, m),
+                Some(TxCursor::Response(r)) => match self.emit_read_response(env, out, r) {
                     Some(t) => return t,
                     None => continue,
                 },
@@ -182,13 +173,13 @@ impl State {
                             }
                         },
                     };
-                    self.tx_cur = Some(TxCursor::Response {
+                    self.tx_cur = Some(TxCursor::Response(ResponseTx {
                         rr,
                         region,
                         crc,
                         mtu,
                         off: 0,
-                    });
+                    }));
                 }
                 Work::Request(t) => return self.emit_request(env, out, t),
             }
@@ -201,10 +192,8 @@ impl State {
     pub(super) fn written(&mut self, after: After, ok: bool, env: &Env) {
         if !ok {
             match self.tx_cur.take() {
-                Some(TxCursor::Request { wqe, .. }) => self.settle(env, &wqe, false, true),
-                Some(TxCursor::Response { .. }) => {
-                    self.responding = self.responding.saturating_sub(1)
-                }
+                Some(TxCursor::Request(m)) => self.settle(env, &m.wqe, false, true),
+                Some(TxCursor::Response(_)) => self.responding = self.responding.saturating_sub(1),
                 None => {}
             }
         }
@@ -426,25 +415,23 @@ impl State {
                 Err(_) => return failed(WcStatus::LocProtErr),
             },
         };
-        self.emit_message(env, out, wqe, msg, regions, crc, mtu, 0)
+        let m = MessageTx {
+            wqe,
+            msg,
+            regions,
+            crc,
+            mtu,
+            off: 0,
+        };
+        self.emit_message(env, out, m)
     }
 
-    /// The next batch of FPDUs of a Send or Write from message offset `off`: up to
-    /// [`TX_BATCH`] bytes, or the rest of the message (then it settles once written).
-    #[allow(clippy::too_many_arguments)]
-    fn emit_message(
-        &mut self,
-        env: &Env,
-        out: &mut Vec<u8>,
-        wqe: Wqe,
-        msg: Message,
-        regions: Sgl,
-        crc: bool,
-        mtu: usize,
-        mut off: u64,
-    ) -> Transmit {
+    /// The next batch of FPDUs of a Send or Write: up to [`TX_BATCH`] bytes, or the
+    /// rest of the message (then it settles once written).
+    fn emit_message(&mut self, env: &Env, out: &mut Vec<u8>, mut m: MessageTx) -> Transmit {
+        let (wqe, msg) = (m.wqe, m.msg);
         let opcode = msg.opcode();
-        let chunk = (mtu - opcode.header_len()) as u64;
+        let chunk = (m.mtu - opcode.header_len()) as u64;
         let total = wqe.total_len();
         let failed = |status| {
             Transmit::Write(After::Failed {
@@ -454,6 +441,7 @@ impl State {
             })
         };
         loop {
+            let off = m.off;
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
             let h = Header {
@@ -465,29 +453,22 @@ impl State {
             let payload = wire::grow(out, n as usize);
             if wqe.is_inline() {
                 payload.copy_from_slice(&wqe.inline_data[off as usize..(off + n) as usize]);
-            } else if regions.read_at(off, payload, Access::empty()).is_err() {
+            } else if m.regions.read_at(off, payload, Access::empty()).is_err() {
                 return failed(WcStatus::LocProtErr);
             }
-            if wire::finish_fpdu(out, start, crc).is_err() {
+            if wire::finish_fpdu(out, start, m.crc).is_err() {
                 return failed(WcStatus::LocLenErr);
             }
             env.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
-            off += n;
-            if off >= total {
+            m.off += n;
+            if m.off >= total {
                 return Transmit::Write(After::Settle {
                     wqe,
                     complete_now: true,
                 });
             }
             if out.len() >= TX_BATCH {
-                self.tx_cur = Some(TxCursor::Request {
-                    wqe,
-                    msg,
-                    regions,
-                    crc,
-                    mtu,
-                    off,
-                });
+                self.tx_cur = Some(TxCursor::Request(m));
                 return Transmit::Write(After::Nothing);
             }
         }

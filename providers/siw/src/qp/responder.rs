@@ -2,7 +2,7 @@
 //! QP's and the registration's rights), then placed (RDMA Write, Read Response), matched
 //! to a posted receive (Send), or queued for an answer (Read Request).
 
-use super::requester::{After, Transmit, TxCursor, TX_BATCH};
+use super::requester::{After, ResponseTx, Transmit, TxCursor, TX_BATCH};
 use super::state::{next_offset, Conn, Env, RecvInProgress, State};
 use super::*;
 use crate::orq::Placement;
@@ -15,20 +15,17 @@ impl State {
     /// response was given up: the QP failed meanwhile (so the Terminate queued behind it
     /// goes out without waiting for the rest), or its source failed a check (this
     /// queues a Terminate).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_read_response(
         &mut self,
         env: &Env,
         out: &mut Vec<u8>,
-        rr: ReadRequest,
-        region: Option<Arc<Region>>,
-        crc: bool,
-        max_ulpdu: usize,
-        mut off: u64,
+        mut r: ResponseTx,
     ) -> Option<Transmit> {
-        let chunk = (max_ulpdu - Opcode::ReadResponse.header_len()) as u64;
+        let (rr, crc) = (r.rr, r.crc);
+        let chunk = (r.mtu - Opcode::ReadResponse.header_len()) as u64;
         let total = rr.size as u64;
         loop {
+            let off = r.off;
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
             let h = Header {
@@ -41,8 +38,8 @@ impl State {
             };
             h.emit(wire::grow(out, h.buffer_len()));
             let payload = wire::grow(out, n as usize);
-            let read = match &region {
-                Some(r) => r
+            let read = match &r.region {
+                Some(src) => src
                     .read(env.base.pd, rr.src_to + off, payload, Access::REMOTE_READ)
                     .map_err(access_term),
                 None => Ok(()),
@@ -61,8 +58,8 @@ impl State {
                 return None;
             }
             env.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
-            off += n;
-            if off >= total {
+            r.off += n;
+            if r.off >= total {
                 self.responding = self.responding.saturating_sub(1);
                 return Some(Transmit::Write(After::Nothing));
             }
@@ -72,13 +69,7 @@ impl State {
                     self.responding = self.responding.saturating_sub(1);
                     return None;
                 }
-                self.tx_cur = Some(TxCursor::Response {
-                    rr,
-                    region,
-                    crc,
-                    mtu: max_ulpdu,
-                    off,
-                });
+                self.tx_cur = Some(TxCursor::Response(r));
                 return Some(Transmit::Write(After::Nothing));
             }
         }
