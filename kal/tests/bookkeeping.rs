@@ -1,5 +1,8 @@
 //! kAL bookkeeping through the embedded front door, with a small test provider (a test
 //! double for resource accounting only: it moves no data).
+//!
+//! Over 600 lines: independent tests of the kAL's accounting (teardown, limits, quotas,
+//! pins, keys, handles, the event queue), sharing the test provider and its set-up.
 
 use bytemuck::Zeroable;
 use kal::abi::{self, cmd};

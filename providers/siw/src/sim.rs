@@ -13,11 +13,12 @@
 
 use crate::llp::Llp;
 use crate::qp::SiwQp;
-use crate::wire::FpduDecoder;
+use crate::wire::{FpduDecoder, Header, Model, Opcode, ReadRequest};
 use crate::{SiwConfig, SiwDevice};
 use parking_lot::Mutex;
 use rnicpi::sim::{NoNetwork, SimQp, SimRng};
 use std::collections::VecDeque;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::net::Shutdown;
 use std::sync::Arc;
@@ -118,6 +119,11 @@ pub struct Sim {
     moved: [u64; 2],
     /// Corrupt the byte at this offset of the stream from end 0 (once).
     corrupt_at: Option<u64>,
+    seed: u64,
+    /// What the streams carried, in order: see [`Sim::digest`].
+    trace: DefaultHasher,
+    /// Each stream framed again for the digest.
+    trace_framing: [FpduDecoder; 2],
 }
 
 impl Sim {
@@ -157,6 +163,9 @@ impl Sim {
             model,
             moved: [0; 2],
             corrupt_at: None,
+            seed,
+            trace: DefaultHasher::new(),
+            trace_framing: [FpduDecoder::new(), FpduDecoder::new()],
         }
     }
 
@@ -178,6 +187,20 @@ impl Sim {
     /// Bytes moved so far from end `i` to the other.
     pub fn moved_from(&self, i: usize) -> u64 {
         self.moved[i]
+    }
+
+    /// A digest of what the streams carried so far (how each was cut into reads, where it
+    /// ended, and every FPDU but for its memory keys and addresses, which are random or
+    /// wherever the heap put a buffer) and of each QP's events: two runs of one seed, or
+    /// two builds of the engine, must agree on it.
+    pub fn digest(&self) -> u64 {
+        let mut h = self.trace.clone();
+        for e in &self.ends {
+            for ev in e.qp.events.all() {
+                (format!("{:?}", ev.kind), ev.status).hash(&mut h);
+            }
+        }
+        h.finish()
     }
 
     /// One step: both transmitters run, then one direction chosen by the seed moves a
@@ -230,6 +253,12 @@ impl Sim {
             }
         }
         self.moved[from] += chunk.len() as u64;
+        (from, chunk.len(), fin, reset).hash(&mut self.trace);
+        let (trace, crc) = (&mut self.trace, self.model.crc);
+        self.trace_framing[from].feed(&chunk, |f| {
+            trace_fpdu(trace, f, crc);
+            true
+        });
         let to = &mut self.ends[1 - from];
         if reset || to.out.state.lock().reset {
             // A reset, from the peer or our own abortive close: the reader's socket fails.
@@ -254,6 +283,49 @@ impl Sim {
             to.rx_done = true;
             let clean = to.framing.at_boundary();
             to.engine.connection_lost(clean);
+        }
+    }
+}
+
+/// One FPDU into the digest, without its STags and tagged offsets (and so without its
+/// CRC, which covers them).
+fn trace_fpdu(h: &mut DefaultHasher, fpdu: &[u8], crc: bool) {
+    fpdu.len().hash(h);
+    let Ok((hdr, payload)) = crate::wire::check_fpdu(fpdu, crc).and_then(Header::parse_bytes)
+    else {
+        return fpdu.hash(h); // corrupted: no key in it to hide (the tests corrupt Sends)
+    };
+    (hdr.opcode as u8, hdr.last).hash(h);
+    match hdr.model {
+        Model::Tagged { .. } => {}
+        Model::Untagged { qn, msn, mo, .. } => (qn, msn, mo).hash(h),
+    }
+    match ReadRequest::parse_bytes(payload) {
+        Ok(rr) if hdr.opcode == Opcode::ReadRequest => rr.size.hash(h),
+        _ => payload.hash(h),
+    }
+}
+
+impl Drop for Sim {
+    /// With `SIW_SIM_DIGEST=<file>`, append this run's seed and digest to the file: the
+    /// record two builds of the engine are compared by.
+    fn drop(&mut self) {
+        if let Some(path) = std::env::var_os("SIW_SIM_DIGEST") {
+            use std::io::Write;
+            let line = format!(
+                "{} {} {} {:016x}\n",
+                std::thread::current().name().unwrap_or("-"),
+                self.seed,
+                self.moved[0] + self.moved[1],
+                self.digest()
+            );
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
         }
     }
 }

@@ -92,7 +92,7 @@ fn ids(c: &[Cqe]) -> Vec<u64> {
 
 /// One seeded transfer: Send, RDMA Write and RDMA Read from end 0 and a Send back, of a
 /// seeded size, byte-exact, completions successful and in order.
-fn transfer(seed: u64) -> (u64, u64) {
+fn transfer(seed: u64) -> (u64, u64, u64) {
     let mut rng = SimRng::new(seed);
     let m = model(&mut rng);
     let most = if m.max_chunk < 100 { 3000 } else { 40_000 };
@@ -147,7 +147,7 @@ fn transfer(seed: u64) -> (u64, u64) {
         b[2 * n..3 * n],
         "seed {seed} {m:?}: Read payload"
     );
-    (sim.moved_from(0), sim.moved_from(1))
+    (sim.moved_from(0), sim.moved_from(1), sim.digest())
 }
 
 #[test]

@@ -108,13 +108,24 @@ impl QpBase {
     /// begun to fill) and then every receive queued on the QP's own ring go to `post` as
     /// `WrFlushErr` completions. A QP on an SRQ leaves the SRQ's receives to the other
     /// QPs and reports `LastWqeReached` instead, once.
-    pub fn flush_recv(&self, current: Option<Wqe>, mut post: impl FnMut(Cqe)) {
+    pub fn flush_recv(&self, current: Option<Wqe>, post: impl FnMut(Cqe)) {
+        self.flush_recv_with(current, post, |ev| self.sink.deliver(ev));
+    }
+
+    /// [`QpBase::flush_recv`] for an engine that delivers its events itself (after
+    /// its state lock): `LastWqeReached` goes to `event` instead of the sink.
+    pub fn flush_recv_with(
+        &self,
+        current: Option<Wqe>,
+        mut post: impl FnMut(Cqe),
+        event: impl FnOnce(Event),
+    ) {
         if let Some(w) = current {
             post(self.cqe(&w, WcStatus::WrFlushErr, 0));
         }
         if self.srq.is_some() {
             if !self.last_wqe_sent.swap(true, Ordering::AcqRel) {
-                self.sink.deliver(Event::new(EventKind::LastWqeReached));
+                event(Event::new(EventKind::LastWqeReached));
             }
             return;
         }

@@ -1,9 +1,9 @@
-//! The I/O shell of a connected QP: its two threads, the transmit pump that writes the
-//! FPDUs the requester and responder produce, and the receive loop that frames the
-//! stream into FPDUs for the responder.
+//! The I/O shell of a connected QP, the core's driver: its two threads, the transmit
+//! pump that writes the batches the core emits, and the receive loop that frames the
+//! stream into FPDUs for the core.
 
-use super::requester::Work;
-use super::state::{Conn, TermTx, INITIATOR_PAUSE, RESPONDER_WAIT};
+use super::requester::{After, Transmit};
+use super::state::{Conn, INITIATOR_PAUSE, RESPONDER_WAIT};
 use super::*;
 use crate::llp;
 use std::io::Read;
@@ -103,7 +103,7 @@ impl SiwQp {
         if let Conn::Up { hold_until } = &mut self.st.lock().conn {
             *hold_until = Some(Instant::now() + hold);
         }
-        self.base.sink.deliver(established);
+        self.with_core(|st, _| st.event(established));
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
         // a fresh connection's empty send buffer, never a wait on the peer.
         let sent = reply.map_or(Ok(()), |r| rx.write_all(r));
@@ -149,19 +149,16 @@ impl SiwQp {
             {
                 let mut st = self.st.lock();
                 loop {
-                    let busy = st.term.pending() || st.conn.winding_down() || st.qp != QpState::Rts;
-                    if let Some(t) = st.conn.hold().filter(|_| !busy) {
-                        // Holding our first FPDU: the first FPDU received (it kicks us)
-                        // or the end of the wait lets it go.
-                        if Instant::now() >= t {
-                            st.conn = Conn::Up { hold_until: None };
-                            tracing::debug!(qpn = self.base.qpn, "siw responder wait over");
-                            break;
-                        }
+                    // Holding our first FPDU: the first FPDU received (it kicks us) or
+                    // the end of the wait lets it go.
+                    if st.handle_timeout(Instant::now()) {
+                        break;
+                    }
+                    if let Some(t) = st.poll_timeout() {
                         self.cv.wait_until(&mut st, t);
                         continue;
                     }
-                    if st.kick || busy || !st.responses.is_empty() {
+                    if st.tx_ready() {
                         break;
                     }
                     self.cv.wait(&mut st);
@@ -186,11 +183,9 @@ impl SiwQp {
         self.cv.notify_one();
     }
 
-    /// Transmit what is ready: a pending Terminate, Read Responses, then send-queue work
-    /// (see [`Mode`]). At most one ring's worth of send-queue entries (local operations
-    /// included) per call, the rest left to the tx thread's next round: however the
-    /// consumer churns its ring, one call does bounded work. Returns false once the
-    /// connection is finished. The protocol-state lock is never held while writing.
+    /// Transmit what is ready (see [`Mode`] and `State::poll_transmit`): the core emits
+    /// each batch under the state lock, and it is written without it. Returns false
+    /// once the connection is finished.
     pub(super) fn pump(&self, mode: Mode) -> bool {
         let mut budget = self.base.sq.lock().capacity();
         let mut guard = match mode {
@@ -215,7 +210,7 @@ impl SiwQp {
             let r = w.tx.llp.write_all(&w.tx.unsent);
             w.tx.unsent.clear();
             if let Some((wqe, complete_now)) = w.tx.owed.take() {
-                self.settle(&wqe, r.is_ok(), complete_now);
+                self.with_core(|st, env| st.settle(env, &wqe, r.is_ok(), complete_now));
             }
             if let Err(e) = r {
                 tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
@@ -226,75 +221,28 @@ impl SiwQp {
         }
         let mut out = Vec::with_capacity(64 * 1024);
         loop {
-            let work = self.take_work(mode, &mut budget);
-            let r = match work {
-                Work::Idle => return true,
-                Work::Finish => {
+            let now = Instant::now();
+            let after = match self
+                .with_core(|st, env| st.poll_transmit(now, mode, &mut budget, env, &mut out))
+            {
+                Transmit::Idle => return true,
+                Transmit::Finish => {
                     w.tx.llp.shutdown(Shutdown::Write);
                     return false;
                 }
-                Work::Raw(bytes) => {
-                    out.extend_from_slice(&bytes);
-                    let r = w.put(&mut out);
-                    self.st.lock().term = TermTx::None;
-                    r
-                }
-                Work::Response { rr, crc, mtu } => {
-                    let sent = self.emit_read_response(&mut out, &rr, crc, mtu, &mut |o| w.put(o));
-                    // The IRD slot frees before the last FPDUs leave: the peer may send its
-                    // next Read Request the moment it has them.
-                    {
-                        let mut st = self.st.lock();
-                        st.responding = st.responding.saturating_sub(1);
-                    }
-                    let sent = sent.map(|r| r.and_then(|_| w.put(&mut out)));
-                    match sent {
-                        Ok(r) => r,
-                        Err(code) => {
-                            out.clear();
-                            self.fail(code, None);
-                            continue;
-                        }
-                    }
-                }
-                Work::Request { wqe, crc, mtu, msn } => {
-                    let mut io = Ok(());
-                    let result =
-                        self.emit_request(&mut out, &wqe, crc, mtu, msn, &mut |o: &mut Vec<u8>| {
-                            if io.is_ok() {
-                                io = w.put(o);
-                            }
-                            o.clear();
-                        });
-                    if io.is_ok() {
-                        io = w.put(&mut out);
-                    }
-                    out.clear();
-                    match result {
-                        Ok(complete_now) if io.is_ok() && !w.tx.unsent.is_empty() => {
-                            // The socket is full: the tx thread finishes this request.
-                            w.tx.owed = Some((wqe, complete_now));
-                            self.kick_tx();
-                            return true;
-                        }
-                        Ok(complete_now) => self.settle(&wqe, io.is_ok(), complete_now),
-                        Err(status) => {
-                            let mut st = self.st.lock();
-                            if let Some(i) =
-                                st.inflight.iter().position(|f| !f.sent && f.wqe == wqe)
-                            {
-                                st.inflight.remove(i);
-                            }
-                            if wqe.opcode() == Some(WrOpcode::RdmaRead) {
-                                st.orq.cancel(msn);
-                            }
-                            self.post_cqe(&mut st, true, self.base.cqe(&wqe, status, 0));
-                            self.to_error(&mut st);
-                        }
-                    }
-                    io
-                }
+                Transmit::Write(after) => after,
             };
+            let r = w.put(&mut out);
+            out.clear();
+            if let (After::Settle { wqe, complete_now }, Ok(())) = (&after, &r) {
+                if !w.tx.unsent.is_empty() {
+                    // The socket is full: the tx thread finishes this request.
+                    w.tx.owed = Some((*wqe, *complete_now));
+                    self.kick_tx();
+                    return true;
+                }
+            }
+            self.with_core(|st, env| st.written(after, r.is_ok(), env));
             if let Err(e) = r {
                 tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
                 drop(guard);
@@ -302,6 +250,18 @@ impl SiwQp {
                 return false;
             }
         }
+    }
+
+    /// Hand one whole FPDU from the peer to the core. Returns whether the QP still takes
+    /// FPDUs (not after a Terminate, sent or received, nor after a completion of this
+    /// FPDU was lost).
+    pub(crate) fn receive_fpdu(&self, fpdu: &[u8]) -> bool {
+        let taken = {
+            let mut st = self.st.lock();
+            st.on_fpdu(&self.env(), fpdu)
+        };
+        let lost = self.drain();
+        taken && !lost
     }
 
     /// The rx thread: read the stream in large chunks and hand each FPDU to the

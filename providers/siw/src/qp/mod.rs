@@ -4,11 +4,21 @@
 //! (`terminate`), and the I/O shell with the two threads (`io`); this module holds the
 //! QP object, its life cycle and the verbs the RNIC-PI calls.
 //!
-//! Locking: `st` (protocol state) is held only briefly and never across socket I/O;
-//! `tx` serialises transmission (the tx thread, or a doorbell transmitting small requests
-//! inline without ever waiting for the socket); the rx thread only reads the socket and
-//! never writes to it, so two peers that both send large messages cannot deadlock on
-//! full TCP buffers.
+//! The protocol core (`state::State` with the requester, responder and terminate
+//! methods on it) does no I/O: it is fed FPDUs, posted work (through the rings it
+//! borrows) and the clock, and it leaves what to write (a batch in a buffer the caller
+//! passes), completions and events (`state::Output`) and its next deadline for its
+//! driver. The driver is `SiwQp` here and the threads in `io` (or `crate::sim`, or
+//! `crate::harness`).
+//!
+//! Locking: `st` (the core) is held only for one call into it, never across socket I/O
+//! nor while completions and events go out; `tx` is the send token, held by whoever
+//! writes (the tx thread, or a doorbell transmitting small requests inline without
+//! ever waiting for the socket), so one QP's writes never interleave mid-FPDU; `out` is
+//! the output token, held by whoever writes the core's completions and events, so they
+//! reach the CQs and the consumer in the order the core produced them whichever thread
+//! drains them. The rx thread only reads the socket and never writes to it, so two
+//! peers that both send large messages cannot deadlock on full TCP buffers.
 
 mod io;
 mod requester;
@@ -24,7 +34,7 @@ use io::{Mode, Tx};
 use parking_lot::{Condvar, Mutex};
 use rnicpi::soft::QpBase;
 use rnicpi::*;
-use state::{Conn, State, TermTx};
+use state::{Conn, Env, Output, State, TermTx};
 use std::collections::VecDeque;
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
@@ -37,6 +47,8 @@ pub struct SiwQp {
     st: Mutex<State>,
     cv: Condvar,
     tx: Mutex<Option<Tx>>,
+    /// The output token: held while the core's completions and events are written.
+    out: Mutex<()>,
     /// The same stream for closing it: never held across I/O, so an abortive close
     /// works while the tx thread is blocked writing to a stalled peer.
     ctl: Mutex<Option<Arc<dyn Llp>>>,
@@ -61,6 +73,7 @@ impl SiwQp {
             base: QpBase::new(qpn, init),
             dev,
             st: Mutex::new(State {
+                qpn,
                 qp: QpState::Reset,
                 attr: QpAttr {
                     access: DEFAULT_QP_ACCESS,
@@ -82,25 +95,69 @@ impl SiwQp {
                 cur_recv: None,
                 term: TermTx::None,
                 kick: false,
+                tx_cur: None,
+                out: VecDeque::new(),
+                wake: false,
             }),
             cv: Condvar::new(),
             tx: Mutex::new(None),
+            out: Mutex::new(()),
             ctl: Mutex::new(None),
             me: me.clone(),
         })
     }
 
-    fn set_state(&self, st: &mut State, to: QpState) {
-        if st.qp != to {
-            tracing::debug!(qpn = self.base.qpn, from = ?st.qp, ?to, "siw QP state");
-            st.qp = to;
+    /// What the core borrows for a call.
+    fn env(&self) -> Env<'_> {
+        Env {
+            base: &self.base,
+            mrs: &self.dev.res.mrs,
+            counters: &self.dev.counters,
         }
     }
 
-    fn set_conn(&self, st: &mut State, to: Conn) {
-        if st.conn != to {
-            tracing::debug!(qpn = self.base.qpn, from = ?st.conn, ?to, "siw connection state");
-            st.conn = to;
+    /// One call into the core under its lock; then its completions and events go out.
+    fn with_core<R>(&self, f: impl FnOnce(&mut State, &Env) -> R) -> R {
+        let r = f(&mut self.st.lock(), &self.env());
+        self.drain();
+        r
+    }
+
+    /// Write what the core left (completions to the CQs, events to the consumer) in its
+    /// order, and wake the tx thread if the core asked. A completion a CQ cannot take
+    /// (full, or its ring corrupt) is lost: counted, the CQ reports `CqError`, and the
+    /// core hears of it. Returns whether that moved the QP to Error.
+    fn drain(&self) -> bool {
+        let _token = self.out.lock();
+        let mut fatal = false;
+        loop {
+            let (batch, wake) = {
+                let mut st = self.st.lock();
+                (std::mem::take(&mut st.out), std::mem::take(&mut st.wake))
+            };
+            if wake {
+                self.cv.notify_all();
+            }
+            if batch.is_empty() {
+                return fatal;
+            }
+            for o in batch {
+                match o {
+                    Output::Cqe { send, cqe } => {
+                        if !self.base.push_cqe(send, cqe) {
+                            self.dev
+                                .counters
+                                .cq_overflows
+                                .fetch_add(1, Ordering::Relaxed);
+                            let mut st = self.st.lock();
+                            let live = st.qp != QpState::Error;
+                            st.cq_lost(&self.env());
+                            fatal |= live;
+                        }
+                    }
+                    Output::Event(ev) => self.base.sink.deliver(ev),
+                }
+            }
         }
     }
 
@@ -119,12 +176,12 @@ impl SiwQp {
             if st.conn.has_stream() || matches!(st.qp, QpState::Error) {
                 return Err(VerbsError::BadState);
             }
-            self.set_conn(&mut st, Conn::Up { hold_until: None });
+            st.set_conn(Conn::Up { hold_until: None });
             st.crc = crc;
             st.ird = ird.max(1);
             st.ord = ord.max(1);
             st.max_ulpdu = wire::max_ulpdu_for_mss(mss);
-            self.set_state(&mut st, QpState::Rts);
+            st.set_state(QpState::Rts);
         }
         *self.ctl.lock() = Some(llp.clone());
         *self.tx.lock() = Some(Tx::new(llp));
@@ -138,12 +195,12 @@ impl SiwQp {
     /// An active connect ended without attaching a stream (or with `Established` after
     /// `attach`): report `ev` on the QP.
     pub(crate) fn connect_done(&self, ev: Event) {
-        let mut st = self.st.lock();
-        if st.conn == Conn::Connecting {
-            self.set_conn(&mut st, Conn::Idle);
-        }
-        drop(st);
-        self.base.sink.deliver(ev);
+        self.with_core(|st, _| {
+            if st.conn == Conn::Connecting {
+                st.set_conn(Conn::Idle);
+            }
+            st.event(ev);
+        });
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -181,14 +238,14 @@ impl SiwQp {
                 return Err(VerbsError::BadState);
             }
             let before = st.conn;
-            self.set_conn(&mut st, Conn::Connecting);
+            st.set_conn(Conn::Connecting);
             before
         };
         let started = start();
         if started.is_err() {
             let mut st = self.st.lock();
             if st.conn == Conn::Connecting {
-                self.set_conn(&mut st, before);
+                st.set_conn(before);
             }
         }
         started
@@ -209,66 +266,34 @@ impl SiwQp {
         (ird, ord)
     }
 
-    /// Write a completion. A full CQ (or one whose ring the consumer corrupted) loses it:
-    /// counted, the CQ reports `CqError`, and this QP, which can no longer report its
-    /// work, goes to Error with a Terminate and `QpFatal` (as kernel siw does).
-    fn post_cqe(&self, st: &mut State, send: bool, cqe: Cqe) {
-        if self.base.push_cqe(send, cqe) {
-            return;
-        }
-        self.dev
-            .counters
-            .cq_overflows
-            .fetch_add(1, Ordering::Relaxed);
-        if st.qp != QpState::Error {
-            rnicpi::warn_limited!(qpn = self.base.qpn, "siw QP lost a completion: CQ overflow");
-            self.terminate_locked(st, CQ_OVERFLOW, None);
-            self.base
-                .sink
-                .deliver(Event::new(EventKind::QpFatal).with_status(libc::EOVERFLOW));
-        }
-    }
-
-    /// The consumer corrupted the index of one of the QP's rings: the QP is in Error
-    /// already; count it and tell the consumer.
-    fn ring_corrupt(&self, which: &'static str) {
-        RingStats::count(&self.base.stats.wq_corrupt);
-        rnicpi::warn_limited!(
-            qpn = self.base.qpn,
-            which,
-            "siw ring indices corrupt: QP in error"
-        );
-        self.base
-            .sink
-            .deliver(Event::new(EventKind::QpFatal).with_status(libc::EIO));
-    }
-
     /// The connection ended (EOF, reset, or a write failure).
     pub(crate) fn connection_lost(&self, eof: bool) {
-        let mut st = self.st.lock();
-        let was_error = st.qp == QpState::Error;
-        let kind = if eof || st.conn.closed_locally() {
-            EventKind::Disconnected
-        } else {
-            EventKind::ConnectionBroken
-        };
-        let first = st.conn != Conn::Closed;
-        self.set_conn(&mut st, Conn::Closed);
-        st.term = TermTx::None;
-        self.to_error(&mut st);
-        drop(st);
+        {
+            let mut st = self.st.lock();
+            let was_error = st.qp == QpState::Error;
+            let kind = if eof || st.conn.closed_locally() {
+                EventKind::Disconnected
+            } else {
+                EventKind::ConnectionBroken
+            };
+            let first = st.conn != Conn::Closed;
+            st.set_conn(Conn::Closed);
+            st.term = TermTx::None;
+            st.enter_error(&self.env());
+            if first {
+                tracing::info!(
+                    qpn = self.base.qpn,
+                    ?kind,
+                    was_error,
+                    "siw connection closed"
+                );
+                st.event(Event::new(kind));
+            }
+        }
         if let Some(s) = self.ctl.lock().as_ref() {
             s.shutdown(Shutdown::Both);
         }
-        if first {
-            tracing::info!(
-                qpn = self.base.qpn,
-                ?kind,
-                was_error,
-                "siw connection closed"
-            );
-            self.base.sink.deliver(Event::new(kind));
-        }
+        self.drain();
     }
 
     /// Close locally: orderly (a FIN once the send queue has drained) or abortive (a TCP
@@ -282,7 +307,7 @@ impl SiwQp {
                 c if c.has_stream() => Conn::Aborted,
                 c => c,
             };
-            self.set_conn(&mut st, to);
+            st.set_conn(to);
             if !abortive {
                 self.cv.notify_all();
                 return;
@@ -294,8 +319,7 @@ impl SiwQp {
         if let Some(s) = self.ctl.lock().as_ref() {
             s.abort();
         }
-        let mut st = self.st.lock();
-        self.to_error(&mut st);
+        self.with_core(|st, env| st.enter_error(env));
     }
 }
 
@@ -338,7 +362,7 @@ impl ProviderQp for SiwQp {
                     return Ok(());
                 }
                 QpState::Reset if st.conn.has_stream() => return Err(VerbsError::BadState),
-                _ => self.set_state(&mut st, to),
+                _ => st.set_state(to),
             }
         }
         Ok(())
@@ -353,14 +377,17 @@ impl ProviderQp for SiwQp {
     }
 
     fn doorbell(&self) {
-        {
-            let mut st = self.st.lock();
+        let in_error = self.with_core(|st, env| {
             if st.qp == QpState::Error {
                 // Work posted to a QP in Error completes flushed right away.
-                self.to_error(&mut st);
-                return;
+                st.enter_error(env);
+                return true;
             }
             st.kick = true;
+            false
+        });
+        if in_error {
+            return;
         }
         // Small requests go out inline in the caller's thread while the socket takes
         // them; nothing here ever waits for the socket or for the tx thread.
@@ -387,10 +414,10 @@ impl ProviderQp for SiwQp {
             self.begin_close(true);
         }
         // Destroyed: no event about the connection any more.
-        let mut st = self.st.lock();
-        self.set_conn(&mut st, Conn::Closed);
-        self.to_error(&mut st);
-        drop(st);
+        self.with_core(|st, env| {
+            st.set_conn(Conn::Closed);
+            st.enter_error(env);
+        });
         *self.tx.lock() = None;
         *self.ctl.lock() = None;
     }

@@ -2,37 +2,30 @@
 //! QP's and the registration's rights), then placed (RDMA Write, Read Response), matched
 //! to a posted receive (Send), or queued for an answer (Read Request).
 
-use super::requester::TX_BATCH;
-use super::state::Conn;
-use super::state::{next_offset, RecvInProgress};
+use super::requester::{After, ResponseTx, Transmit, TxCursor, TX_BATCH};
+use super::state::{next_offset, Conn, Env, RecvInProgress, State};
 use super::*;
 use crate::orq::Placement;
 use crate::wire::{ddp, Header, Model, Opcode, ReadRequest};
 
-impl SiwQp {
+impl State {
+    /// The next batch of a Read Response from offset `off`, emitted into `out`: up to
+    /// [`TX_BATCH`] bytes, or the rest (the response then frees its IRD slot: the peer
+    /// may send its next Read Request the moment it has the last FPDUs). None when the
+    /// response was given up: the QP failed meanwhile (so the Terminate queued behind it
+    /// goes out without waiting for the rest), or its source failed a check (this
+    /// queues a Terminate).
     pub(super) fn emit_read_response(
-        &self,
+        &mut self,
+        env: &Env,
         out: &mut Vec<u8>,
-        rr: &ReadRequest,
-        crc: bool,
-        max_ulpdu: usize,
-        flush: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>,
-    ) -> Result<std::io::Result<()>, TermCode> {
-        let region = if rr.size > 0 {
-            Some(
-                self.dev
-                    .res
-                    .mrs
-                    .lookup(rr.src_stag)
-                    .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?,
-            )
-        } else {
-            None
-        };
-        let chunk = (max_ulpdu - Opcode::ReadResponse.header_len()) as u64;
+        mut r: ResponseTx,
+    ) -> Option<Transmit> {
+        let (rr, crc) = (r.rr, r.crc);
+        let chunk = (r.mtu - Opcode::ReadResponse.header_len()) as u64;
         let total = rr.size as u64;
-        let mut off = 0u64;
         loop {
+            let off = r.off;
             let n = (total - off).min(chunk);
             let start = wire::begin_fpdu(out);
             let h = Header {
@@ -45,30 +38,39 @@ impl SiwQp {
             };
             h.emit(wire::grow(out, h.buffer_len()));
             let payload = wire::grow(out, n as usize);
-            if let Some(r) = &region {
-                r.read(self.base.pd, rr.src_to + off, payload, Access::REMOTE_READ)
-                    .map_err(access_term)?;
+            let read = match &r.region {
+                Some(src) => src
+                    .read(env.base.pd, rr.src_to + off, payload, Access::REMOTE_READ)
+                    .map_err(access_term),
+                None => Ok(()),
+            };
+            let framed = read.and_then(|_| {
+                wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
+                    layer: term::LAYER_RDMAP,
+                    etype: term::RDMAP_REMOTE_OP,
+                    ecode: term::RDMAP_CATASTROPHIC_LOCAL,
+                })
+            });
+            if let Err(code) = framed {
+                out.clear();
+                self.responding = self.responding.saturating_sub(1);
+                self.fail(env, code, None);
+                return None;
             }
-            wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
-                layer: term::LAYER_RDMAP,
-                etype: term::RDMAP_REMOTE_OP,
-                ecode: term::RDMAP_CATASTROPHIC_LOCAL,
-            })?;
-            self.dev.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
-            off += n;
-            if off >= total {
-                return Ok(Ok(()));
+            env.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);
+            r.off += n;
+            if r.off >= total {
+                self.responding = self.responding.saturating_sub(1);
+                return Some(Transmit::Write(After::Nothing));
             }
             if out.len() >= TX_BATCH {
-                if self.st.lock().qp != QpState::Rts {
-                    // The QP failed meanwhile: abandon the response so the Terminate
-                    // queued behind it goes out without waiting for the rest.
+                if self.qp != QpState::Rts {
                     out.clear();
-                    return Ok(Ok(()));
+                    self.responding = self.responding.saturating_sub(1);
+                    return None;
                 }
-                if let Err(e) = flush(out) {
-                    return Ok(Err(e));
-                }
+                self.tx_cur = Some(TxCursor::Response(r));
+                return Some(Transmit::Write(After::Nothing));
             }
         }
     }
@@ -76,21 +78,16 @@ impl SiwQp {
     /// Process one whole FPDU from the peer: check its framing and CRC, then place or
     /// queue what it carries; on any violation queue a Terminate and go to Error.
     /// Returns whether the QP still takes FPDUs.
-    pub(crate) fn receive_fpdu(&self, fpdu: &[u8]) -> bool {
-        let (crc, access) = {
-            let st = self.st.lock();
-            (st.crc, st.attr.access)
-        };
-        self.dev.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
-        self.dev
-            .counters
+    pub(super) fn on_fpdu(&mut self, env: &Env, fpdu: &[u8]) -> bool {
+        env.counters.rx_fpdus.fetch_add(1, Ordering::Relaxed);
+        env.counters
             .rx_bytes
             .fetch_add(fpdu.len() as u64, Ordering::Relaxed);
-        let u = match wire::check_fpdu(fpdu, crc) {
+        let u = match wire::check_fpdu(fpdu, self.crc) {
             Ok(u) => u,
             Err(e) => {
                 if e == wire::Error::BadCrc {
-                    self.dev.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
+                    env.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
                 }
                 let ecode = if e == wire::Error::BadCrc {
                     term::LLP_CRC
@@ -98,6 +95,7 @@ impl SiwQp {
                     term::LLP_BAD_FPDU
                 };
                 self.fail(
+                    env,
                     TermCode {
                         layer: term::LAYER_LLP,
                         etype: 0,
@@ -108,26 +106,25 @@ impl SiwQp {
                 return false;
             }
         };
-        if let Err(code) = self.on_ulpdu(u, access) {
-            self.dev.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
-            self.fail(code, Some(&u[..u.len().min(ddp::UNTAGGED_HEADER_LEN)]));
+        if let Err(code) = self.on_ulpdu(env, u) {
+            env.counters.bad_fpdus.fetch_add(1, Ordering::Relaxed);
+            self.fail(env, code, Some(&u[..u.len().min(ddp::UNTAGGED_HEADER_LEN)]));
             return false;
         }
-        let mut st = self.st.lock();
         if let Conn::Up {
             hold_until: hold @ Some(_),
-        } = &mut st.conn
+        } = &mut self.conn
         {
             *hold = None;
             // The Initiator's first FPDU: ours may follow now.
-            st.kick = true;
-            self.cv.notify_all();
+            self.kick();
         }
-        st.qp != QpState::Error
+        self.qp != QpState::Error
     }
 
-    /// One ULPDU, under the QP's access flags `access`.
-    pub(super) fn on_ulpdu(&self, u: &[u8], access: Access) -> Result<(), TermCode> {
+    /// One ULPDU, under the QP's access flags.
+    fn on_ulpdu(&mut self, env: &Env, u: &[u8]) -> Result<(), TermCode> {
+        let access = self.attr.access;
         let (h, payload) = Header::parse_bytes(u).map_err(|e| match e {
             wire::Error::BadDdpVersion => TermCode {
                 layer: term::LAYER_DDP,
@@ -159,41 +156,32 @@ impl SiwQp {
         match (h.opcode, h.model) {
             (Opcode::Write, Model::Tagged { stag, to }) => {
                 require_qp_access(access, Access::REMOTE_WRITE)?;
-                self.place_tagged(stag, to, payload, Access::REMOTE_WRITE)
+                place_tagged(env, stag, to, payload, Access::REMOTE_WRITE)
             }
             (Opcode::ReadResponse, Model::Tagged { stag, to }) => {
-                self.on_read_response(stag, to, h.last, payload)
+                self.on_read_response(env, stag, to, h.last, payload)
             }
             (
                 op,
                 Model::Untagged {
                     inv_stag, msn, mo, ..
                 },
-            ) if op.is_send() => self.place_send(op, h.last, inv_stag, msn, mo, payload),
+            ) if op.is_send() => self.place_send(env, op, h.last, inv_stag, msn, mo, payload),
             (Opcode::ReadRequest, Model::Untagged { msn, mo, .. }) => {
                 require_qp_access(access, Access::REMOTE_READ)?;
-                self.on_read_request(h.last, msn, mo, payload)
+                self.on_read_request(env, h.last, msn, mo, payload)
             }
             (Opcode::Terminate, _) => {
                 let code = term::Packet::new_checked(payload)
                     .and_then(|p| term::Repr::parse(&p))
                     .map(|t| t.code)
                     .ok();
-                rnicpi::warn_limited!(
-                    qpn = self.base.qpn,
-                    ?code,
-                    "siw peer terminated the connection"
-                );
-                self.dev
-                    .counters
+                rnicpi::warn_limited!(qpn = self.qpn, ?code, "siw peer terminated the connection");
+                env.counters
                     .terminates_received
                     .fetch_add(1, Ordering::Relaxed);
-                let mut st = self.st.lock();
-                self.to_error(&mut st);
-                drop(st);
-                self.base
-                    .sink
-                    .deliver(Event::new(EventKind::QpFatal).with_status(libc::ECONNABORTED));
+                self.enter_error(env);
+                self.event(Event::new(EventKind::QpFatal).with_status(libc::ECONNABORTED));
                 Ok(())
             }
             _ => Err(TermCode {
@@ -204,58 +192,38 @@ impl SiwQp {
         }
     }
 
-    pub(super) fn place_tagged(
-        &self,
-        stag: u32,
-        to: u64,
-        data: &[u8],
-        need: Access,
-    ) -> Result<(), TermCode> {
-        if data.is_empty() {
-            return Ok(()); // zero-length: nothing is placed, no STag is checked
-        }
-        let r = self
-            .dev
-            .res
-            .mrs
-            .lookup(stag)
-            .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
-        r.write(self.base.pd, to, data, need).map_err(access_term)
-    }
-
     /// A Read Response segment: accepted only as the next bytes of the oldest
     /// outstanding read (checked by the ORQ before anything is placed), placed into that
     /// read's sink, and the read completed with its last segment.
-    pub(super) fn on_read_response(
-        &self,
+    fn on_read_response(
+        &mut self,
+        env: &Env,
         stag: u32,
         to: u64,
         last: bool,
         data: &[u8],
     ) -> Result<(), TermCode> {
-        let p: Placement = self.st.lock().orq.check(stag, to, data.len(), last)?;
-        // Placed without the state lock: only this thread consumes the ORQ's front, and
-        // a queue cleared meanwhile (QP to Error) ignores the placement below.
-        self.place_tagged(p.stag, p.to, data, Access::LOCAL_WRITE)?;
-        let mut st = self.st.lock();
-        if st.orq.advance(&p).is_none() || st.qp != QpState::Rts {
+        let p: Placement = self.orq.check(stag, to, data.len(), last)?;
+        place_tagged(env, p.stag, p.to, data, Access::LOCAL_WRITE)?;
+        if self.orq.advance(&p).is_none() || self.qp != QpState::Rts {
             return Ok(());
         }
-        if let Some(f) = st
+        if let Some(f) = self
             .inflight
             .iter_mut()
             .find(|f| !f.done && f.wqe.opcode() == Some(WrOpcode::RdmaRead))
         {
             f.done = true;
         }
-        self.complete_in_order(&mut st);
-        st.kick = true; // an ORD slot is free
-        self.cv.notify_all();
+        self.complete_in_order(env);
+        self.kick(); // an ORD slot is free
         Ok(())
     }
 
-    pub(super) fn place_send(
-        &self,
+    #[allow(clippy::too_many_arguments)]
+    fn place_send(
+        &mut self,
+        env: &Env,
         op: Opcode,
         last: bool,
         inv_stag: u32,
@@ -268,81 +236,60 @@ impl SiwQp {
             etype: term::DDP_UNTAGGED_BUF,
             ecode,
         };
-        let mut st = self.st.lock();
-        if msn != st.rx_msn_send {
+        if msn != self.rx_msn_send {
             return Err(untagged(term::DDP_UNTAGGED_INV_MSN));
         }
-        if st.cur_recv.is_none() {
+        if self.cur_recv.is_none() {
             if mo != 0 {
                 return Err(untagged(term::DDP_UNTAGGED_INV_MO));
             }
             // A corrupt receive ring (counted by the base) is a missing buffer too: the
             // Terminate moves the QP to Error.
-            let Some(w) = self.base.take_recv().ok().flatten() else {
+            let Some(w) = env.base.take_recv().ok().flatten() else {
                 return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
             };
-            st.cur_recv = Some(RecvInProgress {
+            self.cur_recv = Some(RecvInProgress {
                 total: w.total_len(),
                 wqe: w,
                 received: 0,
             });
         }
-        let Some(rip) = st.cur_recv.as_mut() else {
+        let Some(rip) = self.cur_recv.as_mut() else {
             return Err(untagged(term::DDP_UNTAGGED_NO_BUF));
         };
         let end = next_offset(rip, mo, data.len())?;
         // Scatter into the receive's SGEs starting at message offset `mo`.
-        self.dev
-            .res
-            .mrs
-            .scatter(self.base.pd, rip.wqe.sges(), mo.into(), data)
+        env.mrs
+            .scatter(env.base.pd, rip.wqe.sges(), mo.into(), data)
             .map_err(|_| untagged(term::DDP_UNTAGGED_NO_BUF))?;
         rip.received = end;
         if !last {
             return Ok(());
         }
-        let Some(rip) = st.cur_recv.take() else {
+        let Some(rip) = self.cur_recv.take() else {
             return Ok(());
         };
-        st.rx_msn_send = st.rx_msn_send.wrapping_add(1);
-        let mut cqe = self.base.cqe(&rip.wqe, WcStatus::Success, rip.received);
+        self.rx_msn_send = self.rx_msn_send.wrapping_add(1);
+        let mut cqe = env.base.cqe(&rip.wqe, WcStatus::Success, rip.received);
         if op.solicited() {
             cqe.flags |= wc_flags::SOLICITED;
         }
         if op.invalidates() {
-            if let Err(code) = self.remote_invalidate(inv_stag) {
+            if let Err(code) = remote_invalidate(env, inv_stag) {
                 cqe.status = WcStatus::RemInvReqErr as u8;
-                self.post_cqe(&mut st, false, cqe);
+                self.post_cqe(false, cqe);
                 return Err(code);
             }
             cqe.flags |= wc_flags::WITH_INV;
             cqe.imm_or_inv = inv_stag;
         }
-        self.post_cqe(&mut st, false, cqe);
+        self.post_cqe(false, cqe);
         Ok(())
     }
 
-    /// Send with Invalidate: the peer may invalidate only what it was given remote
-    /// access to — a memory window, or a registration with remote rights — of this
-    /// QP's protection domain (`docs/security.md`, M6). A local-only buffer (a receive
-    /// buffer, a Read sink) cannot be taken away from the consumer by a peer.
-    pub(super) fn remote_invalidate(&self, stag: u32) -> Result<(), TermCode> {
-        let refused = TermCode {
-            layer: term::LAYER_RDMAP,
-            etype: term::RDMAP_REMOTE_PROT,
-            ecode: term::RDMAP_CANNOT_INVALIDATE,
-        };
-        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        let r = self.dev.res.mrs.lookup(stag).map_err(|_| refused)?;
-        if r.pd != self.base.pd || !(r.is_window() || r.access.intersects(remote)) {
-            return Err(refused);
-        }
-        r.invalidate();
-        Ok(())
-    }
-
-    pub(super) fn on_read_request(
-        &self,
+    fn on_read_request(
+        &mut self,
+        env: &Env,
         last: bool,
         msn: u32,
         mo: u32,
@@ -355,14 +302,13 @@ impl SiwQp {
         };
         let rr =
             ReadRequest::parse_bytes(payload).map_err(|_| untagged(term::DDP_UNTAGGED_TOO_LONG))?;
-        let mut st = self.st.lock();
-        if msn != st.rx_msn_read {
+        if msn != self.rx_msn_read {
             return Err(untagged(term::DDP_UNTAGGED_INV_MSN));
         }
         if mo != 0 || !last {
             return Err(untagged(term::DDP_UNTAGGED_INV_MO));
         }
-        if st.responses.len() as u32 + st.responding >= st.ird {
+        if self.responses.len() as u32 + self.responding >= self.ird {
             return Err(TermCode {
                 layer: term::LAYER_RDMAP,
                 etype: term::RDMAP_REMOTE_OP,
@@ -370,21 +316,52 @@ impl SiwQp {
             });
         }
         if rr.size > 0 {
-            let r = self.dev.res.mrs.lookup(rr.src_stag).map_err(|_| TermCode {
+            let r = env.mrs.lookup(rr.src_stag).map_err(|_| TermCode {
                 layer: term::LAYER_RDMAP,
                 etype: term::RDMAP_REMOTE_PROT,
                 ecode: term::RDMAP_INV_STAG,
             })?;
-            r.check(self.base.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ)
+            r.check(env.base.pd, rr.src_to, rr.size as u64, Access::REMOTE_READ)
                 .map_err(access_term_rdmap)?;
         }
-        st.rx_msn_read = st.rx_msn_read.wrapping_add(1);
-        st.responses.push_back(rr);
-        st.kick = true;
-        self.cv.notify_all();
+        self.rx_msn_read = self.rx_msn_read.wrapping_add(1);
+        self.responses.push_back(rr);
+        self.kick();
         Ok(())
     }
 }
+
+/// Place tagged data at `(stag, to)` with the right `need`.
+fn place_tagged(env: &Env, stag: u32, to: u64, data: &[u8], need: Access) -> Result<(), TermCode> {
+    if data.is_empty() {
+        return Ok(()); // zero-length: nothing is placed, no STag is checked
+    }
+    let r = env
+        .mrs
+        .lookup(stag)
+        .map_err(|_| tagged_err(term::DDP_TAGGED_INV_STAG))?;
+    r.write(env.base.pd, to, data, need).map_err(access_term)
+}
+
+/// Send with Invalidate: the peer may invalidate only what it was given remote
+/// access to — a memory window, or a registration with remote rights — of this
+/// QP's protection domain (`docs/security.md`, M6). A local-only buffer (a receive
+/// buffer, a Read sink) cannot be taken away from the consumer by a peer.
+fn remote_invalidate(env: &Env, stag: u32) -> Result<(), TermCode> {
+    let refused = TermCode {
+        layer: term::LAYER_RDMAP,
+        etype: term::RDMAP_REMOTE_PROT,
+        ecode: term::RDMAP_CANNOT_INVALIDATE,
+    };
+    let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    let r = env.mrs.lookup(stag).map_err(|_| refused)?;
+    if r.pd != env.base.pd || !(r.is_window() || r.access.intersects(remote)) {
+        return Err(refused);
+    }
+    r.invalidate();
+    Ok(())
+}
+
 /// The QP's own access flags must allow an incoming RDMA Write or Read at all, whatever
 /// the registration it names would allow (RFC 5040: access violation).
 fn require_qp_access(access: Access, need: Access) -> Result<(), TermCode> {
@@ -399,7 +376,7 @@ fn require_qp_access(access: Access, need: Access) -> Result<(), TermCode> {
     }
 }
 
-fn tagged_err(ecode: u8) -> TermCode {
+pub(super) fn tagged_err(ecode: u8) -> TermCode {
     TermCode {
         layer: term::LAYER_DDP,
         etype: term::DDP_TAGGED_BUF,

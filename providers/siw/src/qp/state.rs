@@ -1,10 +1,33 @@
-//! The protocol state of a QP, held under its `st` lock.
+//! The protocol core of a QP, held under its `st` lock: its state, what it takes from
+//! the device for the length of one call ([`Env`]), and what it leaves for its driver
+//! ([`Output`]).
 
+use super::requester::TxCursor;
+use crate::device::Counters;
 use crate::orq::Orq;
 use crate::wire::{term, ReadRequest, TermCode};
-use rnicpi::{QpAttr, QpState, Wqe};
+use rnicpi::soft::QpBase;
+use rnicpi::{Cqe, Event, MrTable, QpAttr, QpState, Wqe};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+/// What the core borrows from its device and QP for one call: the rings (posted work
+/// in, flushed work out), the registrations it places into and gathers from, and the
+/// counters. Never the CQs, the event sink or the stream: those are the driver's.
+pub(super) struct Env<'a> {
+    pub(super) base: &'a QpBase,
+    pub(super) mrs: &'a MrTable,
+    pub(super) counters: &'a Counters,
+}
+
+/// What the core leaves for its driver to do once the state lock is released, in order:
+/// a completion to write to the send (`send`) or receive CQ, or an event for the
+/// consumer.
+#[derive(Debug)]
+pub(super) enum Output {
+    Cqe { send: bool, cqe: Cqe },
+    Event(Event),
+}
 
 /// A send-queue request taken from the ring, until it completes.
 pub(super) struct Inflight {
@@ -44,6 +67,7 @@ pub(super) fn next_offset(rip: &RecvInProgress, mo: u32, len: usize) -> Result<u
 }
 
 pub(super) struct State {
+    pub(super) qpn: u32,
     /// The verbs state the consumer sees.
     pub(super) qp: QpState,
     /// The life of the connection under it.
@@ -66,6 +90,71 @@ pub(super) struct State {
     pub(super) term: TermTx,
     /// The tx thread has work (the doorbell, a Read Request, a freed ORD slot).
     pub(super) kick: bool,
+    /// The message being transmitted, as far as it has gone out.
+    pub(super) tx_cur: Option<TxCursor>,
+    /// Completions and events for the driver, oldest first.
+    pub(super) out: VecDeque<Output>,
+    /// The tx thread should look at the state again (its condition variable).
+    pub(super) wake: bool,
+}
+
+impl State {
+    pub(super) fn set_state(&mut self, to: QpState) {
+        if self.qp != to {
+            tracing::debug!(qpn = self.qpn, from = ?self.qp, ?to, "siw QP state");
+            self.qp = to;
+        }
+    }
+
+    pub(super) fn set_conn(&mut self, to: Conn) {
+        if self.conn != to {
+            tracing::debug!(qpn = self.qpn, from = ?self.conn, ?to, "siw connection state");
+            self.conn = to;
+        }
+    }
+
+    /// A completion for the driver to write.
+    pub(super) fn post_cqe(&mut self, send: bool, cqe: Cqe) {
+        self.out.push_back(Output::Cqe { send, cqe });
+    }
+
+    /// An event for the driver to deliver.
+    pub(super) fn event(&mut self, ev: Event) {
+        self.out.push_back(Output::Event(ev));
+    }
+
+    /// Work for the tx thread.
+    pub(super) fn kick(&mut self) {
+        self.kick = true;
+        self.wake = true;
+    }
+
+    /// Nothing the tx thread does waits for the Responder's hold: a Terminate, a close
+    /// or a QP out of RTS.
+    fn tx_busy(&self) -> bool {
+        self.term.pending() || self.conn.winding_down() || self.qp != QpState::Rts
+    }
+
+    /// The core's next deadline: the end of the hold on our first FPDU.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.conn.hold().filter(|_| !self.tx_busy())
+    }
+
+    /// The clock reached `now`: a hold whose time is up ends. True when it did (our
+    /// first FPDU may go).
+    pub(super) fn handle_timeout(&mut self, now: Instant) -> bool {
+        if self.poll_timeout().is_some_and(|t| now >= t) {
+            self.conn = Conn::Up { hold_until: None };
+            tracing::debug!(qpn = self.qpn, "siw responder wait over");
+            return true;
+        }
+        false
+    }
+
+    /// The tx thread has something to do now (no hold in the way).
+    pub(super) fn tx_ready(&self) -> bool {
+        self.poll_timeout().is_none() && (self.kick || self.tx_busy() || !self.responses.is_empty())
+    }
 }
 
 /// The life of a QP's connection (its LLP stream), beside the verbs state: Linux siw's

@@ -1,27 +1,27 @@
 //! The way into Error: a Terminate for a locally detected protocol error (RFC 5040
 //! §7), and the flush of both queues that every path into Error ends with.
 
-use super::state::TermTx;
+use super::state::{Env, State, TermTx};
 use super::*;
 use crate::wire::{ddp, Header, Model, Opcode};
 
-impl SiwQp {
+impl State {
     /// Move to Error: flush the send and receive queues with `WrFlushErr`. A request
     /// the transmitter is still writing, and everything behind it in the send queue,
     /// waits: the transmitter settles it (sent, or failed) and flushes again, so
     /// completions stay in order and nothing sent is reported as flushed.
-    pub(super) fn to_error(&self, st: &mut State) {
-        self.set_state(st, QpState::Error);
-        self.cv.notify_all();
-        st.orq.clear();
-        st.responses.clear();
+    pub(super) fn enter_error(&mut self, env: &Env) {
+        self.set_state(QpState::Error);
+        self.wake = true;
+        self.orq.clear();
+        self.responses.clear();
         let mut sq_flushed = true;
-        while let Some(f) = st.inflight.front() {
+        while let Some(f) = self.inflight.front() {
             if !f.sent {
                 sq_flushed = false;
                 break;
             }
-            let Some(f) = st.inflight.pop_front() else {
+            let Some(f) = self.inflight.pop_front() else {
                 break;
             };
             let status = if f.done {
@@ -35,32 +35,37 @@ impl SiwQp {
                 } else {
                     0
                 };
-                self.post_cqe(st, true, self.base.cqe(&f.wqe, status, len));
+                self.post_cqe(true, env.base.cqe(&f.wqe, status, len));
             }
         }
         if sq_flushed {
-            self.base.flush_send(|c| self.post_cqe(st, true, c));
+            env.base.flush_send(|c| self.post_cqe(true, c));
         }
-        let current = st.cur_recv.take().map(|r| r.wqe);
-        self.base
-            .flush_recv(current, |c| self.post_cqe(st, false, c));
+        let current = self.cur_recv.take().map(|r| r.wqe);
+        let mut last_wqe = None;
+        env.base.flush_recv_with(
+            current,
+            |c| self.post_cqe(false, c),
+            |ev| last_wqe = Some(ev),
+        );
+        if let Some(ev) = last_wqe {
+            self.event(ev);
+        }
     }
 
     /// A protocol error detected locally: queue a Terminate, go to Error, tell the consumer.
-    pub(super) fn fail(&self, code: TermCode, hdr: Option<&[u8]>) {
-        let mut st = self.st.lock();
-        if st.qp == QpState::Error {
+    pub(super) fn fail(&mut self, env: &Env, code: TermCode, hdr: Option<&[u8]>) {
+        if self.qp == QpState::Error {
             return;
         }
         rnicpi::warn_limited!(
-            qpn = self.base.qpn,
+            qpn = self.qpn,
             layer = code.layer,
             etype = code.etype,
             ecode = code.ecode,
             "siw QP terminating"
         );
-        self.terminate_locked(&mut st, code, hdr);
-        drop(st);
+        self.terminate(env, code, hdr);
         let kind = match code.etype {
             term::RDMAP_REMOTE_PROT if code.layer == term::LAYER_RDMAP => EventKind::QpAccessError,
             _ if code.layer == term::LAYER_DDP && code.etype == term::DDP_TAGGED_BUF => {
@@ -68,20 +73,38 @@ impl SiwQp {
             }
             _ => EventKind::QpFatal,
         };
-        self.base
-            .sink
-            .deliver(Event::new(kind).with_status(libc::EPROTO));
-        self.cv.notify_all();
+        self.event(Event::new(kind).with_status(libc::EPROTO));
+        self.wake = true;
+    }
+
+    /// The driver lost a completion of this QP (its CQ is full, or its ring corrupt):
+    /// the QP can no longer report its work, so it goes to Error with a Terminate and
+    /// `QpFatal` (as kernel siw does).
+    pub(super) fn cq_lost(&mut self, env: &Env) {
+        if self.qp != QpState::Error {
+            rnicpi::warn_limited!(qpn = self.qpn, "siw QP lost a completion: CQ overflow");
+            self.terminate(env, CQ_OVERFLOW, None);
+            self.event(Event::new(EventKind::QpFatal).with_status(libc::EOVERFLOW));
+        }
+    }
+
+    /// The consumer corrupted the index of one of the QP's rings: the QP is in Error
+    /// already; count it and tell the consumer.
+    pub(super) fn ring_corrupt(&mut self, env: &Env, which: &'static str) {
+        RingStats::count(&env.base.stats.wq_corrupt);
+        rnicpi::warn_limited!(
+            qpn = self.qpn,
+            which,
+            "siw ring indices corrupt: QP in error"
+        );
+        self.event(Event::new(EventKind::QpFatal).with_status(libc::EIO));
     }
 
     /// Queue a Terminate with `code` (and the offending DDP header) for the tx thread to
     /// send as the connection's last FPDU, and move to Error.
-    pub(super) fn terminate_locked(&self, st: &mut State, code: TermCode, hdr: Option<&[u8]>) {
-        if st.conn.has_stream() {
-            self.dev
-                .counters
-                .terminates_sent
-                .fetch_add(1, Ordering::Relaxed);
+    pub(super) fn terminate(&mut self, env: &Env, code: TermCode, hdr: Option<&[u8]>) {
+        if self.conn.has_stream() {
+            env.counters.terminates_sent.fetch_add(1, Ordering::Relaxed);
             let mut t = Vec::with_capacity(64);
             let start = wire::begin_fpdu(&mut t);
             let h = Header {
@@ -107,9 +130,9 @@ impl SiwQp {
             if let Some(h) = hdr {
                 t.extend_from_slice(&h[..h.len().min(ddp::UNTAGGED_HEADER_LEN)]);
             }
-            let _ = wire::finish_fpdu(&mut t, start, st.crc);
-            st.term = TermTx::Queued(t);
+            let _ = wire::finish_fpdu(&mut t, start, self.crc);
+            self.term = TermTx::Queued(t);
         }
-        self.to_error(st);
+        self.enter_error(env);
     }
 }
