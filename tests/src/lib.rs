@@ -703,3 +703,22 @@ pub fn tcp_listener(port: u16) -> Option<u64> {
         })
     })
 }
+
+/// A TCP port for an SDP socket that nothing uses now: the kernel's pick for a socket
+/// bound to port 0, and the port 10000 above it (where siw0's SDP listener for it
+/// listens) free too. Numbers derived from the test's pid collided with other tests'
+/// ephemeral ports.
+pub fn free_sdp_port() -> u16 {
+    for _ in 0..100 {
+        let Ok(l) = std::net::TcpListener::bind("0.0.0.0:0") else {
+            continue;
+        };
+        let p = l.local_addr().expect("a bound port").port();
+        if p.checked_add(10000)
+            .is_some_and(|q| std::net::TcpListener::bind(("0.0.0.0", q)).is_ok())
+        {
+            return p;
+        }
+    }
+    panic!("no free TCP port pair for SDP");
+}

@@ -55,9 +55,10 @@ fn mix(device: &str) {
         "cc: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let base =
-        30000 + (std::process::id() % 1000) as u16 * 10 + if device == "rxe0" { 5 } else { 0 };
-    let (a, b) = (base, base + 1);
+    let a = krdma_tests::free_sdp_port();
+    let b = std::iter::repeat_with(krdma_tests::free_sdp_port)
+        .find(|&b| b != a)
+        .unwrap();
     let policy = dir.join("sdp.conf");
     std::fs::write(
         &policy,

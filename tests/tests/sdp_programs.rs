@@ -243,14 +243,8 @@ fn server_ip(s: &End) -> IpAddr {
     }
 }
 
-/// A TCP port nothing uses: the kernel's pick for a socket bound to port 0, closed again.
-/// (Numbers derived from the test's pid collided between the test processes that run side
-/// by side: a server that could not bind exited before it listened.)
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free TCP port")
-        .port()
+    krdma_tests::free_sdp_port()
 }
 
 // ---------------------------------------------------------------------------------------
