@@ -27,6 +27,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod bridges;
+mod listening;
 mod real;
 mod table;
 
