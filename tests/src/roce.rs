@@ -177,9 +177,49 @@ pub struct CmWatch {
     addr: Ipv4Addr,
 }
 
+/// A classic BPF program for an `IPPROTO_UDP` raw socket: keep the datagrams to UDP port
+/// 4791 from or to `addr`, drop the rest (a raw socket otherwise queues every datagram of
+/// the host, and other tests' RoCE streams overflowed its queue: a watched REQ was lost).
+fn cm_watch_filter(addr: Ipv4Addr) -> [libc::sock_filter; 9] {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const LDX_MSH: u16 = (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16;
+    const LDH_IND: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let a = u32::from(addr);
+    [
+        f(LD_W_ABS, 0, 0, 12), // A = IPv4 source
+        f(JEQ, 2, 0, a),       // ours: check the port
+        f(LD_W_ABS, 0, 0, 16), // A = IPv4 destination
+        f(JEQ, 0, 4, a),       // not ours either: drop
+        f(LDX_MSH, 0, 0, 0),   // X = IP header length
+        f(LDH_IND, 0, 0, 2),   // A = UDP destination port
+        f(JEQ, 0, 1, u32::from(rxe::wire::ROCEV2_UDP_PORT)),
+        f(RET, 0, 0, 0xffff),
+        f(RET, 0, 0, 0),
+    ]
+}
+
 impl CmWatch {
     pub fn new(addr: Ipv4Addr) -> CmWatch {
         let raw = raw_socket(libc::IPPROTO_UDP);
+        let prog = cm_watch_filter(addr);
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: the program outlives the call, which copies it into the kernel.
+        let r = unsafe {
+            libc::setsockopt(
+                raw.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                &fprog as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::sock_fprog>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "attach the CM watch filter");
         let tv = libc::timeval {
             tv_sec: 0,
             tv_usec: 100_000,
