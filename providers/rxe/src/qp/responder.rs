@@ -21,7 +21,7 @@
 //! this), in the order the packet meets them.
 
 use super::requester::ack_aeth;
-use super::{byte_len, RxeQp, State, MAX_MSG};
+use super::{byte_len, Engine, State, MAX_MSG};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicAckEthRepr, NakCode, Opcode, Operation, RoceRepr,
     Syndrome,
@@ -218,7 +218,7 @@ fn right_for(op: Operation) -> Access {
     }
 }
 
-impl RxeQp {
+impl Engine<'_> {
     /// A request packet. Returns whether the transmit side should run.
     pub(super) fn on_request(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
         let psn = p.bth.psn;
@@ -240,7 +240,7 @@ impl RxeQp {
             if !st.resp.nak_sent || st.resp.ahead >= RENAK_AFTER || p.bth.ack_req {
                 st.resp.nak_sent = true;
                 st.resp.ahead = 0;
-                self.dev.count(&self.dev.counters.nak_seq_sent);
+                self.count(&self.counters.nak_seq_sent);
                 let exp = st.resp.psn;
                 self.send_aeth(st, exp, Syndrome::Nak(NakCode::PsnSequenceError));
             }
@@ -252,7 +252,7 @@ impl RxeQp {
         let op = p.bth.opcode.operation();
         let verdict = if !st.attr.access.contains(right_for(op)) {
             // The QP does not grant this operation (kernel rxe: check_op_valid).
-            self.dev.count(&self.dev.counters.qp_access_refused);
+            self.count(&self.counters.qp_access_refused);
             invalid()
         } else {
             self.execute(st, p, op)
@@ -287,14 +287,14 @@ impl RxeQp {
                     Operation::CompareSwap | Operation::FetchAdd
                 );
                 if (p.bth.ack_req || gap_filled) && !read && !atomic {
-                    self.dev.count(&self.dev.counters.acks_sent);
+                    self.count(&self.counters.acks_sent);
                     let msn = st.resp.msn;
                     self.send_ack(st, psn, ack_aeth(msn));
                 }
                 read
             }
             Verdict::Rnr => {
-                self.dev.count(&self.dev.counters.rnr_nak_sent);
+                self.count(&self.counters.rnr_nak_sent);
                 let timer = st.attr.min_rnr_timer;
                 self.send_aeth(st, psn, Syndrome::RnrNak { timer });
                 false
@@ -302,7 +302,7 @@ impl RxeQp {
             Verdict::Fatal(code, kind) => {
                 // The NAK goes out now, ahead of any read responses still queued: the QP
                 // goes to Error, which discards them.
-                self.dev.count(&self.dev.counters.nak_other_sent);
+                self.count(&self.counters.nak_other_sent);
                 let msn = st.resp.msn;
                 let nak = AethRepr {
                     syndrome: Syndrome::Nak(code),
@@ -370,17 +370,17 @@ impl RxeQp {
         let end = at + p.payload.len() as u64;
         if end > MAX_MSG {
             st.resp.cur = None;
-            self.post_cqe(false, self.base.cqe(&wqe_copy, WcStatus::LocLenErr, 0));
+            self.post_cqe(st, false, self.base.cqe(&wqe_copy, WcStatus::LocLenErr, 0));
             return invalid();
         }
         if end > wqe_copy.total_len() {
             st.resp.cur = None;
-            self.post_cqe(false, self.base.cqe(&wqe_copy, WcStatus::LocLenErr, 0));
+            self.post_cqe(st, false, self.base.cqe(&wqe_copy, WcStatus::LocLenErr, 0));
             return invalid();
         }
         if let Err(status) = self.place_recv(&wqe_copy, at, p.payload) {
             st.resp.cur = None;
-            self.post_cqe(false, self.base.cqe(&wqe_copy, status, 0));
+            self.post_cqe(st, false, self.base.cqe(&wqe_copy, status, 0));
             return Verdict::Fatal(NakCode::RemoteOperationalError, EventKind::QpFatal);
         }
         if let Some(InMsg::Send { off, .. }) = st.resp.cur.as_mut() {
@@ -402,37 +402,27 @@ impl RxeQp {
         if let Some(ieth) = p.ieth {
             // Only a memory window may be invalidated remotely (IBTA; kernel rxe refuses
             // user MRs): a registration ends when its consumer deregisters it.
-            let window = self
-                .dev
-                .res
-                .mrs
-                .lookup(ieth.rkey)
-                .is_ok_and(|r| r.is_window());
-            if !window
-                || self
-                    .dev
-                    .res
-                    .mrs
-                    .invalidate(ieth.rkey, self.base.pd)
-                    .is_err()
-            {
-                self.dev.count(&self.dev.counters.remote_inv_refused);
-                self.post_cqe(false, self.base.cqe(&wqe_copy, WcStatus::RemInvReqErr, 0));
+            let window = self.mrs.lookup(ieth.rkey).is_ok_and(|r| r.is_window());
+            if !window || self.mrs.invalidate(ieth.rkey, self.base.pd).is_err() {
+                self.count(&self.counters.remote_inv_refused);
+                self.post_cqe(
+                    st,
+                    false,
+                    self.base.cqe(&wqe_copy, WcStatus::RemInvReqErr, 0),
+                );
                 return invalid();
             }
             cqe.flags |= wc_flags::WITH_INV;
             cqe.imm_or_inv = ieth.rkey;
         }
         st.resp.msn = (st.resp.msn + 1) & wire::PSN_MASK;
-        self.post_cqe(false, cqe);
+        self.post_cqe(st, false, cqe);
         Verdict::Done { npkts: 1 }
     }
 
     /// Scatter `data` at message offset `off` of receive `w`.
     fn place_recv(&self, w: &Wqe, off: u64, data: &[u8]) -> Result<(), WcStatus> {
-        self.dev
-            .res
-            .mrs
+        self.mrs
             .scatter(self.base.pd, w.sges(), off, data)
             .map_err(|_| WcStatus::LocProtErr)
     }
@@ -451,7 +441,7 @@ impl RxeQp {
                 return invalid();
             }
             let region = if len > 0 {
-                match self.dev.res.mrs.lookup(reth.rkey) {
+                match self.mrs.lookup(reth.rkey) {
                     Ok(r)
                         if r.check(self.base.pd, reth.va, len, Access::REMOTE_WRITE)
                             .is_ok() =>
@@ -519,7 +509,7 @@ impl RxeQp {
                 if p.bth.solicited {
                     cqe.flags |= wc_flags::SOLICITED;
                 }
-                self.post_cqe(false, cqe);
+                self.post_cqe(st, false, cqe);
             }
         }
         Verdict::Done { npkts: 1 }
@@ -572,7 +562,7 @@ impl RxeQp {
     fn resources_left(&self, st: &State) -> bool {
         let left = st.resp.originals() < ird(st);
         if !left {
-            self.dev.count(&self.dev.counters.rd_atomic_refused);
+            self.count(&self.counters.rd_atomic_refused);
         }
         left
     }
@@ -581,7 +571,7 @@ impl RxeQp {
         if len == 0 {
             return Ok(None);
         }
-        match self.dev.res.mrs.lookup(rkey) {
+        match self.mrs.lookup(rkey) {
             Ok(r) if r.check(self.base.pd, va, len, Access::REMOTE_READ).is_ok() => Ok(Some(r)),
             _ => Err(access()),
         }
@@ -600,7 +590,7 @@ impl RxeQp {
         if !a.va.is_multiple_of(8) {
             return invalid();
         }
-        let Ok(region) = self.dev.res.mrs.lookup(a.rkey) else {
+        let Ok(region) = self.mrs.lookup(a.rkey) else {
             return access();
         };
         let cmp = p.bth.opcode == Opcode::RcCompareSwap;
@@ -645,7 +635,7 @@ impl RxeQp {
 
     /// A request behind the expected PSN.
     fn duplicate(&self, st: &mut State, p: &RoceRepr<'_>) -> bool {
-        self.dev.count(&self.dev.counters.duplicate_requests);
+        self.count(&self.counters.duplicate_requests);
         let psn = p.bth.psn;
         match p.bth.opcode.operation() {
             Operation::Send | Operation::RdmaWrite => {
