@@ -35,12 +35,25 @@ pub(super) fn setsockopt<T>(
     .map(|_| ())
 }
 
-fn raw_socket(proto: libc::c_int) -> io::Result<OwnedFd> {
+/// A new socket of `domain`, `kind` (close-on-exec) and `proto`.
+fn socket(domain: libc::c_int, kind: libc::c_int, proto: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call; the result is checked before it is owned.
-    let fd =
-        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) })?;
+    let fd = check(unsafe { libc::socket(domain, kind | libc::SOCK_CLOEXEC, proto) })?;
     // SAFETY: `fd` is a new descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Bind `fd` to `addr`.
+fn bind<A: SockAddr>(fd: RawFd, addr: &A) -> io::Result<()> {
+    // SAFETY: addr is a valid socket address (`SockAddr`) of the size passed.
+    check(unsafe {
+        libc::bind(
+            fd,
+            addr as *const A as *const libc::sockaddr,
+            std::mem::size_of::<A>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
 }
 
 /// Attach a classic BPF program to a socket.
@@ -81,48 +94,29 @@ pub(super) fn udp_port_filter(port: u16, dst: Option<Ipv4Addr>) -> Vec<libc::soc
 }
 
 pub(super) fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
+    let sock = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let fd = sock.as_raw_fd();
     // SO_REUSEADDR lets instances bound to distinct addresses (127.0.0.x in tests) share
     // the port with one bound to the wildcard.
-    // SAFETY: plain socket(2) call; the result is checked before it is owned.
-    let fd =
-        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `fd` is a new descriptor nobody else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let on: libc::c_int = 1;
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
-    let addr = sockaddr_in(sa);
-    // SAFETY: addr is a valid sockaddr_in of the size passed.
-    check(unsafe {
-        libc::bind(
-            fd,
-            &addr as *const _ as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_in>() as u32,
-        )
-    })?;
-    Ok(UdpSocket::from(owned))
+    bind(fd, &sockaddr_in(sa))?;
+    Ok(UdpSocket::from(sock))
 }
 
 /// The IPv6 socket of a wildcard device: `[::]:port`, IPv6 only, with the destination of
 /// each datagram reported.
 pub(super) fn open_udp6(port: u16) -> io::Result<UdpSocket> {
-    // SAFETY: plain socket(2); checked before it is owned.
-    let fd =
-        check(unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: a fresh descriptor nobody else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owned = socket(libc::AF_INET6, libc::SOCK_DGRAM, 0)?;
+    let fd = owned.as_raw_fd();
     let on: libc::c_int = 1;
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
     setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on)?;
     setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)?;
-    let addr = sockaddr_in6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
-    // SAFETY: addr is a valid sockaddr_in6 of the size passed.
-    check(unsafe {
-        libc::bind(
-            fd,
-            &addr as *const _ as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_in6>() as u32,
-        )
-    })?;
+    bind(
+        fd,
+        &sockaddr_in6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)),
+    )?;
     grow_buffers(fd);
     let sock = UdpSocket::from(owned);
     sock.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -171,8 +165,8 @@ pub(super) fn grow_buffers(fd: RawFd) {
 }
 
 pub(super) fn open_raw(port: u16, dst: Option<Ipv4Addr>) -> Option<(OwnedFd, OwnedFd)> {
-    let rx = raw_socket(libc::IPPROTO_UDP).ok()?;
-    let tx = raw_socket(libc::IPPROTO_RAW).ok()?;
+    let rx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP).ok()?;
+    let tx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW).ok()?;
     attach_filter(rx.as_raw_fd(), &udp_port_filter(port, dst)).ok()?;
     grow_buffers(rx.as_raw_fd());
     grow_buffers(tx.as_raw_fd());
@@ -194,7 +188,8 @@ fn unsafe_zeroed<T: SockAddr>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
-/// The libc socket addresses [`unsafe_zeroed`] may make.
+/// The libc socket addresses: plain data, all-zero valid ([`unsafe_zeroed`]), and what
+/// `bind`/`sendmsg`/`recvmsg` take as a name.
 trait SockAddr {}
 impl SockAddr for libc::sockaddr_in {}
 impl SockAddr for libc::sockaddr_in6 {}
