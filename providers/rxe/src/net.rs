@@ -30,7 +30,7 @@ mod sys;
 
 use crate::wire::icrc;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
@@ -315,11 +315,11 @@ impl Net {
     }
 
     fn recv_udp<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
-        let (n, from, dst) = match sys::recv_from4(self.udp.as_raw_fd(), buf)? {
+        let (n, from, dst) = match sys::recv_from(self.udp.as_raw_fd(), buf)? {
             Some(r) => r,
             None => return Ok(None),
         };
-        let Some(IpAddr::V4(dst)) = dst else {
+        let (SocketAddr::V4(from), Some(IpAddr::V4(dst))) = (from, dst) else {
             return Ok(Some(Err(RxDrop::Malformed)));
         };
         let (src, sport) = (*from.ip(), from.port());
@@ -345,11 +345,11 @@ impl Net {
         sock: &UdpSocket,
         buf: &'b mut [u8],
     ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
-        let (n, from, dst) = match sys::recv_from6(sock.as_raw_fd(), buf)? {
+        let (n, from, dst) = match sys::recv_from(sock.as_raw_fd(), buf)? {
             Some(r) => r,
             None => return Ok(None),
         };
-        let Some(IpAddr::V6(dst)) = dst else {
+        let (SocketAddr::V6(from), Some(IpAddr::V6(dst))) = (from, dst) else {
             return Ok(Some(Err(RxDrop::Malformed)));
         };
         let (src, sport) = (*from.ip(), from.port());

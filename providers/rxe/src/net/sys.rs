@@ -4,7 +4,7 @@
 //! no `unsafe` itself.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -193,6 +193,7 @@ fn unsafe_zeroed<T: SockAddr>() -> T {
 trait SockAddr {}
 impl SockAddr for libc::sockaddr_in {}
 impl SockAddr for libc::sockaddr_in6 {}
+impl SockAddr for libc::sockaddr_storage {}
 
 pub(super) fn sockaddr_in(sa: SocketAddrV4) -> libc::sockaddr_in {
     let mut s: libc::sockaddr_in = unsafe_zeroed();
@@ -233,33 +234,33 @@ pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
     Ok(Some(n as usize))
 }
 
-/// Receive one datagram from an IPv4 UDP socket: its length, source and destination
-/// address (IP_PKTINFO); `None` on timeout.
-pub(super) fn recv_from4(
+/// Receive one datagram from a UDP socket: its length, source, and destination address
+/// (IP_PKTINFO / IPV6_PKTINFO); `None` on timeout.
+pub(super) fn recv_from(
     fd: RawFd,
     buf: &mut [u8],
-) -> io::Result<Option<(usize, SocketAddrV4, Option<IpAddr>)>> {
-    let mut from: libc::sockaddr_in = unsafe_zeroed();
-    Ok(recvmsg(fd, &mut from, buf)?.map(|(n, dst)| {
-        let ip = Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr));
-        (n, SocketAddrV4::new(ip, u16::from_be(from.sin_port)), dst)
-    }))
-}
-
-/// [`recv_from4`] for an IPv6 socket (IPV6_PKTINFO).
-pub(super) fn recv_from6(
-    fd: RawFd,
-    buf: &mut [u8],
-) -> io::Result<Option<(usize, SocketAddrV6, Option<IpAddr>)>> {
-    let mut from: libc::sockaddr_in6 = unsafe_zeroed();
-    Ok(recvmsg(fd, &mut from, buf)?.map(|(n, dst)| {
-        let ip = Ipv6Addr::from(from.sin6_addr.s6_addr);
-        (
-            n,
-            SocketAddrV6::new(ip, u16::from_be(from.sin6_port), 0, 0),
-            dst,
-        )
-    }))
+) -> io::Result<Option<(usize, SocketAddr, Option<IpAddr>)>> {
+    let mut from: libc::sockaddr_storage = unsafe_zeroed();
+    let Some((n, dst)) = recvmsg(fd, &mut from, buf)? else {
+        return Ok(None);
+    };
+    let src = match from.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (its family says so) at the start of
+            // the storage, which is larger and aligned for it.
+            let a = unsafe { &*(&from as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            SocketAddr::from((ip, u16::from_be(a.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, a sockaddr_in6.
+            let a = unsafe { &*(&from as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            SocketAddr::from((ip, u16::from_be(a.sin6_port)))
+        }
+        _ => return Err(io::ErrorKind::InvalidData.into()),
+    };
+    Ok(Some((n, src, dst)))
 }
 
 pub(super) fn io_slice(b: &[u8]) -> libc::iovec {
