@@ -76,8 +76,8 @@ enum Caller {
 pub(crate) const WINDOW: u32 = 128;
 /// Packets a transmit step makes under the lock before it sends them.
 const TX_BATCH: u32 = 8;
-/// Times a thread sending a QP's outbox takes it again (what others queued meanwhile)
-/// before it leaves the rest to the transmit thread.
+/// Times the send token's holder takes the QP's outputs again (what others queued
+/// meanwhile) before it leaves the rest to the transmit thread.
 const DRAIN_ROUNDS: u32 = 4;
 /// Packets a doorbell (or a received packet) sends inline in the caller's thread.
 const INLINE_BUDGET: u32 = 4;
@@ -208,7 +208,7 @@ impl RxeQp {
     /// completions or events waits for the token instead ([`Caller::Verb`]), so they are
     /// out when it returns. What one holder carries is bounded: producers stop while a
     /// transmit step's worth of datagrams waits ([`Engine::transmit`]), and after
-    /// [`DRAIN_ROUNDS`] of datagrams the holder hands the rest to the transmit thread.
+    /// [`DRAIN_ROUNDS`] the holder hands the rest to the transmit thread.
     /// The timer deadline a call asks for is armed by the thread that made the call:
     /// the heap orders it by time, not by who arms it.
     ///
@@ -236,7 +236,8 @@ impl RxeQp {
         } else {
             self.apply(&mut st);
             // What is still queued goes with the transmit step owed, or one started now.
-            std::mem::take(&mut st.resume) || !st.out.datagrams.is_empty()
+            let left = !st.out.datagrams.is_empty() || !st.out.effects.is_empty();
+            std::mem::take(&mut st.resume) || left
         };
         drop(st);
         if let Some(at) = deadline {
@@ -248,21 +249,18 @@ impl RxeQp {
         r
     }
 
-    /// Apply the outputs as the send token's holder (see [`RxeQp::with_state`]).
+    /// Apply the outputs as the send token's holder (see [`RxeQp::with_state`]), for at
+    /// most [`DRAIN_ROUNDS`] rounds: what others keep queueing meanwhile is left to the
+    /// transmit step the caller then asks for, so no thread is kept applying another's
+    /// work (a consumer's doorbell behind a stream of receive completions).
     fn apply(&self, st: &mut MutexGuard<'_, State>) {
         let sender = Sender::take(st);
-        let mut rounds = 0;
-        loop {
+        for _ in 0..DRAIN_ROUNDS {
             let effects = std::mem::take(&mut sender.0.out.effects);
-            let datagrams = if rounds < DRAIN_ROUNDS {
-                std::mem::take(&mut sender.0.out.datagrams)
-            } else {
-                Vec::new()
-            };
+            let datagrams = std::mem::take(&mut sender.0.out.datagrams);
             if effects.is_empty() && datagrams.is_empty() {
                 break;
             }
-            rounds += u32::from(!datagrams.is_empty());
             MutexGuard::unlocked(sender.0, || {
                 for e in effects {
                     self.effect(e);
