@@ -21,7 +21,12 @@ impl Engine<'_> {
             let Some(w) = st.req.wqes.pop_front() else {
                 break;
             };
-            st.req.cur = st.req.cur.saturating_sub(1);
+            // The transmit position moves with the queue; when the request completed was
+            // the one being (re)transmitted, the next starts at its first packet.
+            match st.req.cur {
+                0 => st.req.cur_pkt = 0,
+                _ => st.req.cur -= 1,
+            }
             if let Some(status) = w.status {
                 self.post_cqe(st, true, self.base.cqe(&w.wqe, status, 0));
                 self.to_error(st);
