@@ -109,27 +109,28 @@ impl QpBase {
     /// `WrFlushErr` completions. A QP on an SRQ leaves the SRQ's receives to the other
     /// QPs and reports `LastWqeReached` instead, once.
     pub fn flush_recv(&self, current: Option<Wqe>, post: impl FnMut(Cqe)) {
-        self.flush_recv_with(current, post, |ev| self.sink.deliver(ev));
+        if let Some(e) = self.flush_recv_deferred(current, post) {
+            self.sink.deliver(e);
+        }
     }
 
-    /// [`QpBase::flush_recv`] for an engine that delivers its events itself (after
-    /// its state lock): `LastWqeReached` goes to `event` instead of the sink.
-    pub fn flush_recv_with(
+    /// [`QpBase::flush_recv`] for a provider that delivers its events itself (after its
+    /// lock is released): `LastWqeReached` is returned rather than delivered. It comes
+    /// after every completion the flush posted.
+    pub fn flush_recv_deferred(
         &self,
         current: Option<Wqe>,
         mut post: impl FnMut(Cqe),
-        event: impl FnOnce(Event),
-    ) {
+    ) -> Option<Event> {
         if let Some(w) = current {
             post(self.cqe(&w, WcStatus::WrFlushErr, 0));
         }
         if self.srq.is_some() {
-            if !self.last_wqe_sent.swap(true, Ordering::AcqRel) {
-                event(Event::new(EventKind::LastWqeReached));
-            }
-            return;
+            let first = !self.last_wqe_sent.swap(true, Ordering::AcqRel);
+            return first.then(|| Event::new(EventKind::LastWqeReached));
         }
         self.flush_ring(&self.rq, &mut post);
+        None
     }
 
     /// `WrFlushErr` for every request queued on `ring` now; a corrupt ring is counted.

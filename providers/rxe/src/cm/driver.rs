@@ -187,13 +187,12 @@ fn perform(s: &Arc<Shared>, actions: Vec<Action>) {
             }
             Action::QpError(q) => {
                 if let Some(qp) = qp_of(s, q) {
-                    qp.to_error(&mut qp.st.lock());
+                    qp.cm_failed(None);
                 }
             }
             Action::Fail { qp, event } => {
                 if let Some(qp) = qp_of(s, qp) {
-                    qp.to_error(&mut qp.st.lock());
-                    qp.base.sink.deliver(event);
+                    qp.cm_failed(Some(event));
                 }
             }
             Action::Closed { qp, kind } => {

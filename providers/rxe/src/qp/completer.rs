@@ -5,7 +5,7 @@
 //! `rnr_retry` (7 = forever) bound the attempts.
 
 use super::requester::MIN_WINDOW;
-use super::{byte_len, RxeQp, State, WINDOW};
+use super::{byte_len, Engine, State, WINDOW};
 use crate::wire::{self, psn_add, psn_diff, NakCode, Opcode, RoceRepr, Syndrome};
 use rnicpi::*;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use std::time::Duration;
 /// Why a retry happened, when it is a timeout.
 const TIMEOUT: &str = "timeout";
 
-impl RxeQp {
+impl Engine<'_> {
     /// Complete finished requests from the front, in order; a failed one takes the QP
     /// to Error (which flushes the rest).
     pub(super) fn complete_in_order(&self, st: &mut State) {
@@ -21,9 +21,14 @@ impl RxeQp {
             let Some(w) = st.req.wqes.pop_front() else {
                 break;
             };
-            st.req.cur = st.req.cur.saturating_sub(1);
+            // The transmit position moves with the queue; when the request completed was
+            // the one being (re)transmitted, the next starts at its first packet.
+            match st.req.cur {
+                0 => st.req.cur_pkt = 0,
+                _ => st.req.cur -= 1,
+            }
             if let Some(status) = w.status {
-                self.post_cqe(true, self.base.cqe(&w.wqe, status, 0));
+                self.post_cqe(st, true, self.base.cqe(&w.wqe, status, 0));
                 self.to_error(st);
                 return;
             }
@@ -32,7 +37,7 @@ impl RxeQp {
                     WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 8,
                     _ => byte_len(w.len),
                 };
-                self.post_cqe(true, self.base.cqe(&w.wqe, WcStatus::Success, len));
+                self.post_cqe(st, true, self.base.cqe(&w.wqe, WcStatus::Success, len));
             }
         }
     }
@@ -114,7 +119,7 @@ impl RxeQp {
                 return;
             }
         } else {
-            self.dev.count(&self.dev.counters.retransmits);
+            self.count(&self.counters.retransmits);
             tracing::trace!(
                 qpn = self.base.qpn,
                 comp = st.req.comp_psn,
@@ -158,7 +163,7 @@ impl RxeQp {
             return false;
         }
         st.req.retry_left -= 1;
-        self.dev.count(&self.dev.counters.retransmits);
+        self.count(&self.counters.retransmits);
         true
     }
 
@@ -187,12 +192,12 @@ impl RxeQp {
             tx = st.req.tx_psn(),
             "rxe response"
         );
-        let c = &self.dev.counters;
+        let c = &self.counters;
         match p.bth.opcode {
             Opcode::RcAcknowledge => match p.aeth.map(|a| a.syndrome) {
                 Some(Syndrome::Ack { .. }) => self.ack_through(st, psn),
                 Some(Syndrome::RnrNak { timer }) => {
-                    self.dev.count(&c.rnr_nak_rcvd);
+                    self.count(&c.rnr_nak_rcvd);
                     self.ack_through(st, psn_add(psn, wire::PSN_MASK));
                     if st.req.rnr_retry != 7 {
                         if st.req.rnr_left == 0 {
@@ -208,12 +213,12 @@ impl RxeQp {
                     return false;
                 }
                 Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
-                    self.dev.count(&c.nak_seq_rcvd);
+                    self.count(&c.nak_seq_rcvd);
                     self.ack_through(st, psn_add(psn, wire::PSN_MASK));
                     self.retry(st, "sequence NAK");
                 }
                 Some(Syndrome::Nak(code)) => {
-                    self.dev.count(&c.nak_other_rcvd);
+                    self.count(&c.nak_other_rcvd);
                     self.ack_through(st, psn_add(psn, wire::PSN_MASK));
                     let status = match code {
                         NakCode::RemoteAccessError => WcStatus::RemAccessErr,
@@ -341,7 +346,7 @@ impl RxeQp {
         if !st.req.outstanding() {
             return;
         }
-        self.dev.count(&self.dev.counters.retry_timeouts);
+        self.count(&self.counters.retry_timeouts);
         tracing::debug!(
             qpn = self.base.qpn,
             psn = st.req.comp_psn,

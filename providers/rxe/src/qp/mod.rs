@@ -1,19 +1,20 @@
 //! The rxe queue pair: verbs state machine, address vector, and the three halves of the
 //! RC transport, split as Linux's rxe splits them — requester ([`requester`]: send queue →
 //! request packets), completer ([`completer`]: ACKs, NAKs, read responses and atomic ACKs →
-//! completions, retransmission) and responder ([`responder`]: request packets → placements, receive
-//! completions, ACKs, read responses, atomic results).
+//! completions, retransmission) and responder ([`responder`]: request packets → placements,
+//! receive completions, ACKs, read responses, atomic results). Those three are the protocol
+//! core ([`engine::Engine`]): fed a packet, posted work or a timer expiry with the time,
+//! it returns what it wants done instead of doing it.
 //!
-//! One mutex holds the protocol state; it is taken by the receive thread (one packet at
-//! a time), the transmit thread (a paced burst of packets), the timer thread and the
-//! consumer's doorbell. Nothing is sent under it: the engine queues the datagrams it
-//! produces in an outbox, which is sent once the lock is released, in the order the
-//! datagrams were produced (see [`RxeQp::with_state`]).
-//!
-//! Over 600 lines: the QP object, its verbs, flush and send path (outbox and send token);
-//! the requester, completer and responder have their own files.
+//! This file is the core's driver. One mutex holds the protocol state; it is taken by the
+//! receive thread (one packet at a time), the transmit thread (a paced burst of packets),
+//! the timer thread and the consumer's verbs. Nothing the core produced is done under it:
+//! datagrams, completions and events wait in the state's outputs and are applied once the
+//! lock is released, in the order they were produced, and the timer heap is armed from
+//! the deadline the call returned (see [`RxeQp::with_state`]).
 
 mod completer;
+mod engine;
 mod requester;
 mod responder;
 
@@ -21,7 +22,8 @@ use crate::device::Shared;
 use crate::net::Datagram;
 use crate::timer::Target;
 use crate::wire::{self, RoceRepr};
-use parking_lot::{Mutex, MutexGuard};
+use engine::{Effect, Engine, Outputs, TX_BUDGET};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use requester::Requester;
 use responder::Responder;
 use rnicpi::soft::QpBase;
@@ -29,7 +31,7 @@ use rnicpi::*;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where the QP's packets go: the address vector resolved at RTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,15 +42,9 @@ pub(crate) struct Av {
     pub sport: u16,
 }
 
-/// A datagram the engine produced, waiting to be handed to the wire.
-pub(crate) struct Outgoing {
-    av: Av,
-    /// BTH .. ICRC slot (the wire fills the ICRC in).
-    roce: Vec<u8>,
-}
-
-/// The right to send a QP's outbox ([`RxeQp::with_state`]), given back when dropped (with
-/// the state locked again), even if a send panicked: else the QP would never send again.
+/// The right to apply a QP's outputs ([`RxeQp::with_state`]), given back when dropped
+/// (with the state locked again), even if a send panicked: else the QP would never send
+/// again.
 struct Sender<'a, 'b>(&'a mut MutexGuard<'b, State>);
 
 impl<'a, 'b> Sender<'a, 'b> {
@@ -64,16 +60,26 @@ impl Drop for Sender<'_, '_> {
     }
 }
 
+/// Who calls into the engine, which decides whether the call waits for completions and
+/// events it produced while another thread holds the send token.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// A device thread (receive, transmit, timer): never waits; the token's holder
+    /// delivers what it produced.
+    Device,
+    /// The consumer or the connection manager (Modify QP, a doorbell, destroy, a close):
+    /// returns with its completions on the CQ and its events delivered, as a verb should.
+    Verb,
+}
+
 /// Packets in flight a requester allows before waiting for an acknowledgement.
 pub(crate) const WINDOW: u32 = 128;
-/// Packets one transmit step sends before yielding to other QPs.
-const TX_BUDGET: u32 = 64;
 /// Packets a transmit step makes under the lock before it sends them.
 const TX_BATCH: u32 = 8;
-/// Times a thread sending a QP's outbox takes it again (what others queued meanwhile)
-/// before it leaves the rest to the transmit thread.
+/// Times the send token's holder takes the QP's outputs again (what others queued
+/// meanwhile) before it leaves the rest to the transmit thread.
 const DRAIN_ROUNDS: u32 = 4;
-/// Packets a doorbell sends inline in the caller's thread.
+/// Packets a doorbell (or a received packet) sends inline in the caller's thread.
 const INLINE_BUDGET: u32 = 4;
 /// The largest message, as IBTA sets it (2^31 bytes): longer requests are refused both
 /// ways, so a byte count always fits a completion and a Read never wraps the PSN space.
@@ -93,16 +99,18 @@ pub(crate) struct State {
     pub resp: Responder,
     /// When the QP's timer (retransmission or RNR back-off) is due, if it runs.
     pub timer_at: Option<Instant>,
-    /// The earliest deadline this QP has in the device's timer heap. Re-arming later than
-    /// that (every acknowledgement does) pushes nothing: the queued entry finds the new
-    /// deadline when it fires and queues itself again, so the timer thread wakes about
-    /// once per timeout per QP, not once per message.
+    /// The earliest deadline this QP has in the device's timer heap (or asked for in
+    /// `out.deadline`). Re-arming later than that (every acknowledgement does) asks for
+    /// nothing: the queued entry finds the new deadline when it fires and queues itself
+    /// again, so the timer thread wakes about once per timeout per QP, not once per
+    /// message.
     pub timer_queued: Option<Instant>,
     /// The connection manager has told the consumer the connection ended.
     pub closed_reported: bool,
-    /// Datagrams produced and not yet sent, oldest first (empty while the lock is free).
-    out: Vec<Outgoing>,
-    /// A thread is sending the outbox; it also sends what is queued meanwhile.
+    /// What the engine produced and the driver has not done yet (datagrams, completions
+    /// and events: empty while the lock is free, unless a token holder is at work).
+    out: Outputs,
+    /// A thread holds the send token: it applies the outputs, also those queued meanwhile.
     sending: bool,
     /// Production stopped for a full outbox: a transmit step is owed once it drains.
     resume: bool,
@@ -114,7 +122,9 @@ pub struct RxeQp {
     /// The device's serial of this QP object: unlike its number, never reused.
     serial: u64,
     pub(crate) dev: Arc<Shared>,
-    pub(crate) st: Mutex<State>,
+    st: Mutex<State>,
+    /// Signalled when the send token is given back (a verb waits for it: [`Caller::Verb`]).
+    token_free: Condvar,
     scheduled: AtomicBool,
     me: Weak<RxeQp>,
 }
@@ -140,10 +150,11 @@ impl RxeQp {
                 timer_at: None,
                 timer_queued: None,
                 closed_reported: false,
-                out: Vec::new(),
+                out: Outputs::default(),
                 sending: false,
                 resume: false,
             }),
+            token_free: Condvar::new(),
             scheduled: AtomicBool::new(false),
             me: me.clone(),
         })
@@ -182,55 +193,98 @@ impl RxeQp {
         }
     }
 
-    fn set_state(&self, st: &mut State, to: QpState) {
-        if st.qp != to {
-            tracing::debug!(qpn = self.base.qpn, from = ?st.qp, ?to, "rxe QP state");
-            st.qp = to;
-        }
-    }
-
-    /// Run `f` on the QP's state, then send what it queued, after the lock is released.
+    /// Run `f` on the QP's state with the engine of this call (the time now, the QP's
+    /// rings, the device's registrations and counters), then apply what it produced,
+    /// after the lock is released.
     ///
-    /// Several threads produce for one QP (receive, transmit, timer, a doorbell), and the
-    /// wire must see the datagrams in the order they were produced (PSN order). One
-    /// thread at a time sends the outbox (`State::sending`): it takes the whole outbox
-    /// under the lock, sends it without the lock, and looks again, so what others queued
-    /// meanwhile follows in order; a thread that finds the outbox being sent leaves its
-    /// datagrams to the sender and goes on. No thread ever waits for another's `sendmsg`,
-    /// with or without the lock. What one sender carries is bounded: producers stop while
-    /// a transmit step's worth waits ([`RxeQp::transmit`]), and after [`DRAIN_ROUNDS`] the
-    /// sender hands what is left to the transmit thread.
+    /// Several threads produce for one QP (receive, transmit, timer, the consumer), and
+    /// the wire must see the datagrams in the order they were produced (PSN order), a
+    /// CQ the completions. One thread at a time applies the outputs (`State::sending`,
+    /// the send token): it takes them all under the lock, applies them without the lock
+    /// — completions and events first, then the datagrams — and looks again, so what
+    /// others queued meanwhile follows in order; a device thread that finds the token
+    /// taken leaves its outputs to the holder and goes on. No device thread ever waits
+    /// for another's `sendmsg`, with or without the lock. A verb that produced
+    /// completions or events waits for the token instead ([`Caller::Verb`]), so they are
+    /// out when it returns. What one holder carries is bounded: producers stop while a
+    /// transmit step's worth of datagrams waits ([`Engine::transmit`]), and after
+    /// [`DRAIN_ROUNDS`] the holder hands the rest to the transmit thread.
+    /// The timer deadline a call asks for is armed by the thread that made the call:
+    /// the heap orders it by time, not by who arms it.
     ///
     /// (Two other designs keep the order: batches that take a ticket under the lock and
     /// wait for their turn, and a transmit mutex taken before the state lock is released.
     /// Both make a thread wait for another's `sendmsg`; on a 2-CPU host they made an
     /// 8-byte ping-pong mostly 17–18 µs one way instead of 5.)
-    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+    fn with_state<R>(&self, caller: Caller, f: impl FnOnce(&Engine, &mut State) -> R) -> R {
         let mut st = self.st.lock();
-        let r = f(&mut st);
-        if st.out.is_empty() || st.sending {
-            return r;
-        }
-        let sender = Sender::take(&mut st);
-        for _ in 0..DRAIN_ROUNDS {
-            let batch = std::mem::take(&mut sender.0.out);
-            MutexGuard::unlocked(sender.0, || {
-                for mut d in batch {
-                    self.dev.send(d.av.src, d.av.dst, d.av.sport, &mut d.roce);
-                }
-            });
-            if sender.0.out.is_empty() {
-                break;
+        let engine = Engine {
+            now: self.dev.clock.now(),
+            base: &self.base,
+            mrs: &self.dev.res.mrs,
+            counters: &self.dev.counters,
+        };
+        let r = f(&engine, &mut st);
+        let deadline = st.out.deadline.take();
+        if caller == Caller::Verb && !st.out.effects.is_empty() {
+            while st.sending {
+                self.token_free.wait(&mut st);
             }
         }
-        drop(sender);
-        // What is still queued goes with the transmit step owed, or with one started now.
-        let owed = std::mem::take(&mut st.resume) || !st.out.is_empty();
+        let owed = if st.sending || (st.out.datagrams.is_empty() && st.out.effects.is_empty()) {
+            false
+        } else {
+            self.apply(&mut st);
+            // What is still queued goes with the transmit step owed, or one started now.
+            let left = !st.out.datagrams.is_empty() || !st.out.effects.is_empty();
+            std::mem::take(&mut st.resume) || left
+        };
         drop(st);
+        if let Some(at) = deadline {
+            self.dev.timers.arm(Target::Qp(self.base.qpn), 0, at);
+        }
         if owed {
             self.schedule();
         }
         r
+    }
+
+    /// Apply the outputs as the send token's holder (see [`RxeQp::with_state`]), for at
+    /// most [`DRAIN_ROUNDS`] rounds: what others keep queueing meanwhile is left to the
+    /// transmit step the caller then asks for, so no thread is kept applying another's
+    /// work (a consumer's doorbell behind a stream of receive completions).
+    fn apply(&self, st: &mut MutexGuard<'_, State>) {
+        let sender = Sender::take(st);
+        for _ in 0..DRAIN_ROUNDS {
+            let effects = std::mem::take(&mut sender.0.out.effects);
+            let datagrams = std::mem::take(&mut sender.0.out.datagrams);
+            if effects.is_empty() && datagrams.is_empty() {
+                break;
+            }
+            MutexGuard::unlocked(sender.0, || {
+                for e in effects {
+                    self.effect(e);
+                }
+                for mut d in datagrams {
+                    self.dev.send(d.av.src, d.av.dst, d.av.sport, &mut d.roce);
+                }
+            });
+        }
+        drop(sender);
+        self.token_free.notify_all();
+    }
+
+    /// Write a completion (one lost to a full CQ is counted: the CQ reports it) or
+    /// deliver an event.
+    fn effect(&self, e: Effect) {
+        match e {
+            Effect::Cqe { send, cqe } => {
+                if !self.base.push_cqe(send, cqe) {
+                    self.dev.count(&self.dev.counters.cq_overflows);
+                }
+            }
+            Effect::Event(ev) => self.base.sink.deliver(ev),
+        }
     }
 
     /// One transmit step from the device's transmit thread.
@@ -243,7 +297,7 @@ impl RxeQp {
         let more = loop {
             let batch = TX_BATCH.min(left);
             let mut budget = batch;
-            let more = self.with_state(|st| self.transmit(st, &mut budget));
+            let more = self.with_state(Caller::Device, |e, st| e.transmit(st, &mut budget));
             left -= batch - budget;
             if !more || left == 0 {
                 break more;
@@ -260,181 +314,18 @@ impl RxeQp {
         }
     }
 
-    /// Send what is ready, responder output first; true when work is left over. Nothing
-    /// while a transmit step's worth of datagrams waits in the outbox: its sender asks
-    /// for a transmit step once it has sent them.
-    fn transmit(&self, st: &mut State, budget: &mut u32) -> bool {
-        if st.out.len() >= TX_BUDGET as usize {
-            st.resume = true;
-            return false;
-        }
-        let more = self.send_read_responses(st, budget);
-        more | self.pump(st, budget)
-    }
-
-    // ---- timers -----------------------------------------------------------------------
-
-    pub(crate) fn arm_timer(&self, st: &mut State, after: Duration) {
-        let at = self.dev.clock.now() + after;
-        st.timer_at = Some(at);
-        self.queue_timer(st, at);
-    }
-
-    fn queue_timer(&self, st: &mut State, at: Instant) {
-        if st.timer_queued.is_none_or(|q| at < q) {
-            st.timer_queued = Some(at);
-            self.dev.timers.arm(Target::Qp(self.base.qpn), 0, at);
-        }
-    }
-
-    pub(crate) fn stop_timer(&self, st: &mut State) {
-        st.timer_at = None;
-    }
-
-    /// The local ACK timeout of the QP: 4.096 µs × 2^timeout (0 = wait forever).
-    pub(crate) fn ack_timeout(st: &State) -> Option<Duration> {
-        match st.attr.timeout {
-            0 => None,
-            t => Some(Duration::from_nanos(4096u64 << t.min(31)).max(Duration::from_millis(1))),
-        }
-    }
-
     /// A heap entry of this QP queued for `fired` came due.
     pub(crate) fn on_timer(&self, fired: Instant) {
-        let more = self.with_state(|st| {
-            if st.timer_queued == Some(fired) {
-                st.timer_queued = None;
-            }
-            match st.timer_at {
-                None => return false,
-                Some(at) if at > self.dev.clock.now() => {
-                    self.queue_timer(st, at);
-                    return false;
-                }
-                Some(_) => {}
-            }
-            st.timer_at = None;
-            self.requester_timeout(st);
-            true
-        });
-        if more {
+        if self.with_state(Caller::Device, |e, st| e.on_timer(st, fired)) {
             self.schedule();
         }
     }
-
-    // ---- receive ----------------------------------------------------------------------
 
     /// One verified packet addressed to this QP.
     pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>) {
-        let schedule = self.with_state(|st| {
-            if st.av.is_some_and(|av| av.dst != d.src) {
-                self.dev.count(&self.dev.counters.rx_wrong_source);
-                return false;
-            }
-            if p.bth.opcode.transport() != wire::opcode::Transport::Rc {
-                self.dev.count(&self.dev.counters.rx_malformed);
-                return false;
-            }
-            let ready = match p.bth.opcode.direction() {
-                wire::Direction::Request => {
-                    if !matches!(st.qp, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                        self.dev.count(&self.dev.counters.rx_dropped_state);
-                        return false;
-                    }
-                    self.on_request(st, p)
-                }
-                wire::Direction::Response => {
-                    if !matches!(st.qp, QpState::Rts | QpState::Sqd) {
-                        self.dev.count(&self.dev.counters.rx_dropped_state);
-                        return false;
-                    }
-                    self.on_response(st, p)
-                }
-            };
-            // What the packet made ready (an ACK, a Read response, the next window of
-            // requests) goes out from this thread once it leaves the lock; only a
-            // remainder waits for the transmit thread, which saves a thread wake-up per
-            // message.
-            let mut budget = INLINE_BUDGET;
-            ready && self.transmit(st, &mut budget)
-        });
-        if schedule {
+        if self.with_state(Caller::Device, |e, st| e.on_packet(st, d.src, p)) {
             self.schedule();
         }
-    }
-
-    // ---- output helpers ---------------------------------------------------------------
-
-    /// Queue one packet to the QP's peer; it is sent when the lock is released.
-    pub(crate) fn send_packet(&self, st: &mut State, repr: &RoceRepr<'_>) {
-        let Some(av) = st.av else { return };
-        match repr.to_vec() {
-            Ok(roce) => st.out.push(Outgoing { av, roce }),
-            Err(e) => tracing::warn!(qpn = self.base.qpn, error = %e, "rxe: cannot emit packet"),
-        }
-    }
-
-    pub(crate) fn bth(&self, st: &State, opcode: wire::Opcode, psn: u32) -> wire::BthRepr {
-        wire::BthRepr::new(opcode, st.attr.dest_qpn, psn)
-    }
-
-    // ---- completions and errors -------------------------------------------------------
-
-    /// Write a completion; one lost to a full CQ is counted (the CQ reports it).
-    pub(crate) fn post_cqe(&self, send: bool, cqe: Cqe) {
-        if !self.base.push_cqe(send, cqe) {
-            self.dev.count(&self.dev.counters.cq_overflows);
-        }
-    }
-
-    /// Move to Error: flush both queues with `WrFlushErr` (an SRQ's receives stay).
-    pub(crate) fn to_error(&self, st: &mut State) {
-        if st.qp == QpState::Error {
-            return;
-        }
-        self.set_state(st, QpState::Error);
-        self.stop_timer(st);
-        for w in st.req.drain() {
-            let status = match w.status {
-                Some(s) => s,
-                None if w.done => WcStatus::Success,
-                None => WcStatus::WrFlushErr,
-            };
-            if w.wqe.signaled() || status != WcStatus::Success {
-                self.post_cqe(true, self.base.cqe(&w.wqe, status, 0));
-            }
-        }
-        self.flush_rings(st);
-        st.resp.clear();
-    }
-
-    /// Complete everything queued in the consumer's rings now as flushed (QP in Error):
-    /// a fixed range, so a consumer that keeps refilling a ring gets the rest flushed at
-    /// its next doorbell, never an endless loop here.
-    fn flush_rings(&self, st: &mut State) {
-        self.base.flush_send(|c| self.post_cqe(true, c));
-        self.base
-            .flush_recv(st.resp.take_current_recv(), |c| self.post_cqe(false, c));
-    }
-
-    /// A fatal transport error: report it and go to Error.
-    pub(crate) fn fatal(&self, st: &mut State, kind: EventKind, why: &str) {
-        if st.qp == QpState::Error {
-            return;
-        }
-        tracing::warn!(qpn = self.base.qpn, ?kind, why, "rxe QP error");
-        self.to_error(st);
-        self.base
-            .sink
-            .deliver(Event::new(kind).with_status(libc::EIO));
-    }
-
-    /// The next posted receive ([`QpBase::take_recv`]); a corrupt receive ring is also
-    /// logged here (the caller fails the QP).
-    pub(crate) fn take_recv(&self) -> Result<Option<Wqe>, RingCorrupt> {
-        self.base.take_recv().inspect_err(|_| {
-            rnicpi::warn_limited!(qpn = self.base.qpn, "rxe receive ring indices corrupt");
-        })
     }
 
     // ---- connection manager hooks -----------------------------------------------------
@@ -444,26 +335,24 @@ impl RxeQp {
         self.modify(attr, mask)
     }
 
-    /// The connection ended: flush, and tell the consumer once.
-    pub(crate) fn cm_closed(&self, kind: EventKind) {
-        let mut st = self.st.lock();
-        self.to_error(&mut st);
-        let first = !st.closed_reported;
-        st.closed_reported = true;
-        drop(st);
-        if first {
-            self.base.sink.deliver(Event::new(kind));
-        }
+    /// The connection failed: flush, and deliver `event` if there is one.
+    pub(crate) fn cm_failed(&self, event: Option<Event>) {
+        self.with_state(Caller::Verb, |e, st| {
+            e.to_error(st);
+            if let Some(ev) = event {
+                e.deliver(st, ev);
+            }
+        });
     }
 
-    /// The peer stopped answering (transport retries exhausted): a dead peer, which a
-    /// connected consumer hears of as a broken connection (once, as for a close).
-    pub(crate) fn peer_lost(&self, st: &mut State) {
-        if !std::mem::replace(&mut st.closed_reported, true) {
-            self.base
-                .sink
-                .deliver(Event::new(EventKind::ConnectionBroken).with_status(libc::ETIMEDOUT));
-        }
+    /// The connection ended: flush, and tell the consumer once.
+    pub(crate) fn cm_closed(&self, kind: EventKind) {
+        self.with_state(Caller::Verb, |e, st| {
+            e.to_error(st);
+            if !std::mem::replace(&mut st.closed_reported, true) {
+                e.deliver(st, Event::new(kind));
+            }
+        });
     }
 
     pub(crate) fn state(&self) -> QpState {
@@ -493,15 +382,15 @@ impl RxeQp {
         let sport = wire::icrc::udp_sport_for(0, self.base.qpn, st.attr.dest_qpn);
         Ok(Av { src, dst, sport })
     }
-}
 
-impl ProviderQp for RxeQp {
-    fn qp_num(&self) -> u32 {
-        self.base.qpn
-    }
-
-    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let mut st = self.st.lock();
+    /// Modify QP under the lock, with the engine for what the move does (a flush).
+    fn modify_state(
+        &self,
+        e: &Engine,
+        st: &mut State,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<()> {
         let to = if mask.contains(QpAttrMask::STATE) {
             attr.state
         } else {
@@ -581,33 +470,43 @@ impl ProviderQp for RxeQp {
         if mask.contains(QpAttrMask::STATE) {
             match to {
                 QpState::Reset => {
-                    self.to_error(&mut st);
+                    e.to_error(st);
                     let attr = st.attr;
                     st.req = Requester::new(attr.sq_psn, attr.retry_cnt, attr.rnr_retry);
                     st.resp = Responder::new(attr.rq_psn);
                     st.av = None;
                     self.base.rearm_last_wqe();
-                    self.set_state(&mut st, QpState::Reset);
+                    e.set_state(st, QpState::Reset);
                 }
                 QpState::Rtr => {
                     let mtu = st.attr.path_mtu.min(self.dev.active_mtu());
                     st.mtu = mtu;
-                    st.av = Some(self.resolve_av(&st)?);
+                    st.av = Some(self.resolve_av(st)?);
                     st.resp = Responder::new(st.attr.rq_psn);
-                    self.set_state(&mut st, QpState::Rtr);
+                    e.set_state(st, QpState::Rtr);
                 }
                 QpState::Rts if st.qp == QpState::Rtr => {
                     let a = st.attr;
                     st.req = Requester::new(a.sq_psn, a.retry_cnt, a.rnr_retry);
-                    self.set_state(&mut st, QpState::Rts);
+                    e.set_state(st, QpState::Rts);
                 }
                 QpState::Error => {
-                    self.to_error(&mut st);
+                    e.to_error(st);
                 }
-                other => self.set_state(&mut st, other),
+                other => e.set_state(st, other),
             }
         }
         Ok(())
+    }
+}
+
+impl ProviderQp for RxeQp {
+    fn qp_num(&self) -> u32 {
+        self.base.qpn
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.with_state(Caller::Verb, |e, st| self.modify_state(e, st, attr, mask))
     }
 
     fn query(&self) -> QpAttr {
@@ -620,14 +519,14 @@ impl ProviderQp for RxeQp {
     }
 
     fn doorbell(&self) {
-        let more = self.with_state(|st| {
+        let more = self.with_state(Caller::Verb, |e, st| {
             if st.qp == QpState::Error {
                 // Work posted to a QP in Error completes flushed at once.
-                self.flush_rings(st);
+                e.flush_rings(st);
                 return false;
             }
             let mut budget = INLINE_BUDGET;
-            self.transmit(st, &mut budget)
+            e.transmit(st, &mut budget)
         });
         if more {
             self.schedule();
@@ -643,10 +542,10 @@ impl ProviderQp for RxeQp {
         if let Some(me) = self.arc() {
             let _ = crate::cm::disconnect(&self.dev, &me, true);
         }
-        let mut st = self.st.lock();
-        st.closed_reported = true;
-        self.to_error(&mut st);
-        drop(st);
+        self.with_state(Caller::Verb, |e, st| {
+            st.closed_reported = true;
+            e.to_error(st);
+        });
         self.dev.qps.write().remove(&self.base.qpn);
     }
 

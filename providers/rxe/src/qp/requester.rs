@@ -2,7 +2,7 @@
 //! PSNs assigned, at most a window of packets unacknowledged), as Linux's `rxe_req.c`.
 //! What comes back is the completer's (`completer`); both share the [`Requester`] state.
 
-use super::{byte_len, RxeQp, State, MAX_MSG, WINDOW};
+use super::{byte_len, Engine, State, MAX_MSG, WINDOW};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicEthRepr, IethRepr, ImmDtRepr, Opcode, RethRepr,
     RoceRepr, Syndrome,
@@ -180,7 +180,7 @@ impl Requester {
     }
 }
 
-impl RxeQp {
+impl Engine<'_> {
     /// Transmit request packets while the window, ORD and budget allow; true when the
     /// budget ran out with work left. Local operations (bind, invalidate) spend the
     /// budget as packets do: a consumer replaying them from a churned ring costs one
@@ -346,9 +346,7 @@ impl RxeQp {
             WrOpcode::Recv => return Err(WcStatus::LocQpOpErr),
         };
         let regions = if !wqe.is_inline() && npkts > 0 {
-            self.dev
-                .res
-                .mrs
+            self.mrs
                 .resolve_sgl(self.base.pd, wqe.sges(), need)
                 .map_err(|_| WcStatus::LocProtErr)?
         } else {
@@ -375,8 +373,6 @@ impl RxeQp {
         let w = &mut st.req.wqes[i];
         let r = match w.op {
             WrOpcode::LocalInv => self
-                .dev
-                .res
                 .mrs
                 .invalidate(w.wqe.imm_or_inv, self.base.pd)
                 .map_err(|_| WcStatus::LocProtErr),
@@ -384,8 +380,6 @@ impl RxeQp {
                 let b = w.wqe.bind_args();
                 match b.access {
                     Some(a) => self
-                        .dev
-                        .res
                         .mrs
                         .bind_window(self.base.pd, b.mw_rkey, b.mr_lkey, b.addr, b.len, a)
                         .map(|_| ())

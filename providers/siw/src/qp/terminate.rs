@@ -42,13 +42,10 @@ impl State {
             env.base.flush_send(|c| self.post_cqe(true, c));
         }
         let current = self.cur_recv.take().map(|r| r.wqe);
-        let mut last_wqe = None;
-        env.base.flush_recv_with(
-            current,
-            |c| self.post_cqe(false, c),
-            |ev| last_wqe = Some(ev),
-        );
-        if let Some(ev) = last_wqe {
+        if let Some(ev) = env
+            .base
+            .flush_recv_deferred(current, |c| self.post_cqe(false, c))
+        {
             self.event(ev);
         }
     }

@@ -1,0 +1,380 @@
+//! The socket calls under `net`, and every `unsafe` block of rxe's I/O: sockets opened
+//! and bound, socket options, BPF filters, `sendmsg`/`recvmsg` with control messages, and
+//! the libc address structures. `net` builds headers and ICRCs on top of these and holds
+//! no `unsafe` itself.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+pub(super) fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: &T,
+) -> io::Result<()> {
+    // SAFETY: `v` points to a live value of the size passed.
+    check(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            v as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// A new socket of `domain`, `kind` (close-on-exec) and `proto`.
+fn socket(domain: libc::c_int, kind: libc::c_int, proto: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the result is checked before it is owned.
+    let fd = check(unsafe { libc::socket(domain, kind | libc::SOCK_CLOEXEC, proto) })?;
+    // SAFETY: `fd` is a new descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Bind `fd` to `addr`.
+fn bind<A: SockAddr>(fd: RawFd, addr: &A) -> io::Result<()> {
+    // SAFETY: addr is a valid socket address (`SockAddr`) of the size passed.
+    check(unsafe {
+        libc::bind(
+            fd,
+            addr as *const A as *const libc::sockaddr,
+            std::mem::size_of::<A>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// Attach a classic BPF program to a socket.
+pub(super) fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+}
+
+pub(super) const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// For an `IPPROTO_UDP` raw socket (data starts at the IP header): keep datagrams to
+/// UDP destination `port` (and to IPv4 destination `dst`, for a device bound to one
+/// address, so instances on other addresses do not each get a copy), drop the rest.
+pub(super) fn udp_port_filter(port: u16, dst: Option<Ipv4Addr>) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const LDX_MSH: u16 = (libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH) as u16;
+    const LDH_IND: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_IND) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let mut prog = Vec::new();
+    if let Some(d) = dst {
+        prog.push(bpf(LD_W_ABS, 0, 0, 16)); // A = IPv4 destination
+        prog.push(bpf(JEQ, 0, 4, u32::from(d))); // else drop
+    }
+    prog.extend([
+        bpf(LDX_MSH, 0, 0, 0), // X = IP header length
+        bpf(LDH_IND, 0, 0, 2), // A = UDP destination port
+        bpf(JEQ, 0, 1, port as u32),
+        bpf(RET, 0, 0, 0xffff),
+        bpf(RET, 0, 0, 0),
+    ]);
+    prog
+}
+
+pub(super) fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
+    let sock = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let fd = sock.as_raw_fd();
+    // SO_REUSEADDR lets instances bound to distinct addresses (127.0.0.x in tests) share
+    // the port with one bound to the wildcard.
+    let on: libc::c_int = 1;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
+    bind(fd, &sockaddr_in(sa))?;
+    Ok(UdpSocket::from(sock))
+}
+
+/// The IPv6 socket of a wildcard device: `[::]:port`, IPv6 only, with the destination of
+/// each datagram reported.
+pub(super) fn open_udp6(port: u16) -> io::Result<UdpSocket> {
+    let owned = socket(libc::AF_INET6, libc::SOCK_DGRAM, 0)?;
+    let fd = owned.as_raw_fd();
+    let on: libc::c_int = 1;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
+    setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on)?;
+    setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)?;
+    bind(
+        fd,
+        &sockaddr_in6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)),
+    )?;
+    grow_buffers(fd);
+    let sock = UdpSocket::from(owned);
+    sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    Ok(sock)
+}
+
+/// Receive one datagram with its destination address (IP_PKTINFO / IPV6_PKTINFO);
+/// `None` on timeout.
+fn recvmsg<A>(
+    fd: RawFd,
+    from: &mut A,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Option<IpAddr>)>> {
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = from as *mut A as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<A>() as u32;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg describes valid buffers for the kernel to fill.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return timeout_or(io::Error::last_os_error());
+    }
+    Ok(Some((n as usize, pktinfo_dst(&msg))))
+}
+
+pub(super) fn grow_buffers(fd: RawFd) {
+    let size: libc::c_int = 16 << 20;
+    // Root may exceed rmem_max/wmem_max with the FORCE variants; others get the cap.
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if setsockopt(fd, libc::SOL_SOCKET, force, &size).is_err() {
+            let _ = setsockopt(fd, libc::SOL_SOCKET, plain, &size);
+        }
+    }
+}
+
+pub(super) fn open_raw(port: u16, dst: Option<Ipv4Addr>) -> Option<(OwnedFd, OwnedFd)> {
+    let rx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP).ok()?;
+    let tx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW).ok()?;
+    attach_filter(rx.as_raw_fd(), &udp_port_filter(port, dst)).ok()?;
+    grow_buffers(rx.as_raw_fd());
+    grow_buffers(tx.as_raw_fd());
+    Some((rx, tx))
+}
+
+fn timeout_or<T>(e: io::Error) -> io::Result<Option<T>> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => {
+            Ok(None)
+        }
+        _ => Err(e),
+    }
+}
+
+fn unsafe_zeroed<T: SockAddr>() -> T {
+    // SAFETY: T is a libc socket address (the sealed `SockAddr`): plain data, for which
+    // all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The libc socket addresses: plain data, all-zero valid ([`unsafe_zeroed`]), and what
+/// `bind`/`sendmsg`/`recvmsg` take as a name.
+trait SockAddr {}
+impl SockAddr for libc::sockaddr_in {}
+impl SockAddr for libc::sockaddr_in6 {}
+impl SockAddr for libc::sockaddr_storage {}
+
+pub(super) fn sockaddr_in(sa: SocketAddrV4) -> libc::sockaddr_in {
+    let mut s: libc::sockaddr_in = unsafe_zeroed();
+    s.sin_family = libc::AF_INET as libc::sa_family_t;
+    s.sin_port = sa.port().to_be();
+    s.sin_addr.s_addr = u32::from(*sa.ip()).to_be();
+    s
+}
+
+pub(super) fn sockaddr_in6(sa: SocketAddrV6) -> libc::sockaddr_in6 {
+    let mut s: libc::sockaddr_in6 = unsafe_zeroed();
+    s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    s.sin6_port = sa.port().to_be();
+    s.sin6_addr.s6_addr = sa.ip().octets();
+    s
+}
+
+/// Wait up to `ms` milliseconds for either of two sockets to become readable: which are
+/// (`None` on timeout or error).
+pub(super) fn poll_readable(fds: [RawFd; 2], ms: libc::c_int) -> Option<[bool; 2]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: two valid pollfds for the duration of the call.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+    (n > 0).then(|| p.map(|f| f.revents & libc::POLLIN != 0))
+}
+
+/// Receive one datagram into `buf`: its length, `None` on timeout.
+pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    // SAFETY: recv writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    if n < 0 {
+        return timeout_or(io::Error::last_os_error());
+    }
+    Ok(Some(n as usize))
+}
+
+/// Receive one datagram from a UDP socket: its length, source, and destination address
+/// (IP_PKTINFO / IPV6_PKTINFO); `None` on timeout.
+pub(super) fn recv_from(
+    fd: RawFd,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, SocketAddr, Option<IpAddr>)>> {
+    let mut from: libc::sockaddr_storage = unsafe_zeroed();
+    let Some((n, dst)) = recvmsg(fd, &mut from, buf)? else {
+        return Ok(None);
+    };
+    let src = match from.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (its family says so) at the start of
+            // the storage, which is larger and aligned for it.
+            let a = unsafe { &*(&from as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            SocketAddr::from((ip, u16::from_be(a.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, a sockaddr_in6.
+            let a = unsafe { &*(&from as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            SocketAddr::from((ip, u16::from_be(a.sin6_port)))
+        }
+        _ => return Err(io::ErrorKind::InvalidData.into()),
+    };
+    Ok(Some((n, src, dst)))
+}
+
+pub(super) fn io_slice(b: &[u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: b.as_ptr() as *mut libc::c_void,
+        iov_len: b.len(),
+    }
+}
+
+/// One control message to send along.
+pub(super) struct Cmsg<'a> {
+    pub level: libc::c_int,
+    pub kind: libc::c_int,
+    pub data: &'a [u8],
+}
+
+/// The bytes of a plain-data C struct.
+pub(super) fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: T is a `Copy` libc struct (plain data, no padding the kernel would read as
+    // meaningful); the slice covers exactly its bytes and lives as long as the borrow.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}
+
+pub(super) fn sendmsg(
+    fd: RawFd,
+    name: &[u8],
+    iov: &[libc::iovec],
+    cmsg: Option<Cmsg<'_>>,
+) -> io::Result<()> {
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
+    // iovecs point at slices the caller keeps alive.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = name.as_ptr() as *mut libc::c_void;
+    msg.msg_namelen = name.len() as u32;
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    if let Some(c) = cmsg {
+        let space = unsafe_cmsg_space(c.data.len());
+        if space > std::mem::size_of_val(&control) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer holds one cmsg header plus the data (checked above),
+        // and CMSG_FIRSTHDR/CMSG_DATA point into it.
+        unsafe {
+            let h = libc::CMSG_FIRSTHDR(&msg);
+            (*h).cmsg_level = c.level;
+            (*h).cmsg_type = c.kind;
+            (*h).cmsg_len = libc::CMSG_LEN(c.data.len() as u32) as _;
+            std::ptr::copy_nonoverlapping(c.data.as_ptr(), libc::CMSG_DATA(h), c.data.len());
+        }
+    }
+    loop {
+        // SAFETY: msg is fully initialised above.
+        let r = unsafe { libc::sendmsg(fd, &msg, 0) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // A full socket buffer: the packet is lost like on a wire; retransmission
+            // recovers it. Never block the engine on it.
+            Some(libc::ENOBUFS) | Some(libc::EAGAIN) => return Ok(()),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn unsafe_cmsg_space(len: usize) -> usize {
+    // SAFETY: CMSG_SPACE is a pure arithmetic macro.
+    unsafe { libc::CMSG_SPACE(len as u32) as usize }
+}
+
+fn pktinfo_dst(msg: &libc::msghdr) -> Option<IpAddr> {
+    // SAFETY: the kernel filled msg's control buffer; CMSG_* walk it within its length.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let info =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                    return Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)).into());
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let info =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in6_pktinfo);
+                    return Some(Ipv6Addr::from(info.ipi6_addr.s6_addr).into());
+                }
+                _ => {}
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_program_shape() {
+        let f = udp_port_filter(4791, None);
+        assert_eq!((f.len(), f[2].k, f[3].k), (5, 4791, 0xffff));
+        let f = udp_port_filter(4791, Some(Ipv4Addr::new(127, 10, 0, 1)));
+        assert_eq!((f.len(), f[1].k, f[1].jf as usize), (7, 0x7f0a_0001, 4));
+        assert_eq!(
+            f[1 + 1 + 4].k,
+            0,
+            "the false branch lands on the final drop"
+        );
+    }
+}
