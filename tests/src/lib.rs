@@ -722,3 +722,17 @@ pub fn free_sdp_port() -> u16 {
     }
     panic!("no free TCP port pair for SDP");
 }
+
+/// Read `r` to its end in reads of up to `chunk` bytes (a reader asking for that much
+/// each time, as SDP's write zero copy needs to see).
+pub fn read_in_chunks(mut r: impl std::io::Read, chunk: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            return got;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}

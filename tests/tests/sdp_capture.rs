@@ -106,15 +106,7 @@ fn sdp_over_rxe_decodes_in_tshark() {
         rest
     });
     let (mut s, _) = l.accept().unwrap();
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
+    let got = krdma_tests::read_in_chunks(&mut s, 1 << 20);
     assert_eq!(got.len(), 500 + 512 * 1024 + 4 + 512 * 1024);
     s.write_all(b"bye").unwrap();
     s.shutdown(Shutdown::Write).unwrap();

@@ -226,15 +226,7 @@ fn write_zero_copy(o: &Options) {
     fill_pattern(&mut data, 5);
     let want = crc(&data);
     let reader = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = s.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = krdma_tests::read_in_chunks(&mut s, 1 << 20);
         (got, s.stats().1)
     });
     let deadline = Instant::now() + Duration::from_secs(10);

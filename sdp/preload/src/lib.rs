@@ -1141,42 +1141,37 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     }
 }
 
+/// The SDP socket's local and peer addresses and family, if `fd` is one.
+fn sdp_names(fd: c_int) -> Option<(SocketAddr, SocketAddr, c_int)> {
+    let sock = if is_inside() { None } else { table::get(fd) }?;
+    let names = match &*sock.kind() {
+        Kind::Stream(st) => (st.conn.local, st.conn.peer),
+        Kind::Relayed(r) => (r.local, r.peer),
+        _ => return None,
+    };
+    Some((names.0, names.1, sock.family))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    let s = if is_inside() { None } else { table::get(fd) };
-    if let Some(sock) = s {
-        match &*sock.kind() {
-            Kind::Stream(st) => {
-                write_addr(st.conn.local, sock.family, addr, len);
-                return 0;
-            }
-            Kind::Relayed(r) => {
-                write_addr(r.local, sock.family, addr, len);
-                return 0;
-            }
-            _ => {}
+    match sdp_names(fd) {
+        Some((local, _, family)) => {
+            write_addr(local, family, addr, len);
+            0
         }
+        None => (real().getsockname)(fd, addr, len),
     }
-    (real().getsockname)(fd, addr, len)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    let s = if is_inside() { None } else { table::get(fd) };
-    if let Some(sock) = s {
-        match &*sock.kind() {
-            Kind::Stream(st) => {
-                write_addr(st.conn.peer, sock.family, addr, len);
-                return 0;
-            }
-            Kind::Relayed(r) => {
-                write_addr(r.peer, sock.family, addr, len);
-                return 0;
-            }
-            _ => {}
+    match sdp_names(fd) {
+        Some((_, peer, family)) => {
+            write_addr(peer, family, addr, len);
+            0
         }
+        None => (real().getpeername)(fd, addr, len),
     }
-    (real().getpeername)(fd, addr, len)
 }
 
 unsafe fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) {

@@ -351,6 +351,17 @@ impl Conn {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The state for a socket call, with the events so far taken in; a relayed socket
+    /// refuses (its face is the data path: [`Relayed`]).
+    fn lock_for_call(&self) -> io::Result<MutexGuard<'_, State>> {
+        let mut st = self.lock();
+        if st.relay.is_some() {
+            return Err(relay::relayed_error());
+        }
+        self.progress(&mut st);
+        Ok(st)
+    }
+
     fn post_recv(&self, b: BufId, size: u32) -> io::Result<()> {
         let seg = self
             .rx
@@ -711,11 +722,7 @@ impl Conn {
             return Ok(0);
         }
         loop {
-            let mut st = self.lock();
-            if st.relay.is_some() {
-                return Err(relay::relayed_error());
-            }
-            self.progress(&mut st);
+            let mut st = self.lock_for_call()?;
             let mut got = 0;
             while got < out.len() {
                 match st.proto.next_read() {
@@ -771,11 +778,7 @@ impl Conn {
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
         loop {
-            let mut st = self.lock();
-            if st.relay.is_some() {
-                return Err(relay::relayed_error());
-            }
-            self.progress(&mut st);
+            let st = self.lock_for_call()?;
             match st.proto.next_read() {
                 Some(item @ (ReadItem::Buffered { .. } | ReadItem::Landed { .. })) => {
                     return Ok(self.copy_item(&st, item, out).unwrap_or(0));
@@ -898,11 +901,7 @@ impl Conn {
             return Ok(0);
         }
         loop {
-            let mut st = self.lock();
-            if st.relay.is_some() {
-                return Err(relay::relayed_error());
-            }
-            self.progress(&mut st);
+            let mut st = self.lock_for_call()?;
             if let Some(e) = st.proto.error().cloned() {
                 let first = !st.reset_reported;
                 st.reset_reported = true;
