@@ -227,6 +227,16 @@ impl Filesystem for Device {
     ) {
         let f = match self.authorize(req, fh) {
             Ok((f, _)) => f,
+            // Not checkable now (the daemon is short of descriptors, say): nothing is
+            // shown ready, and the handle is kept so the next event wakes the poller to
+            // ask again. An error here would reach the client as POLLERR, which means
+            // a dead daemon.
+            Err(Errno::EAGAIN) => {
+                if let Some(f) = self.files.open.lock().get(&fh.0).cloned() {
+                    *f.poll.lock() = Some(ph);
+                }
+                return reply.poll(PollEvents::empty());
+            }
             Err(e) => return reply.error(e),
         };
         *f.poll.lock() = Some(ph);
