@@ -88,7 +88,10 @@ impl End {
     /// A server `program` run as this end (its pid is the program's: the test asks it for
     /// its SDP report; it is killed when the test is done with it).
     fn server(&self, program: &str) -> Command {
-        self.env(Command::new(program))
+        use std::os::unix::process::CommandExt;
+        let mut c = self.env(Command::new(program));
+        c.process_group(0);
+        c
     }
 
     fn env(&self, mut c: Command) -> Command {
@@ -113,10 +116,15 @@ impl End {
 }
 
 /// A server process, killed on drop.
+/// A server program, in a process group of its own ([`End::server`]); dropping it kills
+/// the group — the program and whatever it forked (nginx's workers outlive a killed
+/// master, and held their sockets and rxe0 addresses until the machine was cleaned).
 struct Server(Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let group = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
