@@ -8,10 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-release}
-cargo build -q --profile "$profile" -p krdma-sdp-preload -p krdma-stack --bin krdmad
-dir=target/$profile
-[ "$profile" = dev ] && dir=target/debug
-PRELOAD=$PWD/$dir/libkrdma_sdp_preload.so
+# (Two builds: `--bin` would leave the preload library out of one.)
+cargo build -q --profile "$profile" -p krdma-sdp-preload
+cargo build -q --profile "$profile" -p krdma-stack --bin krdmad
+dir=${CARGO_TARGET_DIR:-target}/$profile
+[ "$profile" = dev ] && dir=${CARGO_TARGET_DIR:-target}/debug
+PRELOAD=$(realpath "$dir/libkrdma_sdp_preload.so")
+# A missing library would only make the loader warn, and every "SDP" figure TCP's.
+[ -f "$PRELOAD" ] || { echo "no $PRELOAD" >&2; exit 1; }
 work=$(mktemp -d)
 # Cleanup only: nothing here may turn a finished run into a failure (errexit applies).
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -z "${daemon:-}" ] || kill "$daemon" 2>/dev/null || true; umount -l "$work/krdma" 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -82,7 +82,8 @@ fn sdp_over_rxe_decodes_in_tshark() {
         device: "rxe0".into(),
         target: Some(ual::Target::Embedded),
         ..Options::default()
-    };
+    }
+    .with_zcopy_threshold(128 * 1024);
     let l = SdpListener::bind_with(SocketAddr::from((addr, 0)), &o).unwrap();
     let at = l.local_addr().unwrap();
     let o2 = o.clone();

@@ -26,6 +26,7 @@ fn opts(target: Target, dev: &str) -> Options {
         target: Some(target),
         ..Options::default()
     }
+    .with_zcopy_threshold(128 * 1024)
 }
 
 fn adapter_ip(o: &Options) -> IpAddr {

@@ -17,6 +17,7 @@ fn opts(door: &FrontDoor, dev: &str) -> Options {
         target: Some(door.target()),
         ..Options::default()
     }
+    .with_zcopy_threshold(128 * 1024)
 }
 
 /// Where this process's adapter `dev` is reachable.
