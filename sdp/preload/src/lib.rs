@@ -1250,17 +1250,24 @@ pub unsafe extern "C" fn getsockopt(
         }
         _ => {
             // Other options read back what was set (or 0).
-            let v = st
-                .options
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&(level, opt))
-                .copied()
-                .unwrap_or(0);
-            put_int(val, len, v);
+            put_int(val, len, remembered(&st.options, level, opt));
             0
         }
     }
+}
+
+/// An option SDP has no use for, as it was set (0 if never).
+fn remembered(
+    options: &std::sync::Mutex<std::collections::HashMap<(c_int, c_int), c_int>>,
+    level: c_int,
+    opt: c_int,
+) -> c_int {
+    options
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(level, opt))
+        .copied()
+        .unwrap_or(0)
 }
 
 /// `getsockopt` on a relayed socket: socket-level options are the face's (an `AF_UNIX`
@@ -1279,16 +1286,7 @@ unsafe fn relayed_getsockopt(
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => put_int(val, len, family),
         (libc::SOL_SOCKET, libc::SO_PROTOCOL) => put_int(val, len, libc::IPPROTO_TCP),
         (libc::SOL_SOCKET, _) => return (real().getsockopt)(fd, level, opt, val, len),
-        _ => {
-            let v = r
-                .options
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&(level, opt))
-                .copied()
-                .unwrap_or(0);
-            put_int(val, len, v);
-        }
+        _ => put_int(val, len, remembered(&r.options, level, opt)),
     }
     0
 }
