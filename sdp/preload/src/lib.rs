@@ -484,30 +484,28 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    let l = if is_inside() { None } else { table::get(fd) }.and_then(|s| match &*s.kind() {
-        Kind::Listener(l) => Some((l.clone(), s.family)),
-        _ => None,
-    });
-    let Some((l, family)) = l else {
-        let shared =
-            if is_inside() { None } else { table::get(fd) }.and_then(|s| match &*s.kind() {
-                Kind::Shared(sl) => Some((sl.clone(), s.family)),
-                _ => None,
-            });
-        if let Some((sl, family)) = shared {
-            // A fork child accepting on its parent's listener: the SDP connections come
-            // as bridges the parent relays.
-            sl.accepting();
-            let mut st: libc::sockaddr_storage = std::mem::zeroed();
-            let mut slen = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-            let nfd = (real().accept4)(fd, &mut st as *mut _ as *mut sockaddr, &mut slen, flags);
-            if nfd >= 0 && !adopt_bridge(nfd, family, &st, slen, addr, len) {
-                copy_addr(&st, slen, addr, len);
+    let sock = if is_inside() { None } else { table::get(fd) };
+    let (l, family) = match sock.as_ref().map(|s| (s, s.kind())) {
+        Some((s, k)) => match &*k {
+            Kind::Listener(l) => (l.clone(), s.family),
+            Kind::Shared(sl) => {
+                // A fork child accepting on its parent's listener: the SDP connections
+                // come as bridges the parent relays.
+                sl.accepting();
+                let family = s.family;
+                drop(k);
+                let (nfd, st, slen) = real_accept(fd, flags);
+                if nfd >= 0 && !adopt_bridge(nfd, family, &st, slen, addr, len) {
+                    copy_addr(&st, slen, addr, len);
+                }
+                return nfd;
             }
-            return nfd;
+            _ => return (real().accept4)(fd, addr, len, flags),
+        },
+        None => {
+            let n = (real().accept4)(fd, addr, len, flags);
+            return if is_inside() { relocate(n) } else { n };
         }
-        let n = (real().accept4)(fd, addr, len, flags);
-        return if is_inside() { relocate(n) } else { n };
     };
     loop {
         match l.take_ready() {
@@ -556,9 +554,7 @@ pub unsafe extern "C" fn accept4(
             }
             None => {}
         }
-        let mut st: libc::sockaddr_storage = std::mem::zeroed();
-        let mut slen = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-        let nfd = (real().accept4)(fd, &mut st as *mut _ as *mut sockaddr, &mut slen, flags);
+        let (nfd, st, slen) = real_accept(fd, flags);
         if nfd < 0 {
             return nfd;
         }
@@ -571,6 +567,18 @@ pub unsafe extern "C" fn accept4(
             return r;
         }
     }
+}
+
+/// The kernel's `accept4` on `fd`, with the peer's address kept here: the descriptor
+/// (or -1), the address and its length.
+pub(crate) unsafe fn real_accept(
+    fd: c_int,
+    flags: c_int,
+) -> (c_int, libc::sockaddr_storage, socklen_t) {
+    let mut st: libc::sockaddr_storage = std::mem::zeroed();
+    let mut slen = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    let nfd = (real().accept4)(fd, &mut st as *mut _ as *mut sockaddr, &mut slen, flags);
+    (nfd, st, slen)
 }
 
 /// A kernel TCP connection accepted on an offloaded listener: the program's, unless the

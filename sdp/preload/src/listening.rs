@@ -2,7 +2,6 @@
 //! waiting for the program's `accept` (with the doorbell that makes the kernel listener
 //! show them), and its sharing with fork children (`crate::bridges`).
 
-use crate::real::real;
 use crate::table::{global, inside, COUNTERS};
 use krdma_sdp::conn::Conn;
 use krdma_sdp::reactor::{self, Reactive, Registration};
@@ -199,18 +198,8 @@ impl Listening {
             if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
                 break;
             }
-            // SAFETY: accepting into our own storage.
-            let (nfd, a, alen) = unsafe {
-                let mut a: libc::sockaddr_storage = std::mem::zeroed();
-                let mut alen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                let nfd = (real().accept4)(
-                    self.fd,
-                    &mut a as *mut _ as *mut libc::sockaddr,
-                    &mut alen,
-                    libc::SOCK_CLOEXEC,
-                );
-                (nfd, a, alen)
-            };
+            // SAFETY: accept on the program's listener, into storage of our own.
+            let (nfd, a, alen) = unsafe { crate::real_accept(self.fd, libc::SOCK_CLOEXEC) };
             if nfd < 0 {
                 break;
             }

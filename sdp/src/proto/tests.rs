@@ -314,20 +314,26 @@ fn keepalive_after_silence_on_the_simulated_clock() {
     assert_eq!(p.a.c.counters.keepalives, 2);
 }
 
+/// `body` as the next message `c`'s peer sends it (in sequence, acknowledging all of
+/// `c`'s, 16 buffers posted).
+fn next_from_peer(c: &Connection, body: Body<'_>) -> Vec<u8> {
+    Message {
+        bsdh: Bsdh {
+            bufs: 16,
+            mseq: c.last_rx_mseq + 1,
+            mseq_ack: c.next_mseq - 1,
+            ..Bsdh::default()
+        },
+        body,
+    }
+    .to_vec()
+}
+
 #[test]
 fn mode_change_to_buffered_accepted_others_refused() {
     let mut p = Pair::default();
     let inject = |p: &mut Pair, body: Body<'_>| -> Result<bool, ConnError> {
-        let m = Message {
-            bsdh: Bsdh {
-                bufs: 16,
-                mseq: p.b.c.last_rx_mseq + 1,
-                mseq_ack: p.b.c.next_mseq - 1,
-                ..Bsdh::default()
-            },
-            body,
-        };
-        let v = m.to_vec();
+        let v = next_from_peer(&p.b.c, body);
         p.b.c.on_receive(p.now, 0, Received::whole(&v))
     };
     assert_eq!(inject(&mut p, Body::ModeChange { flags: 0x80 }), Ok(true));
@@ -510,16 +516,7 @@ fn sink_cancel_is_acknowledged_and_unsolicited_write_completions_abort() {
     p.settle();
     assert!(p.a.c.counters.sink_adverts_rx == 1);
     // The sink takes the advert back: the source forgets it and acknowledges.
-    let cancel = Message {
-        bsdh: Bsdh {
-            bufs: 16,
-            mseq: p.a.c.last_rx_mseq + 1,
-            mseq_ack: p.a.c.next_mseq - 1,
-            ..Bsdh::default()
-        },
-        body: Body::SinkAvailCancel,
-    }
-    .to_vec();
+    let cancel = next_from_peer(&p.a.c, Body::SinkAvailCancel);
     assert_eq!(
         p.a.c.on_receive(p.now, 0, Received::whole(&cancel)),
         Ok(true)
@@ -532,33 +529,18 @@ fn sink_cancel_is_acknowledged_and_unsolicited_write_completions_abort() {
     let mut q = Pair::default();
     assert!(q.b.read(&q.a, 1 << 20).unwrap().is_empty());
     q.settle();
-    let over = Message {
-        bsdh: Bsdh {
-            bufs: 16,
-            mseq: q.b.c.last_rx_mseq + 1,
-            mseq_ack: q.b.c.next_mseq - 1,
-            ..Bsdh::default()
-        },
-        body: Body::RdmaWrCompl {
+    let over = next_from_peer(
+        &q.b.c,
+        Body::RdmaWrCompl {
             size: super::sim::LANDING_SIZE as u32 + 1,
         },
-    }
-    .to_vec();
+    );
     assert!(matches!(
         q.b.c.on_receive(q.now, 0, Received::whole(&over)),
         Err(ConnError::Protocol(Violation::OverWrite { .. }))
     ));
     let mut r = Pair::default();
-    let unsolicited = Message {
-        bsdh: Bsdh {
-            bufs: 16,
-            mseq: r.b.c.last_rx_mseq + 1,
-            mseq_ack: r.b.c.next_mseq - 1,
-            ..Bsdh::default()
-        },
-        body: Body::RdmaWrCompl { size: 10 },
-    }
-    .to_vec();
+    let unsolicited = next_from_peer(&r.b.c, Body::RdmaWrCompl { size: 10 });
     assert!(matches!(
         r.b.c.on_receive(r.now, 0, Received::whole(&unsolicited)),
         Err(ConnError::Protocol(Violation::Unexpected(Mid::RdmaWrCompl)))
