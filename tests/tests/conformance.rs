@@ -41,6 +41,7 @@ for_each_device!(siw0, rxe0 => [
     foreign_handle_guesses_never_touch_another_context,
     many_concurrent_qps,
     disconnect_flushes_and_notifies_both_sides,
+    a_delivered_send_survives_the_receivers_close,
 ]);
 
 fn pair(
@@ -216,6 +217,41 @@ fn many_concurrent_qps(dev: &str) {
             .sum();
         assert_eq!(qps, 2 * n as u32);
     });
+}
+
+/// A receiver that closes abruptly the moment its receive completes (dapltest's
+/// performance server does) must not make the sender's Send fail: the message arrived,
+/// so what acknowledges it goes out ahead of the close. The two ends are on separate
+/// instances of the device (this process's embedded one and the daemon's), each with its
+/// own threads, as two processes are; the race is run many times, since its window is
+/// one `sendmsg` wide.
+fn a_delivered_send_survives_the_receivers_close(dev: &str) {
+    if !krdma_tests::daemon_possible() {
+        return;
+    }
+    let daemon = FrontDoor::Daemon(krdma_tests::Daemon::start());
+    let (d, e) = (daemon.open(), FrontDoor::Embedded.open());
+    for (receiver, sender, how) in [
+        (&d, &e, "daemon <- embedded"),
+        (&e, &d, "embedded <- daemon"),
+    ] {
+        for round in 0..100u32 {
+            let (s, c) = connect_pair(receiver, sender, dev, 4096, 16)
+                .unwrap_or_else(|e| panic!("{how}: connect over {dev}: {e:?}"));
+            s.post_recv(1, 0, 64).unwrap();
+            c.send(2, 0, 64, SIG).unwrap();
+            let got = s.cq.wait(1, Duration::from_secs(10)).unwrap();
+            assert_eq!(got[0].status(), WcStatus::Success);
+            s.qp.disconnect(true).unwrap();
+            let sent = c.cq.wait(1, Duration::from_secs(10)).unwrap();
+            assert_eq!(
+                sent[0].status(),
+                WcStatus::Success,
+                "{how}, round {round}: the delivered Send completed as {:?}",
+                sent[0].status()
+            );
+        }
+    }
 }
 
 fn disconnect_flushes_and_notifies_both_sides(dev: &str) {

@@ -70,6 +70,13 @@ enum Caller {
     /// The consumer or the connection manager (Modify QP, a doorbell, destroy, a close):
     /// returns with its completions on the CQ and its events delivered, as a verb should.
     Verb,
+    /// The connection manager moving the QP to Error before it sends a DREQ: as a verb,
+    /// and it waits for a token holder at work even when it produced nothing itself, so
+    /// every datagram the QP produced before (the ACK of a message whose completion the
+    /// consumer may already have seen and answered by closing) is on the wire ahead of the
+    /// DREQ. Without this the peer could take the DREQ first and flush a Send that was
+    /// delivered (dapltest's performance client saw its last Send fail this way).
+    Close,
 }
 
 /// Packets in flight a requester allows before waiting for an acknowledgement.
@@ -226,7 +233,12 @@ impl RxeQp {
         };
         let r = f(&engine, &mut st);
         let deadline = st.out.deadline.take();
-        if caller == Caller::Verb && !st.out.effects.is_empty() {
+        let wait = match caller {
+            Caller::Device => false,
+            Caller::Verb => !st.out.effects.is_empty(),
+            Caller::Close => true,
+        };
+        if wait {
             while st.sending {
                 self.token_free.wait(&mut st);
             }
@@ -337,7 +349,7 @@ impl RxeQp {
 
     /// The connection failed: flush, and deliver `event` if there is one.
     pub(crate) fn cm_failed(&self, event: Option<Event>) {
-        self.with_state(Caller::Verb, |e, st| {
+        self.with_state(Caller::Close, |e, st| {
             e.to_error(st);
             if let Some(ev) = event {
                 e.deliver(st, ev);
@@ -359,10 +371,16 @@ impl RxeQp {
         self.st.lock().qp
     }
 
-    /// Send-queue work is posted or in flight (an orderly close waits for it).
+    /// Send-queue work is posted or in flight, or responder output (Read responses, an
+    /// acknowledgement) is still to go out: an orderly close waits for both.
     pub(crate) fn send_busy(&self) -> bool {
         let st = self.st.lock();
-        st.qp != QpState::Error && (st.req.busy() || !self.base.sq.lock().is_empty())
+        st.qp != QpState::Error
+            && (st.req.busy()
+                || st.resp.queued() > 0
+                || st.sending
+                || !st.out.datagrams.is_empty()
+                || !self.base.sq.lock().is_empty())
     }
 
     /// Resolve the address vector from the QP attributes (destination GID, source GID
