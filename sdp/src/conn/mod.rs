@@ -22,6 +22,7 @@ use krdma_itapi::{
     EvdFlags, Event, EventStream, Lmr, MemPriv, RdmaAddr, Transport,
 };
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -174,6 +175,9 @@ pub struct Conn {
     tx_slot: usize,
     pub(crate) st: Mutex<State>,
     reg: Mutex<Option<Registration>>,
+    /// Wakes callers asleep in [`Conn::sleep`] when another caller took the events they
+    /// were waiting for (a semaphore: one unit per sleeper woken).
+    kick: EventFd,
     pub local: SocketAddr,
     pub peer: SocketAddr,
 }
@@ -219,7 +223,11 @@ impl Conn {
         let tx_buf = RegBuf::new(tx_slot * TX_SLOTS as usize)?;
         let tx = Lmr::create(&dev.pz, tx_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
         let (face, readiness) = Readiness::new()?;
+        let kick = EventFd::from_flags(
+            EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
+        )?;
         let conn = Arc::new(Conn {
+            kick,
             dev,
             ep,
             dto,
@@ -394,21 +402,29 @@ impl Conn {
 
     /// Take every completion and connection event, then send what the protocol has.
     pub(crate) fn progress(&self, st: &mut State) {
+        let mut took = false;
         loop {
             match self.dto.dequeue() {
                 Ok(Event::Dto(d)) => {
+                    took = true;
                     self.on_dto(st, d.kind, d.cookie, d.status, d.transferred_length)
                 }
-                Ok(_) => {}
+                Ok(_) => took = true,
                 Err(_) => break,
             }
         }
         while let Ok(ev) = self.cm.dequeue() {
+            took = true;
             if let Event::Connection(c) = ev {
                 self.on_cm(st, c.kind, &c.private_data);
             }
         }
         self.flush(st);
+        if took && st.waiters > 0 {
+            // Callers asleep were waiting on these very events (a reader and a writer of
+            // one socket sleep on the same queues): wake them to look again.
+            let _ = self.kick.write(u64::from(st.waiters));
+        }
     }
 
     fn on_dto(&self, st: &mut State, kind: DtoKind, cookie: u64, status: DtoStatus, len: u32) {
@@ -668,7 +684,10 @@ impl Conn {
     /// Sleep until something may have changed: the face shows `want`, or an event
     /// arrived. While a caller sleeps here the progress thread leaves the events to it
     /// (`waiters`), so an event can never be taken by the one and missed by the other;
-    /// the caller makes progress itself when it wakes.
+    /// the caller makes progress itself when it wakes. Two callers of one socket (a
+    /// reader and a writer thread) sleep on the same event queues: the one that wakes and
+    /// takes the events kicks the other (`kick`), which would otherwise sleep on with its
+    /// condition met (seen as a writer waiting for an empty queue forever).
     fn sleep(
         &self,
         mut st: MutexGuard<'_, State>,
@@ -697,6 +716,7 @@ impl Conn {
         drop(st);
         let dto = self.dto.fd().expect("DTO EVD has a descriptor");
         let mut p = [
+            PollFd::new(self.kick.as_fd(), PollFlags::POLLIN),
             PollFd::new(dto, PollFlags::POLLIN),
             PollFd::new(
                 self.cm.fd().expect("CM EVD has a descriptor"),
@@ -704,8 +724,15 @@ impl Conn {
             ),
             PollFd::new(face.unwrap_or(dto), want),
         ];
-        let n = if face.is_some() { 3 } else { 2 };
+        let n = if face.is_some() { 4 } else { 3 };
         let r = poll(&mut p[..n], timeout);
+        if p[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN))
+        {
+            // This sleeper's unit (another may have taken it first: then nothing).
+            let _ = self.kick.read();
+        }
         let mut st = self.lock();
         st.waiters -= 1;
         self.progress(&mut st);
