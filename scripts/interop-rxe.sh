@@ -5,8 +5,8 @@
 # and every RoCEv2 ICRC is recomputed and must match (../shared/interop/icrc-check.py).
 # The guest's IPv4 GID is index 1 (0 is its IPv6 link-local); krdma's is index 0.
 # Three tool sets: ibv_rc_pingpong (`krdma pingpong`), rping (`krdma rping`), and perftest
-# 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat against `krdma perf`) with and
-# without -R.
+# 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat against
+# `krdma perf`) with and without -R.
 #
 #   bash scripts/interop-rxe.sh                  # the whole set
 #   ONLY=pingpong bash scripts/interop-rxe.sh    # the cases whose name matches
@@ -42,7 +42,7 @@ record "rping-host-server-daemon" 1 "" "rping -c -a $HOST -v -V -C 10" \
 PERF_ITERS=${PERF_ITERS:-100}
 for cm in "" "-R"; do
     tag=${cm:+-cm}
-    for t in write_bw read_bw send_bw send_lat; do
+    for t in write_bw read_bw send_bw send_lat write_lat read_lat atomic_bw atomic_lat; do
         k=${t/_/-}
         # One host-server case of each exchange method through krdmad as well.
         front=embedded

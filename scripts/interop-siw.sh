@@ -3,7 +3,8 @@
 # tools faces `krdma` on this host, in both roles, with the guest's siw in its default mode and
 # with MPA CRC required (--siwcrc). Every run is captured and the capture checked with tshark
 # (iWARP decoded, no malformed frames, no CRC errors). Two tool sets: rping (`krdma rping`) and
-# perftest 4.5 -R (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat against `krdma perf`).
+# perftest 4.5 -R (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat
+# against `krdma perf`).
 #
 #   bash scripts/interop-siw.sh            # the whole set
 #   INTEROP=/path/to/shared/interop bash scripts/interop-siw.sh
@@ -36,7 +37,7 @@ for crc in "" "--siwcrc"; do
     tag=${crc:+-crc}
     front=embedded
     [ -n "$crc" ] && front=daemon  # the host-server direction through krdmad as well
-    for t in write_bw read_bw send_bw send_lat; do
+    for t in write_bw read_bw send_bw send_lat write_lat read_lat; do
         k=${t/_/-}
         record "perf-$k-guest-server$tag" 3 "$crc" "ib_$t -d siw0 -R -n $PERF_ITERS" \
             "perf $k -R -n $PERF_ITERS $GUEST" guest-first

@@ -7,7 +7,7 @@
 use krdma_tests::{each_front_door, FrontDoor};
 use std::io::{Read, Write};
 use std::time::Duration;
-use tools::perftest::{self, BwReport, Options, PerfError, Summary, Test};
+use tools::perftest::{self, AtomicType, BwReport, Options, PerfError, Summary, Test};
 use ual::{send_flags, ConnParam};
 
 /// One side's result and what it printed.
@@ -160,6 +160,135 @@ fn send_lat() {
         assert!(side.summary.validated);
         assert!(side.text.contains("t_typical[usec]"), "{}", side.text);
     }
+}
+
+/// One latency line of `size` and `iters` with sane numbers.
+fn sane_lat(side: &Side, size: u64, iters: u64) {
+    let l = &side.summary.lat;
+    assert_eq!(l.len(), 1, "{}", side.text);
+    let r = l[0];
+    assert_eq!((r.size, r.iters), (size, iters));
+    assert!(
+        r.t_min > 0.0 && r.t_min <= r.t_typical && r.t_typical <= r.t_max,
+        "{r:?}"
+    );
+    assert!(side.text.contains("t_typical[usec]"), "{}", side.text);
+}
+
+/// ib_write_lat: both sides ping-pong RDMA Writes and print their table, over siw0 and
+/// both exchange methods of rxe0; -a runs every size.
+#[test]
+fn write_lat_every_device_and_mode() {
+    let mut runs = vec![(opts(Test::WriteLat, 200), "IW", "rdma_cm")];
+    for (cm, method) in RXE_MODES {
+        runs.push((rxe(opts(Test::WriteLat, 200), cm), "IB", method));
+    }
+    for (o, transport, method) in runs {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        for side in [&s, &c] {
+            sane_lat(side, 2, 200);
+            check_info(side, transport, method);
+            assert!(
+                side.text.contains("RDMA_Write Latency Test"),
+                "{}",
+                side.text
+            );
+        }
+    }
+    let o = Options {
+        all_sizes: true,
+        ..opts(Test::WriteLat, 5)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    assert_eq!((s.summary.lat.len(), c.summary.lat.len()), (23, 23));
+}
+
+/// ib_read_lat: the client reads (and checks the bytes against the server's pattern),
+/// the server waits for its closing handshake and prints no table.
+#[test]
+fn read_lat_every_device_and_mode() {
+    let mut runs = vec![(opts(Test::ReadLat, 200), "IW", "rdma_cm")];
+    for (cm, method) in RXE_MODES {
+        runs.push((rxe(opts(Test::ReadLat, 200), cm), "IB", method));
+    }
+    for (o, transport, method) in runs {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        sane_lat(&c, 2, 200);
+        assert!(c.summary.validated, "the client checks what it read");
+        assert!(s.summary.lat.is_empty());
+        assert!(!s.text.contains("t_typical"), "{}", s.text);
+        for side in [&s, &c] {
+            check_info(side, transport, method);
+            assert!(
+                side.text.contains("RDMA_Read Latency Test"),
+                "{}",
+                side.text
+            );
+            assert!(side.text.contains("Outstand reads"), "{}", side.text);
+        }
+    }
+}
+
+/// ib_atomic_bw and ib_atomic_lat over rxe0, both exchange methods and both operations:
+/// the client runs them on the server's buffer and the server prints the client's
+/// report; siw0 refuses them, as iWARP has no atomics.
+#[test]
+fn atomics_over_rxe_and_refused_over_siw() {
+    for (cm, method) in RXE_MODES {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &rxe(opts(Test::AtomicBw, 300), cm));
+        sane_bw(&c.summary.bw[0], 8, 300, true);
+        assert_eq!(
+            s.summary.bw, c.summary.bw,
+            "server prints the client's report"
+        );
+        assert!(
+            c.text.contains("Atomic FETCH_AND_ADD BW Test"),
+            "{}",
+            c.text
+        );
+        let o = Options {
+            atomic_type: AtomicType::CmpAndSwap,
+            ..rxe(opts(Test::AtomicLat, 200), cm)
+        };
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        sane_lat(&c, 8, 200);
+        assert!(s.summary.lat.is_empty());
+        for side in [&s, &c] {
+            check_info(side, "IB", method);
+            assert!(
+                side.text.contains("Atomic CMP_AND_SWAP Latency Test"),
+                "{}",
+                side.text
+            );
+            assert!(side.text.contains("Outstand reads"), "{}", side.text);
+        }
+    }
+    let e = run_one(&FrontDoor::Embedded, &opts(Test::AtomicBw, 10));
+    assert!(
+        matches!(&e, PerfError::Options(m) if m.contains("no atomic")),
+        "{e}"
+    );
+    let e = run_one(
+        &FrontDoor::Embedded,
+        &Options {
+            size: Some(64),
+            ..rxe(opts(Test::AtomicLat, 10), true)
+        },
+    );
+    assert!(
+        matches!(&e, PerfError::Options(m) if m.contains("size")),
+        "{e}"
+    );
+}
+
+/// A client run that must fail before it connects anywhere.
+fn run_one(door: &FrontDoor, o: &Options) -> PerfError {
+    let ctx = door.open();
+    let o = Options {
+        server: Some([127, 0, 0, 1].into()),
+        ..o.clone()
+    };
+    perftest::run(&ctx, &o, &mut std::io::sink()).expect_err("refused")
 }
 
 #[test]

@@ -29,9 +29,25 @@ pub struct Endpoint {
     pub depth: u32,
 }
 
+/// What an endpoint's buffer allows: local writes, and remote Writes and Reads.
+pub const ENDPOINT_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
 /// An endpoint's verbs objects (one CQ for both queues, `depth` slots in each queue and
 /// twice that in the CQ); `remote` is filled in once the peer's offer arrives.
 pub fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Endpoint> {
+    new_endpoint_with(ctx, dev, buf_len, depth, ENDPOINT_ACCESS)
+}
+
+/// [`new_endpoint`] with the buffer registered for `access`.
+pub fn new_endpoint_with(
+    ctx: &Arc<Context>,
+    dev: u32,
+    buf_len: usize,
+    depth: u32,
+    access: Access,
+) -> Result<Endpoint> {
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
     let caps = QpCaps {
@@ -51,7 +67,6 @@ pub fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) ->
         },
     )?;
     let buf = RegBuf::new(buf_len.max(64))?;
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = ctx.reg_buf(&pd, &buf, access)?;
     Ok(Endpoint {
         qp,

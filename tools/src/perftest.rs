@@ -1,5 +1,6 @@
-//! `krdma perf`: perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_send_lat`,
-//! message for message, so either side can be perftest 4.5 on a Linux host: in rdma_cm
+//! `krdma perf`: perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_send_lat`,
+//! `ib_write_lat`, `ib_read_lat`, `ib_atomic_bw` and `ib_atomic_lat` (IB/RoCE only: iWARP
+//! has no atomics), message for message, so either side can be perftest 4.5 on a Linux host: in rdma_cm
 //! mode (`-R`) over iWARP (kernel siw, an iWARP NIC) or RoCE (kernel rxe, a RoCE NIC),
 //! and in perftest's default mode over RoCE (a TCP socket for the exchange, QPs connected
 //! by Modify QP; iWARP cannot do that, so it is refused there).
@@ -20,7 +21,8 @@
 //!    zero handshake.
 //! 4. `pingpong_dest` handshakes with the real records (QPN, PSN, rkey, vaddr, GID;
 //!    `out_reads`): three before the data for the bandwidth tests, the third "after RTR"
-//!    (for the Send tests it is the second).
+//!    (for the Send tests it is the second); write_lat and read_lat shake hands once more
+//!    before them.
 //! 5. The test (`perftest/traffic.rs`): RDMA Writes/Reads of `-s` bytes to/from the peer's
 //!    advertised buffer, `-t` outstanding; send_bw additionally with receive credits
 //!    over iWARP (the receiver RDMA-Writes its receive count into a word the sender
@@ -29,7 +31,10 @@
 //!    more after posting receives (once per size).
 //! 6. Write/Read: a handshake when the client is done, then its report (size, iterations,
 //!    peak, average, message rate: five 8-byte big-endian Sends) which the server prints.
-//! 7. A closing handshake. The client disconnects the data QP(s) and waits for them to
+//!    write_lat: a ping-pong of RDMA Writes, each side polling the last byte of the peer's
+//!    Write in its own memory; read_lat: the client's Reads, one at a time, while the
+//!    server already waits in the closing handshake.
+//! 7. A closing handshake (none for write_lat). The client disconnects the data QP(s) and waits for them to
 //!    close; the server closes the control connection first.
 //!
 //! Without `-R` (`perftest/sockets.rs`): the client connects a TCP socket to the server's
@@ -91,6 +96,38 @@ pub enum Test {
     ReadBw,
     SendBw,
     SendLat,
+    WriteLat,
+    ReadLat,
+    AtomicBw,
+    AtomicLat,
+}
+
+/// The operation a test measures (perftest's `VerbType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+/// The atomic operation of the atomic tests (`-A`; perftest's `atomicTypesStr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtomicType {
+    /// Compare 0, swap in 0.
+    CmpAndSwap,
+    /// Add 1.
+    #[default]
+    FetchAndAdd,
+}
+
+impl AtomicType {
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+        }
+    }
 }
 
 impl Test {
@@ -101,23 +138,51 @@ impl Test {
             Test::ReadBw => "ib_read_bw",
             Test::SendBw => "ib_send_bw",
             Test::SendLat => "ib_send_lat",
+            Test::WriteLat => "ib_write_lat",
+            Test::ReadLat => "ib_read_lat",
+            Test::AtomicBw => "ib_atomic_bw",
+            Test::AtomicLat => "ib_atomic_lat",
+        }
+    }
+
+    pub fn verb(self) -> Verb {
+        match self {
+            Test::SendBw | Test::SendLat => Verb::Send,
+            Test::WriteBw | Test::WriteLat => Verb::Write,
+            Test::ReadBw | Test::ReadLat => Verb::Read,
+            Test::AtomicBw | Test::AtomicLat => Verb::Atomic,
         }
     }
 
     pub fn is_lat(self) -> bool {
-        self == Test::SendLat
+        matches!(
+            self,
+            Test::SendLat | Test::WriteLat | Test::ReadLat | Test::AtomicLat
+        )
+    }
+
+    /// Tests that take RDMA Read/atomic responder resources at the peer (IRD/ORD = `-o`).
+    fn uses_reads(self) -> bool {
+        matches!(self.verb(), Verb::Read | Verb::Atomic)
+    }
+
+    /// The server of these latency tests takes no part: it waits in the closing
+    /// handshake while the client alone measures.
+    fn server_idle(self) -> bool {
+        matches!(self, Test::ReadLat | Test::AtomicLat)
     }
 
     fn is_send(self) -> bool {
-        matches!(self, Test::SendBw | Test::SendLat)
+        self.verb() == Verb::Send
     }
 
     /// perftest's `testsStr[verb]`.
     fn verb_name(self) -> &'static str {
-        match self {
-            Test::WriteBw => "RDMA_Write",
-            Test::ReadBw => "RDMA_Read",
-            Test::SendBw | Test::SendLat => "Send",
+        match self.verb() {
+            Verb::Write => "RDMA_Write",
+            Verb::Read => "RDMA_Read",
+            Verb::Send => "Send",
+            Verb::Atomic => "Atomic",
         }
     }
 }
@@ -152,6 +217,8 @@ pub struct Options {
     pub report_gbits: bool,
     /// `-N`
     pub no_peak: bool,
+    /// `-A`: the operation of the atomic tests.
+    pub atomic_type: AtomicType,
     /// `-x`: our GID (its index in the port's table): advertised in the records, and the
     /// source of the data QPs without rdma_cm. Default as perftest on Ethernet links: the
     /// first IPv4 GID. Informational over iWARP.
@@ -180,6 +247,7 @@ impl Options {
             num_qps: 1,
             report_gbits: false,
             no_peak: false,
+            atomic_type: AtomicType::FetchAndAdd,
             gid_index: None,
             rdma_cm: false,
             validate: false,
@@ -435,7 +503,7 @@ impl<'a> Session<'a> {
     }
 
     fn data_param(&self) -> rnicpi::ConnParam {
-        let reads = if self.p.test == Test::ReadBw {
+        let reads = if self.p.test.uses_reads() {
             self.p.out_reads
         } else {
             0
@@ -486,16 +554,21 @@ impl<'a> Session<'a> {
         for (q, r) in qps.iter_mut().zip(&rem) {
             q.set_remote(r);
         }
-        let header = if self.p.test.is_lat() {
-            report::lat_header()
-        } else {
-            report::bw_header(self.p.gbits)
-        };
-        writeln!(self.out, "{RESULT_LINE}\n{header}")?;
+        // An ib_read_lat server takes no part in the test: it waits for the client's
+        // closing handshake and prints no table.
+        if !self.p.test.server_idle() || self.p.client {
+            let header = if self.p.test.is_lat() {
+                report::lat_header()
+            } else {
+                report::bw_header(self.p.gbits)
+            };
+            writeln!(self.out, "{RESULT_LINE}\n{header}")?;
+        }
         let result = match self.p.test {
-            Test::WriteBw | Test::ReadBw => self.rdma_bw(&qps, &my[0]),
+            Test::WriteBw | Test::ReadBw | Test::AtomicBw => self.rdma_bw(&qps, &my[0]),
             Test::SendBw => self.send_bw(&qps, &my[0]),
             Test::SendLat => self.send_lat(&qps, &my[0]),
+            Test::WriteLat | Test::ReadLat | Test::AtomicLat => self.rdma_lat(&qps, &my[0]),
         };
         self.close(&qps);
         result?;
@@ -507,6 +580,10 @@ impl<'a> Session<'a> {
     /// both sides' records; without rdma_cm the QPs connect after the first. Returns the
     /// peer's records.
     fn exchange_dests(&mut self, qps: &[DataQp], my: &[Dest]) -> Result<Vec<Dest>, PerfError> {
+        if self.p.test.is_lat() && !self.p.test.is_send() {
+            // ib_write_lat and ib_read_lat shake hands once more before the records.
+            self.ctrl.handshake(&my[0])?;
+        }
         let mut rem = my
             .iter()
             .map(|d| self.ctrl.handshake(d))
@@ -612,6 +689,34 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// ib_write_lat: a ping-pong of RDMA Writes, each side polling the last byte of the
+    /// peer's Write in its own memory (no closing handshake: perftest's has none).
+    /// ib_read_lat and ib_atomic_lat: the client alone reads (or runs atomics), one at a
+    /// time, and closes with a handshake the server has been waiting in since the records.
+    fn rdma_lat(&mut self, qps: &[DataQp], my: &Dest) -> Result<(), PerfError> {
+        if self.p.test.server_idle() && !self.p.client {
+            self.ctrl.finish(my)?;
+            writeln!(self.out, "{RESULT_LINE}")?;
+            return Ok(());
+        }
+        for &size in &self.p.sizes.clone() {
+            let r = match self.p.test {
+                Test::WriteLat => traffic::run_lat_write(&qps[0], &self.p, size)?,
+                _ => traffic::run_lat_one_at_a_time(&qps[0], &self.p, size)?,
+            };
+            if self.p.test == Test::ReadLat {
+                self.check(qps, size, Duration::ZERO)?;
+            }
+            writeln!(self.out, "{}", report::lat_line(&r))?;
+            self.summary.lat.push(r);
+        }
+        writeln!(self.out, "{RESULT_LINE}")?;
+        if self.p.test.server_idle() {
+            self.ctrl.finish(my)?;
+        }
+        Ok(())
+    }
+
     /// `xchg_bw_reports`: five 8-byte exchanges.
     fn xchg_report(&mut self, mine: &BwReport) -> Result<BwReport, PerfError> {
         let mut theirs = [[0u8; 8]; 5];
@@ -675,8 +780,12 @@ impl<'a> Session<'a> {
         let p = &self.p;
         let o = &mut *self.out;
         let kind = if p.test.is_lat() { "Latency" } else { "BW" };
+        let verb = match p.test.verb() {
+            Verb::Atomic => format!("Atomic {}", p.atomic_type.name()),
+            _ => p.test.verb_name().to_string(),
+        };
         writeln!(o, "{RESULT_LINE}")?;
-        writeln!(o, "                    {} {kind} Test", p.test.verb_name())?;
+        writeln!(o, "                    {verb} {kind} Test")?;
         writeln!(
             o,
             " Dual-port       : OFF\t\tDevice         : {}",
@@ -701,7 +810,7 @@ impl<'a> Session<'a> {
         writeln!(o, " Mtu             : {}[B]", wire::mtu_bytes(p.mtu))?;
         writeln!(o, " Link type       : Ethernet")?;
         writeln!(o, " GID index       : {}", p.gid_index)?;
-        if p.test == Test::ReadBw {
+        if p.test.uses_reads() {
             writeln!(o, " Outstand reads  : {}", p.out_reads)?;
         } else {
             writeln!(o, " Max inline data : 0[B]")?;
@@ -729,14 +838,14 @@ impl<'a> Session<'a> {
             c_alt_hex(d.psn as u64, 6),
         );
         let verb = if self.p.rdma_cm {
-            Test::SendBw
+            Verb::Send
         } else {
-            self.p.test
+            self.p.test.verb()
         };
-        if verb == Test::ReadBw {
+        if verb == Verb::Read {
             line.push_str(&format!(" OUT {}", c_alt_hex(d.out_reads as u64, 4)));
         }
-        if matches!(verb, Test::ReadBw | Test::WriteBw) {
+        if matches!(verb, Verb::Read | Verb::Write) {
             line.push_str(&format!(
                 " RKey {} VAddr {}",
                 c_alt_hex(d.rkey as u64, 8),

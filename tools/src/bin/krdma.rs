@@ -110,6 +110,14 @@ enum PerfCmd {
     SendBw(PerfArgs),
     /// Like `ib_send_lat`: Send ping-pong latency.
     SendLat(PerfArgs),
+    /// Like `ib_write_lat`: RDMA Write ping-pong latency.
+    WriteLat(PerfArgs),
+    /// Like `ib_read_lat`: RDMA Read latency (the client reads, the server waits).
+    ReadLat(PerfArgs),
+    /// Like `ib_atomic_bw`: atomic bandwidth (IB/RoCE: rxe0; iWARP has no atomics).
+    AtomicBw(PerfArgs),
+    /// Like `ib_atomic_lat`: atomic latency (the client runs them, the server waits).
+    AtomicLat(PerfArgs),
 }
 
 /// perftest's options (same letters and long names; defaults as perftest's).
@@ -167,6 +175,9 @@ struct PerfArgs {
     /// krdma to krdma only: fill buffers with known patterns and check the data received.
     #[arg(long)]
     validate: bool,
+    /// The atomic tests' operation: CMP_AND_SWAP or FETCH_AND_ADD (the default).
+    #[arg(short = 'A', long = "atomic_type", value_parser = ["CMP_AND_SWAP", "FETCH_AND_ADD"])]
+    atomic_type: Option<String>,
 }
 
 /// The options of rdma-core's `rping`, same letters.
@@ -262,12 +273,24 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Error>> {
-    use tools::perftest::{Options, Test};
+    use tools::perftest::{AtomicType, Options, Test, Verb};
     let (test, a) = match cmd {
         PerfCmd::WriteBw(a) => (Test::WriteBw, a),
         PerfCmd::ReadBw(a) => (Test::ReadBw, a),
         PerfCmd::SendBw(a) => (Test::SendBw, a),
         PerfCmd::SendLat(a) => (Test::SendLat, a),
+        PerfCmd::WriteLat(a) => (Test::WriteLat, a),
+        PerfCmd::ReadLat(a) => (Test::ReadLat, a),
+        PerfCmd::AtomicBw(a) => (Test::AtomicBw, a),
+        PerfCmd::AtomicLat(a) => (Test::AtomicLat, a),
+    };
+    let atomic_type = match a.atomic_type.as_deref() {
+        None => AtomicType::FetchAndAdd,
+        Some(_) if test.verb() != Verb::Atomic => {
+            return Err("-A: the atomic type applies to atomic-bw and atomic-lat only".into())
+        }
+        Some("CMP_AND_SWAP") => AtomicType::CmpAndSwap,
+        Some(_) => AtomicType::FetchAndAdd,
     };
     let opts = Options {
         server: a.server,
@@ -286,6 +309,7 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         gid_index: a.gid_index,
         rdma_cm: a.rdma_cm,
         validate: a.validate,
+        atomic_type,
         ..Options::new(test)
     };
     let ctx = Context::open_target(target)?;

@@ -1,13 +1,15 @@
 //! perftest's parameters as its parser leaves them (`init_perftest_params`,
 //! `force_dependecies`, `check_link`), and the buffer geometry both sides must agree on.
 
-use super::{Options, PerfError, Test};
+use super::{AtomicType, Options, PerfError, Test, Verb};
 use rnicpi::Transport;
 
 /// `MAX_SIZE`: `-a` runs 2, 4, ... up to 8 MiB, and sizes the buffers for it.
 pub const MAX_SIZE: u64 = 8 << 20;
 const DEF_SIZE_BW: u64 = 65536;
 const DEF_SIZE_LAT: u64 = 2;
+/// Atomic tests: one 8-byte word, the only size they take (`DEF_SIZE_ATOMIC`).
+const SIZE_ATOMIC: u64 = 8;
 const DEF_ITERS_BW: u64 = 5000;
 const DEF_ITERS_LAT: u64 = 1000;
 const DEF_TX_BW: u32 = 128;
@@ -44,6 +46,8 @@ pub struct Params {
     pub num_qps: u32,
     pub gbits: bool,
     pub no_peak: bool,
+    /// `-A`: the atomic tests' operation.
+    pub atomic_type: AtomicType,
     /// Page size and cache line: local values, then the larger of both sides.
     pub cycle_buffer: u32,
     pub cache_line: u32,
@@ -72,7 +76,7 @@ impl Params {
             )));
         }
         let lat = o.test.is_lat();
-        let send = o.test == Test::SendBw || o.test == Test::SendLat;
+        let send = o.test.verb() == Verb::Send;
         let iters = o
             .iters
             .unwrap_or(if lat { DEF_ITERS_LAT } else { DEF_ITERS_BW });
@@ -81,9 +85,25 @@ impl Params {
                 "iterations must be at least {MIN_ITER}"
             )));
         }
-        let size = o
-            .size
-            .unwrap_or(if lat { DEF_SIZE_LAT } else { DEF_SIZE_BW });
+        let atomic = o.test.verb() == Verb::Atomic;
+        if atomic && iwarp {
+            return Err(PerfError::Options(format!(
+                "{} is an iWARP device: iWARP has no atomic operations",
+                o.device
+            )));
+        }
+        if atomic && (o.all_sizes || o.size.is_some_and(|s| s != SIZE_ATOMIC)) {
+            return Err(PerfError::Options(
+                "message size cannot be changed for atomic tests".into(),
+            ));
+        }
+        let size = o.size.unwrap_or(if atomic {
+            SIZE_ATOMIC
+        } else if lat {
+            DEF_SIZE_LAT
+        } else {
+            DEF_SIZE_BW
+        });
         if size == 0 || size > u32::MAX as u64 {
             return Err(PerfError::Options(format!("bad message size {size}")));
         }
@@ -115,9 +135,9 @@ impl Params {
         let no_peak = o.no_peak
             || (bw && iters > NO_PEAK_ITERS)
             || (o.test == Test::SendBw && o.server.is_none());
-        let out_reads = match (o.test, o.out_reads) {
-            (Test::ReadBw, Some(r)) if r > 0 => r.min(max_reads),
-            (Test::ReadBw, _) => max_reads,
+        let out_reads = match (o.test.verb(), o.out_reads) {
+            (Verb::Read | Verb::Atomic, Some(r)) if r > 0 => r.min(max_reads),
+            (Verb::Read | Verb::Atomic, _) => max_reads,
             _ => 1,
         };
         let (sizes, buf_size) = if o.all_sizes {
@@ -140,6 +160,7 @@ impl Params {
             num_qps: o.num_qps,
             gbits: o.report_gbits,
             no_peak,
+            atomic_type: o.atomic_type,
             cycle_buffer: page_size(),
             cache_line: DEF_CACHE_LINE,
             mtu,

@@ -1,5 +1,5 @@
 //! The data QPs and perftest's message patterns on them (`run_iter_bw`,
-//! `run_iter_bw_server`, `run_iter_lat_send`).
+//! `run_iter_bw_server`, `run_iter_lat_send`, `run_iter_lat_write`, `run_iter_lat`).
 //!
 //! Each data QP owns a buffer of two halves of `BUFF_SIZE` bytes plus a small credit area:
 //! requests go out of (and RDMA Reads land in) the lower half; the upper half is what the
@@ -14,9 +14,9 @@ use super::control::{check, closed, next_cqe, DATA_IDLE};
 use super::params::{Cycle, Params};
 use super::report::{bw_result, lat_result, BwTimes, LatReport};
 use super::wire::{self, BwReport, Dest};
-use super::{PerfError, Test};
-use crate::perf::{new_endpoint, Endpoint};
-use rnicpi::{send_flags, Access, WcOpcode};
+use super::{AtomicType, PerfError, Verb};
+use crate::perf::{new_endpoint_with, Endpoint, ENDPOINT_ACCESS};
+use rnicpi::{send_flags, Access, WcOpcode, WrOpcode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::oob::{self, RcPath, RcPeer};
@@ -50,15 +50,20 @@ impl DataQp {
     pub fn endpoint(ctx: &Arc<Context>, dev: u32, p: &Params) -> ual::Result<Endpoint> {
         let half = p.half();
         let depth = p.tx_depth.max(p.rx_depth) + 8;
-        let ep = new_endpoint(ctx, dev, (2 * half + CREDIT_AREA) as usize, depth)?;
+        let mut access = ENDPOINT_ACCESS;
+        if p.test.verb() == Verb::Atomic {
+            access |= Access::REMOTE_ATOMIC;
+        }
+        let ep = new_endpoint_with(ctx, dev, (2 * half + CREDIT_AREA) as usize, depth, access)?;
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
         if !p.rdma_cm {
-            let access = match p.test {
-                Test::WriteBw => Access::REMOTE_WRITE,
-                Test::ReadBw => Access::REMOTE_READ,
-                Test::SendBw | Test::SendLat => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+            let access = match p.test.verb() {
+                Verb::Write => Access::REMOTE_WRITE,
+                Verb::Read => Access::REMOTE_READ,
+                Verb::Send => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+                Verb::Atomic => Access::REMOTE_ATOMIC,
             };
             oob::to_init(&ep.qp, access)?;
         }
@@ -147,15 +152,50 @@ impl DataQp {
         (0..count).try_for_each(|j| self.post_recv(j, cyc))
     }
 
-    /// Post request `k` of a bandwidth run (RDMA Write, RDMA Read or Send).
-    fn post(&self, test: Test, q: u64, k: u64, cyc: &Cycle, flags: u8) -> Result<(), PerfError> {
+    /// Post request `k` of a run (RDMA Write, RDMA Read, Send or atomic).
+    fn post(&self, p: &Params, q: u64, k: u64, cyc: &Cycle, flags: u8) -> Result<(), PerfError> {
         let (off, len) = (cyc.offset(k), cyc.size as u32);
-        match test {
-            Test::WriteBw => self.ep.write(q, off, len, off, flags)?,
-            Test::ReadBw => self.ep.read_with(q, off, len, off, flags)?,
-            Test::SendBw | Test::SendLat => self.ep.send(q, off, len, flags)?,
+        match p.test.verb() {
+            Verb::Write => self.ep.write(q, off, len, off, flags)?,
+            Verb::Read => self.ep.read_with(q, off, len, off, flags)?,
+            Verb::Send => self.ep.send(q, off, len, flags)?,
+            Verb::Atomic => {
+                // perftest's operands: add 1, or compare with 0 and swap in 0.
+                let (op, add) = match p.atomic_type {
+                    AtomicType::FetchAndAdd => (WrOpcode::AtomicFetchAdd, 1),
+                    AtomicType::CmpAndSwap => (WrOpcode::AtomicCmpSwp, 0),
+                };
+                let mut w = ual::Wqe::new(q, op, &[self.ep.mr.sge(off, len)])
+                    .with_remote(self.ep.remote.0 + off, self.ep.remote.1)
+                    .with_flags(flags);
+                w.compare_add = add;
+                w.swap = 0;
+                self.ep.qp.post_send(&w)?;
+            }
         }
         Ok(())
+    }
+
+    /// Spin until the byte at `off` of our buffer reads `want` (the peer's RDMA Write has
+    /// landed), yielding the CPU between looks: on a small host the engine that places
+    /// the Write may need it. Fails once the connection closes or nothing changes for
+    /// [`DATA_IDLE`].
+    fn await_byte(&self, off: usize, want: u8) -> Result<(), PerfError> {
+        let deadline = Instant::now() + DATA_IDLE;
+        let mut b = [0u8];
+        loop {
+            self.ep.buf.read(off, &mut b);
+            if b[0] == want {
+                return Ok(());
+            }
+            if closed(&self.ep) {
+                return Err(PerfError::PeerClosed("the peer's RDMA Write"));
+            }
+            if Instant::now() > deadline {
+                return Err(PerfError::Timeout("the peer's RDMA Write"));
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// The receive count the peer last wrote into our credit word.
@@ -251,7 +291,7 @@ impl<'a> BwRun<'a> {
                 let t = self.now();
                 self.times.post(self.total_posted, t);
                 let flags = if signaled { send_flags::SIGNALED } else { 0 };
-                self.qps[q].post(self.p.test, q as u64, k, &self.cyc, flags)?;
+                self.qps[q].post(self.p, q as u64, k, &self.cyc, flags)?;
                 let f = &mut self.flows[q];
                 f.posted += 1;
                 f.signaled_out += signaled as u64;
@@ -416,7 +456,7 @@ pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatReport, Per
         if sent < iters {
             posted_at.push(start.elapsed().as_nanos() as u64);
             sent += 1;
-            dq.post(Test::SendLat, 0, 0, &cyc, send_flags::SIGNALED)?;
+            dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
             // Our Send's completion; the peer's answer may complete before it.
             while next_is_recv(dq)? {
                 arrived += 1;
@@ -424,6 +464,50 @@ pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatReport, Per
         }
     }
     Ok(lat_result(&posted_at, size, 2.0))
+}
+
+/// `run_iter_lat_write`: ping-pong of RDMA Writes on the first QP. Each side's Write of
+/// `size` bytes carries its count (mod 256) in its last byte; a side writes its next one
+/// when the peer's last byte in its own memory shows the count it waits for. The client
+/// writes first. Returns the report from the post times (half a round trip each).
+pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatReport, PerfError> {
+    let iters = p.iters;
+    let last = (size - 1) as usize;
+    let mut posted_at = Vec::with_capacity(iters as usize);
+    let (mut sent, mut seen, mut completed) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    while sent < iters || completed < iters || seen < iters {
+        if seen < iters && !(sent == 0 && !p.client) {
+            seen += 1;
+            dq.await_byte(dq.half as usize + last, seen as u8)?;
+        }
+        if sent < iters {
+            posted_at.push(start.elapsed().as_nanos() as u64);
+            sent += 1;
+            dq.ep.buf.write(last, &[sent as u8]);
+            dq.post(p, 0, 0, &p.cycle(size), send_flags::SIGNALED)?;
+        }
+        if completed < iters {
+            next_cqe(&dq.ep, DATA_IDLE, "write_lat Write")?;
+            completed += 1;
+        }
+    }
+    Ok(lat_result(&posted_at, size, 2.0))
+}
+
+/// `run_iter_lat` for ib_read_lat and ib_atomic_lat (client only): one RDMA Read of
+/// `size` bytes (or one atomic) at a time on the peer's buffer, each waited for. Returns
+/// the report from the post times (a whole round trip each).
+pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatReport, PerfError> {
+    let cyc = p.cycle(size);
+    let mut posted_at = Vec::with_capacity(p.iters as usize);
+    let start = Instant::now();
+    for _ in 0..p.iters {
+        posted_at.push(start.elapsed().as_nanos() as u64);
+        dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
+        next_cqe(&dq.ep, DATA_IDLE, "latency request")?;
+    }
+    Ok(lat_result(&posted_at, size, 1.0))
 }
 
 /// Wait for the next completion of a ping-pong: `true` for a message received, `false`
@@ -445,7 +529,7 @@ pub fn reset_credits(qps: &[DataQp]) {
 pub fn validate(qps: &[DataQp], p: &Params, size: u64, patience: Duration) -> bool {
     let cyc = p.cycle(size);
     let peer = seed(!p.client);
-    let upper = p.test != Test::ReadBw;
+    let upper = p.test.verb() != Verb::Read;
     let deadline = Instant::now() + patience;
     loop {
         if qps.iter().all(|dq| dq.verify(&cyc, p.iters, peer, upper)) {
