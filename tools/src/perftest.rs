@@ -798,6 +798,15 @@ impl<'a> Session<'a> {
             p.num_qps
         )?;
         writeln!(o, " Connection type : RC\t\tUsing SRQ      : OFF")?;
+        // As Debian's perftest 4.5 prints them: PCIe relaxed ordering is turned off only
+        // by ib_write_lat (it polls for the last byte), and the ibv_wr_* API is not used.
+        let relaxed = if p.test == Test::WriteLat {
+            "OFF"
+        } else {
+            "ON"
+        };
+        writeln!(o, " PCIe relax order: {relaxed}")?;
+        writeln!(o, " ibv_wr* API     : OFF")?;
         if p.client {
             writeln!(o, " TX depth        : {}", p.tx_depth)?;
         }
