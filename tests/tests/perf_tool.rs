@@ -281,6 +281,58 @@ fn atomics_over_rxe_and_refused_over_siw() {
     );
 }
 
+/// The options users reach for: `-e` (completions by events), `-I` (inline), `-m` (a
+/// smaller path MTU, which the QPs then use), `-u` (QP timeout), over rxe0 both ways and
+/// siw0; `-e` on a Write test and `-I` on a Read test are refused as perftest does.
+#[test]
+fn events_inline_mtu_and_timeout_options() {
+    let tune = |o: Options| Options {
+        use_event: true,
+        inline_size: Some(32),
+        mtu: Some(1024),
+        qp_timeout: 16,
+        size: Some(16),
+        ..o
+    };
+    let mut runs = vec![tune(opts(Test::SendLat, 200))];
+    for (cm, _) in RXE_MODES {
+        runs.push(tune(rxe(opts(Test::SendLat, 200), cm)));
+        runs.push(tune(rxe(opts(Test::SendBw, 200), cm)));
+    }
+    for o in runs {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        for side in [&s, &c] {
+            let t = &side.text;
+            assert!(t.contains(" Test with events. Using "), "{t}");
+            assert!(t.contains(" Max inline data : 32[B]"), "{t}");
+            assert!(t.contains(" Mtu             : 1024[B]"), "{t}");
+        }
+        assert!(s.summary.validated, "{}", s.text);
+    }
+    let e = run_one(
+        &FrontDoor::Embedded,
+        &Options {
+            use_event: true,
+            ..opts(Test::WriteBw, 10)
+        },
+    );
+    assert!(
+        matches!(&e, PerfError::Options(m) if m.contains("WRITE")),
+        "{e}"
+    );
+    let e = run_one(
+        &FrontDoor::Embedded,
+        &Options {
+            inline_size: Some(16),
+            ..opts(Test::ReadLat, 10)
+        },
+    );
+    assert!(
+        matches!(&e, PerfError::Options(m) if m.contains("inline")),
+        "{e}"
+    );
+}
+
 /// A client run that must fail before it connects anywhere.
 fn run_one(door: &FrontDoor, o: &Options) -> PerfError {
     let ctx = door.open();

@@ -219,6 +219,17 @@ pub struct Options {
     pub no_peak: bool,
     /// `-A`: the operation of the atomic tests.
     pub atomic_type: AtomicType,
+    /// `-m`: the path MTU in bytes (256 .. 4096; at most the port's active MTU). Default:
+    /// the port's active MTU.
+    pub mtu: Option<u32>,
+    /// `-u`: the QP's local ACK timeout exponent (4.096 µs × 2^u) when QPs are connected
+    /// by Modify QP (without `-R`).
+    pub qp_timeout: u8,
+    /// `-e`: wait for completions on CQ notifications instead of polling (not for Write
+    /// tests, as perftest).
+    pub use_event: bool,
+    /// `-I`: Sends and Writes of at most this many bytes go inline (not for Read/atomic).
+    pub inline_size: Option<u32>,
     /// `-x`: our GID (its index in the port's table): advertised in the records, and the
     /// source of the data QPs without rdma_cm. Default as perftest on Ethernet links: the
     /// first IPv4 GID. Informational over iWARP.
@@ -248,6 +259,10 @@ impl Options {
             report_gbits: false,
             no_peak: false,
             atomic_type: AtomicType::FetchAndAdd,
+            mtu: None,
+            qp_timeout: params::DEF_QP_TIMEOUT,
+            use_event: false,
+            inline_size: None,
             gid_index: None,
             rdma_cm: false,
             validate: false,
@@ -363,7 +378,7 @@ impl Server {
             opts,
             door,
         } = self;
-        let p = resolve(&ctx, dev, &opts)?;
+        let p = resolve(&ctx, dev, &opts, out)?;
         writeln!(out, "\n************************************")?;
         writeln!(out, "* Waiting for client to connect... *")?;
         writeln!(out, "************************************")?;
@@ -400,7 +415,7 @@ fn client(
     out: &mut dyn Write,
 ) -> Result<Summary, PerfError> {
     let dev = ctx.device(&o.device)?.index;
-    let p = resolve(ctx, dev, o)?;
+    let p = resolve(ctx, dev, o, out)?;
     if !o.rdma_cm {
         let ctrl = SocketControl::connect(peer, CONNECT_PATIENCE)?;
         return over_socket(ctx, dev, p, ctrl, o, out);
@@ -436,18 +451,19 @@ fn over_socket(
 }
 
 /// Parameters from the options and the device (`check_link`, `set_up_connection`).
-fn resolve(ctx: &Arc<Context>, dev: u32, o: &Options) -> Result<Params, PerfError> {
+fn resolve(
+    ctx: &Arc<Context>,
+    dev: u32,
+    o: &Options,
+    out: &mut dyn Write,
+) -> Result<Params, PerfError> {
     if o.test.is_lat() && o.num_qps != 1 {
         return Err(PerfError::Options("latency tests use one QP".into()));
     }
     let info = ctx.query_device(dev)?;
     let port = ctx.query_port(dev, 1)?;
-    let mut p = Params::resolve(
-        o,
-        info.attr.max_ord,
-        wire::mtu_enum(port.active_mtu),
-        info.transport,
-    )?;
+    let mtu = path_mtu(o.mtu, port.active_mtu, out)?;
+    let mut p = Params::resolve(o, info.attr.max_ord, wire::mtu_enum(mtu), info.transport)?;
     p.gid_index = o.gid_index.unwrap_or_else(|| best_gid_index(&port.gids));
     p.gid = match port.gids.get(p.gid_index) {
         Some(g) => *g,
@@ -463,6 +479,26 @@ fn resolve(ctx: &Arc<Context>, dev: u32, o: &Options) -> Result<Params, PerfErro
         }
     };
     Ok(p)
+}
+
+/// perftest's `set_mtu`: the port's active MTU, or the one `-m` asks for (one of the IB
+/// MTUs, and no larger than the active one: both corrected with perftest's messages).
+fn path_mtu(asked: Option<u32>, active: u32, out: &mut dyn Write) -> Result<u32, PerfError> {
+    let Some(m) = asked else {
+        return Ok(active);
+    };
+    if ![256, 512, 1024, 2048, 4096].contains(&m) {
+        eprintln!(" Invalid MTU - {m} ");
+        eprintln!(" Please choose mtu from {{256,512,1024,2048,4096}}");
+        eprintln!(" Will run with the port active mtu - {active}");
+        return Ok(active);
+    }
+    if m > active {
+        writeln!(out, "Requested mtu is higher than active mtu ")?;
+        writeln!(out, "Changing to active mtu - {active}")?;
+        return Ok(active);
+    }
+    Ok(m)
 }
 
 /// perftest's `get_best_gid_index` without `-x` on an Ethernet link: the first IPv4 GID
@@ -786,6 +822,9 @@ impl<'a> Session<'a> {
         };
         writeln!(o, "{RESULT_LINE}")?;
         writeln!(o, "                    {verb} {kind} Test")?;
+        if p.use_event {
+            writeln!(o, " Test with events. Using {}_comp0", self.device)?;
+        }
         writeln!(
             o,
             " Dual-port       : OFF\t\tDevice         : {}",
@@ -822,7 +861,7 @@ impl<'a> Session<'a> {
         if p.test.uses_reads() {
             writeln!(o, " Outstand reads  : {}", p.out_reads)?;
         } else {
-            writeln!(o, " Max inline data : 0[B]")?;
+            writeln!(o, " Max inline data : {}[B]", p.inline)?;
         }
         let (cm_qps, method) = if p.rdma_cm {
             ("ON", "rdma_cm")
@@ -878,6 +917,20 @@ fn c_alt_hex(v: u64, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mtu_as_perftest_sets_it() {
+        let mut out = Vec::new();
+        assert_eq!(path_mtu(None, 4096, &mut out).unwrap(), 4096);
+        assert_eq!(path_mtu(Some(1024), 4096, &mut out).unwrap(), 1024);
+        assert_eq!(path_mtu(Some(3000), 2048, &mut out).unwrap(), 2048);
+        assert!(out.is_empty());
+        assert_eq!(path_mtu(Some(4096), 1024, &mut out).unwrap(), 1024);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "Requested mtu is higher than active mtu \nChanging to active mtu - 1024\n"
+        );
+    }
 
     #[test]
     fn c_hex_like_printf() {

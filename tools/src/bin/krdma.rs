@@ -175,6 +175,18 @@ struct PerfArgs {
     /// krdma to krdma only: fill buffers with known patterns and check the data received.
     #[arg(long)]
     validate: bool,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (at most the port's active MTU; default it).
+    #[arg(short = 'm', long = "mtu")]
+    mtu: Option<u32>,
+    /// QP local ACK timeout exponent (4.096 µs × 2^N) of QPs connected without -R.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    qp_timeout: u8,
+    /// Wait for completions on CQ events instead of polling (not for Write tests).
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// Send and Write messages up to this many bytes go inline (not for Read/atomic).
+    #[arg(short = 'I', long = "inline_size")]
+    inline_size: Option<u32>,
     /// The atomic tests' operation: CMP_AND_SWAP or FETCH_AND_ADD (the default).
     #[arg(short = 'A', long = "atomic_type", value_parser = ["CMP_AND_SWAP", "FETCH_AND_ADD"])]
     atomic_type: Option<String>,
@@ -310,6 +322,10 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         rdma_cm: a.rdma_cm,
         validate: a.validate,
         atomic_type,
+        mtu: a.mtu,
+        qp_timeout: a.qp_timeout,
+        use_event: a.events,
+        inline_size: a.inline_size,
         ..Options::new(test)
     };
     let ctx = Context::open_target(target)?;

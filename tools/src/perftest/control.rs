@@ -90,9 +90,40 @@ pub fn next_raw(ep: &Endpoint, idle: Duration, what: &'static str) -> Result<Cqe
     }
 }
 
-/// The next completion of `ep`, which must have succeeded.
-pub fn next_cqe(ep: &Endpoint, idle: Duration, what: &'static str) -> Result<Cqe, PerfError> {
-    check(next_raw(ep, idle, what)?, what)
+/// `-e`: the next completion of `ep`, successful or not, waited for on CQ notifications
+/// from the start (arm, look again, sleep), never polled in a loop.
+pub fn next_raw_by_events(
+    ep: &Endpoint,
+    idle: Duration,
+    what: &'static str,
+) -> Result<Cqe, PerfError> {
+    let mut one = [Cqe::default()];
+    let deadline = Instant::now() + idle;
+    loop {
+        if ep.cq.poll(&mut one) == 1 {
+            return Ok(one[0]);
+        }
+        ep.cq.arm(false);
+        if ep.cq.poll(&mut one) == 1 {
+            return Ok(one[0]);
+        }
+        if ep
+            .cq
+            .events()
+            .recv_timeout(Duration::from_millis(200))
+            .is_err()
+        {
+            if closed(ep) {
+                return match ep.cq.poll(&mut one) {
+                    1 => Ok(one[0]),
+                    _ => Err(PerfError::PeerClosed(what)),
+                };
+            }
+            if Instant::now() > deadline {
+                return Err(PerfError::Timeout(what));
+            }
+        }
+    }
 }
 
 /// Events that end a connection.

@@ -8,6 +8,10 @@ use rnicpi::Transport;
 pub const MAX_SIZE: u64 = 8 << 20;
 const DEF_SIZE_BW: u64 = 65536;
 const DEF_SIZE_LAT: u64 = 2;
+/// perftest's `DEF_QP_TIME`: 4.096 µs × 2^14 ≈ 67 ms.
+pub const DEF_QP_TIMEOUT: u8 = 14;
+/// The most bytes a data QP takes inline (`-I`): what its QPs are created with.
+pub const MAX_INLINE: u32 = 64;
 /// Atomic tests: one 8-byte word, the only size they take (`DEF_SIZE_ATOMIC`).
 const SIZE_ATOMIC: u64 = 8;
 const DEF_ITERS_BW: u64 = 5000;
@@ -48,6 +52,12 @@ pub struct Params {
     pub no_peak: bool,
     /// `-A`: the atomic tests' operation.
     pub atomic_type: AtomicType,
+    /// `-u`: the local ACK timeout exponent of QPs connected by Modify QP.
+    pub qp_timeout: u8,
+    /// `-e`: completions waited for on notifications.
+    pub use_event: bool,
+    /// `-I`: inline threshold in bytes (0: none).
+    pub inline: u32,
     /// Page size and cache line: local values, then the larger of both sides.
     pub cycle_buffer: u32,
     pub cache_line: u32,
@@ -83,6 +93,22 @@ impl Params {
         if iters < MIN_ITER {
             return Err(PerfError::Options(format!(
                 "iterations must be at least {MIN_ITER}"
+            )));
+        }
+        if o.use_event && o.test.verb() == Verb::Write {
+            return Err(PerfError::Options(
+                "events feature not available on WRITE verb".into(),
+            ));
+        }
+        let inline = o.inline_size.unwrap_or(0);
+        if o.inline_size.is_some() && matches!(o.test.verb(), Verb::Read | Verb::Atomic) {
+            return Err(PerfError::Options(
+                "inline feature not available on READ/Atomic verbs".into(),
+            ));
+        }
+        if inline > MAX_INLINE {
+            return Err(PerfError::Options(format!(
+                "max inline is {MAX_INLINE} bytes on krdma's data QPs"
             )));
         }
         let atomic = o.test.verb() == Verb::Atomic;
@@ -161,6 +187,9 @@ impl Params {
             gbits: o.report_gbits,
             no_peak,
             atomic_type: o.atomic_type,
+            qp_timeout: o.qp_timeout.min(31),
+            use_event: o.use_event,
+            inline,
             cycle_buffer: page_size(),
             cache_line: DEF_CACHE_LINE,
             mtu,

@@ -10,8 +10,8 @@
 //! (`ctx_connect`): RTR towards the peer's record, and RTS for latency tests and the
 //! client (a bandwidth server only receives, so it stays in RTR).
 
-use super::control::{check, closed, next_cqe, DATA_IDLE};
-use super::params::{Cycle, Params};
+use super::control::{check, closed, next_raw, next_raw_by_events, DATA_IDLE};
+use super::params::{Cycle, Params, MAX_INLINE};
 use super::report::{bw_result, lat_result, BwTimes, LatReport};
 use super::wire::{self, BwReport, Dest};
 use super::{AtomicType, PerfError, Verb};
@@ -28,9 +28,8 @@ const CREDIT_AREA: u64 = 64;
 const CREDIT_OUT: u64 = 8;
 /// wr_id of credit writes (data requests carry their QP's index, like perftest).
 const CREDIT_ID: u64 = u64::MAX - 1;
-/// perftest's `MIN_RNR_TIMER` (0.64 ms) and `DEF_QP_TIME` (4.096 µs × 2^14 ≈ 67 ms).
+/// perftest's `MIN_RNR_TIMER` (0.64 ms).
 const MIN_RNR_TIMER: u8 = 12;
-const QP_TIMEOUT: u8 = 14;
 /// `ah_attr.grh.hop_limit` in `ctx_modify_qp_to_rtr`.
 const HOP_LIMIT: u8 = 0xff;
 /// Seeds of the fill patterns (`--validate`): what each side's buffers hold at the start.
@@ -42,6 +41,10 @@ pub struct DataQp {
     pub ep: Endpoint,
     /// `BUFF_SIZE`: bytes per half.
     half: u64,
+    /// `-e`: wait for completions on CQ notifications instead of polling.
+    events: bool,
+    /// `-I`: requests of at most this many bytes carry their data inline.
+    inline: u32,
 }
 
 impl DataQp {
@@ -82,7 +85,7 @@ impl DataQp {
             max_dest_rd_atomic: my.out_reads.min(255) as u8,
             max_rd_atomic: rem.out_reads.min(255) as u8,
             min_rnr_timer: MIN_RNR_TIMER,
-            timeout: QP_TIMEOUT,
+            timeout: p.qp_timeout,
             retry_cnt: 7,
             rnr_retry: 7,
         };
@@ -104,7 +107,22 @@ impl DataQp {
     }
 
     pub fn new(ep: Endpoint, p: &Params) -> DataQp {
-        DataQp { ep, half: p.half() }
+        DataQp {
+            ep,
+            half: p.half(),
+            events: p.use_event,
+            inline: p.inline,
+        }
+    }
+
+    /// The next completion, which must have succeeded: polled, or with `-e` waited for.
+    fn next(&self, what: &'static str) -> Result<Cqe, PerfError> {
+        let c = if self.events {
+            next_raw_by_events(&self.ep, DATA_IDLE, what)?
+        } else {
+            next_raw(&self.ep, DATA_IDLE, what)?
+        };
+        check(c, what)
     }
 
     /// Without rdma_cm: the run's data QPs, in INIT until [`DataQp::connect`].
@@ -155,7 +173,26 @@ impl DataQp {
     /// Post request `k` of a run (RDMA Write, RDMA Read, Send or atomic).
     fn post(&self, p: &Params, q: u64, k: u64, cyc: &Cycle, flags: u8) -> Result<(), PerfError> {
         let (off, len) = (cyc.offset(k), cyc.size as u32);
-        match p.test.verb() {
+        let verb = p.test.verb();
+        if matches!(verb, Verb::Write | Verb::Send) && len <= self.inline {
+            // Inline: the bytes travel in the request itself, copied from the buffer now.
+            let mut bytes = [0u8; MAX_INLINE as usize];
+            let bytes = &mut bytes[..len as usize];
+            self.ep.buf.read(off as usize, bytes);
+            let op = if verb == Verb::Write {
+                WrOpcode::RdmaWrite
+            } else {
+                WrOpcode::Send
+            };
+            let w = ual::Wqe::new(q, op, &[])
+                .with_inline(bytes)
+                .ok_or_else(|| PerfError::Options("inline size above the device's".into()))?
+                .with_remote(self.ep.remote.0 + off, self.ep.remote.1)
+                .with_flags(flags | send_flags::INLINE);
+            self.ep.qp.post_send(&w)?;
+            return Ok(());
+        }
+        match verb {
             Verb::Write => self.ep.write(q, off, len, off, flags)?,
             Verb::Read => self.ep.read_with(q, off, len, off, flags)?,
             Verb::Send => self.ep.send(q, off, len, flags)?,
@@ -359,7 +396,7 @@ fn next_completion(qps: &[DataQp], flows: &[Flow]) -> Result<Option<(usize, Cqe)
         .collect();
     match waiting[..] {
         [] => Ok(None),
-        [q] => next_cqe(&qps[q].ep, DATA_IDLE, "data request").map(|c| Some((q, c))),
+        [q] => qps[q].next("data request").map(|c| Some((q, c))),
         _ => poll_any(qps, &waiting).map(Some),
     }
 }
@@ -396,7 +433,7 @@ pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwRep
     let all: Vec<usize> = (0..qps.len()).collect();
     while total < n {
         let (q, c) = match qps {
-            [one] => (0, next_cqe(&one.ep, DATA_IDLE, "send_bw receive")?),
+            [one] => (0, one.next("send_bw receive")?),
             _ => poll_any(qps, &all)?,
         };
         if c.opcode() != Some(WcOpcode::Recv) {
@@ -412,7 +449,7 @@ pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwRep
         }
         if p.credits() && (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every()) {
             while credits_out[q] >= p.tx_depth as u64 {
-                let c = next_cqe(&qps[q].ep, DATA_IDLE, "credit write")?;
+                let c = qps[q].next("credit write")?;
                 if c.opcode() != Some(WcOpcode::Recv) {
                     credits_out[q] = credits_out[q].saturating_sub(1);
                 }
@@ -424,7 +461,7 @@ pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwRep
     }
     for (q, dq) in qps.iter().enumerate() {
         while credits_out[q] > 0 {
-            next_cqe(&dq.ep, DATA_IDLE, "credit write")?;
+            dq.next("credit write")?;
             credits_out[q] -= 1;
         }
     }
@@ -488,7 +525,7 @@ pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatReport, Pe
             dq.post(p, 0, 0, &p.cycle(size), send_flags::SIGNALED)?;
         }
         if completed < iters {
-            next_cqe(&dq.ep, DATA_IDLE, "write_lat Write")?;
+            dq.next("write_lat Write")?;
             completed += 1;
         }
     }
@@ -505,7 +542,7 @@ pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatRe
     for _ in 0..p.iters {
         posted_at.push(start.elapsed().as_nanos() as u64);
         dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
-        next_cqe(&dq.ep, DATA_IDLE, "latency request")?;
+        dq.next("latency request")?;
     }
     Ok(lat_result(&posted_at, size, 1.0))
 }
@@ -513,7 +550,7 @@ pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatRe
 /// Wait for the next completion of a ping-pong: `true` for a message received, `false`
 /// for our own Send.
 fn next_is_recv(dq: &DataQp) -> Result<bool, PerfError> {
-    let c = next_cqe(&dq.ep, DATA_IDLE, "send_lat message")?;
+    let c = dq.next("send_lat message")?;
     Ok(c.opcode() == Some(WcOpcode::Recv))
 }
 
