@@ -29,6 +29,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a wait for a completion busy-polls before it sleeps (perftest always polls;
 /// latency runs stay in this phase).
 const SPIN: Duration = Duration::from_millis(5);
+/// How long one sleep on the CQ lasts before the connection and the deadline are checked.
+const WAIT_SLICE: Duration = Duration::from_millis(200);
 const RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// Receive slots of the control QP (perftest posts one; more change nothing on the wire).
@@ -55,11 +57,17 @@ pub fn check(c: Cqe, what: &'static str) -> Result<Cqe, PerfError> {
 
 /// The next completion of `ep`, successful or not. Polled (yielding the CPU between
 /// polls, so the engine's threads run) for up to `SPIN`, then waited for on CQ
-/// notifications. Fails when the connection is gone with nothing left in the CQ, or
-/// when `idle` passes.
-pub fn next_raw(ep: &Endpoint, idle: Duration, what: &'static str) -> Result<Cqe, PerfError> {
+/// notifications; with `events` (`-e`) waited for from the start (arm, look again,
+/// sleep). Fails when the connection is gone with nothing left in the CQ, or when `idle`
+/// passes.
+pub fn next_raw(
+    ep: &Endpoint,
+    idle: Duration,
+    what: &'static str,
+    events: bool,
+) -> Result<Cqe, PerfError> {
     let mut one = [Cqe::default()];
-    let spin_until = Instant::now() + SPIN;
+    let spin_until = Instant::now() + if events { Duration::ZERO } else { SPIN };
     loop {
         if ep.cq.poll(&mut one) == 1 {
             return Ok(one[0]);
@@ -71,49 +79,26 @@ pub fn next_raw(ep: &Endpoint, idle: Duration, what: &'static str) -> Result<Cqe
     }
     let deadline = Instant::now() + idle;
     loop {
-        match ep.cq.wait(1, Duration::from_millis(200)) {
-            Ok(c) => return Ok(c[0]),
-            Err(VerbsError::TimedOut) => {
-                if closed(ep) {
-                    // Whatever completed before the close is in the CQ by now.
-                    return match ep.cq.poll(&mut one) {
-                        1 => Ok(one[0]),
-                        _ => Err(PerfError::PeerClosed(what)),
-                    };
-                }
-                if Instant::now() > deadline {
-                    return Err(PerfError::Timeout(what));
-                }
+        let quiet = if events {
+            ep.cq.arm(false);
+            if ep.cq.poll(&mut one) == 1 {
+                return Ok(one[0]);
             }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// `-e`: the next completion of `ep`, successful or not, waited for on CQ notifications
-/// from the start (arm, look again, sleep), never polled in a loop.
-pub fn next_raw_by_events(
-    ep: &Endpoint,
-    idle: Duration,
-    what: &'static str,
-) -> Result<Cqe, PerfError> {
-    let mut one = [Cqe::default()];
-    let deadline = Instant::now() + idle;
-    loop {
-        if ep.cq.poll(&mut one) == 1 {
-            return Ok(one[0]);
-        }
-        ep.cq.arm(false);
-        if ep.cq.poll(&mut one) == 1 {
-            return Ok(one[0]);
-        }
-        if ep
-            .cq
-            .events()
-            .recv_timeout(Duration::from_millis(200))
-            .is_err()
-        {
+            let quiet = ep.cq.events().recv_timeout(WAIT_SLICE).is_err();
+            if ep.cq.poll(&mut one) == 1 {
+                return Ok(one[0]);
+            }
+            quiet
+        } else {
+            match ep.cq.wait(1, WAIT_SLICE) {
+                Ok(c) => return Ok(c[0]),
+                Err(VerbsError::TimedOut) => true,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if quiet {
             if closed(ep) {
+                // Whatever completed before the close is in the CQ by now.
                 return match ep.cq.poll(&mut one) {
                     1 => Ok(one[0]),
                     _ => Err(PerfError::PeerClosed(what)),
@@ -397,7 +382,7 @@ impl CmControl {
     }
 
     fn next_within(&mut self, idle: Duration, what: &'static str) -> Result<Ctl, PerfError> {
-        let c = next_raw(&self.ep, idle, what)?;
+        let c = next_raw(&self.ep, idle, what, false)?;
         if c.wr_id == SEND_ID {
             if c.status() == WcStatus::WrFlushErr {
                 self.closed = true;

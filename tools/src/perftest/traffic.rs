@@ -10,7 +10,7 @@
 //! (`ctx_connect`): RTR towards the peer's record, and RTS for latency tests and the
 //! client (a bandwidth server only receives, so it stays in RTR).
 
-use super::control::{check, closed, next_raw, next_raw_by_events, DATA_IDLE};
+use super::control::{check, closed, next_raw, DATA_IDLE};
 use super::params::{Cycle, Params, MAX_INLINE};
 use super::report::{bw_result, lat_result, BwTimes, LatReport};
 use super::wire::{self, BwReport, Dest};
@@ -117,11 +117,7 @@ impl DataQp {
 
     /// The next completion, which must have succeeded: polled, or with `-e` waited for.
     fn next(&self, what: &'static str) -> Result<Cqe, PerfError> {
-        let c = if self.events {
-            next_raw_by_events(&self.ep, DATA_IDLE, what)?
-        } else {
-            next_raw(&self.ep, DATA_IDLE, what)?
-        };
+        let c = next_raw(&self.ep, DATA_IDLE, what, self.events)?;
         check(c, what)
     }
 
