@@ -372,15 +372,12 @@ impl RxeQp {
     }
 
     /// Send-queue work is posted or in flight, or responder output (Read responses, an
-    /// acknowledgement) is still to go out: an orderly close waits for both.
+    /// acknowledgement) is still queued: an orderly close waits for both. (Datagrams
+    /// already produced go out ahead of the DREQ anyway: [`Caller::Close`].)
     pub(crate) fn send_busy(&self) -> bool {
         let st = self.st.lock();
         st.qp != QpState::Error
-            && (st.req.busy()
-                || st.resp.queued() > 0
-                || st.sending
-                || !st.out.datagrams.is_empty()
-                || !self.base.sq.lock().is_empty())
+            && (st.req.busy() || st.resp.queued() > 0 || !self.base.sq.lock().is_empty())
     }
 
     /// Resolve the address vector from the QP attributes (destination GID, source GID
