@@ -235,20 +235,11 @@ impl Endpoint {
         Ok(cs)
     }
 
-    /// Spin (yielding) until one completion arrives.
+    /// Wait for one completion (polling, then sleeping: [`Cq::wait`]).
     fn spin_one(&self) -> Result<Cqe> {
-        let mut c = [Cqe::default()];
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if self.cq.poll(&mut c) == 1 {
-                expect_ok(&c[0])?;
-                return Ok(c[0]);
-            }
-            if Instant::now() > deadline {
-                return Err(VerbsError::TimedOut);
-            }
-            std::thread::yield_now();
-        }
+        let c = self.cq.wait(1, TIMEOUT)?[0];
+        expect_ok(&c)?;
+        Ok(c)
     }
 }
 

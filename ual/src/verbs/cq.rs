@@ -95,25 +95,29 @@ impl Cq {
         &self.events
     }
 
-    /// Wait for `n` completions, spinning briefly and then sleeping on CQ notifications.
+    /// Wait for `n` completions: poll for up to [`SPIN_BUDGET`], giving the CPU away
+    /// between polls, then sleep on CQ notifications. A consumer that only spins would hold
+    /// a core the engine needs to make its completions (on a two-core host it can stall
+    /// it for a whole scheduler slice); one that sleeps at once pays a wake-up per
+    /// completion.
     pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Cqe>> {
-        let deadline = std::time::Instant::now() + timeout;
+        let start = std::time::Instant::now();
+        let deadline = start + timeout;
         let mut out = Vec::with_capacity(n);
         let mut buf = [Cqe::default(); 16];
-        let mut spins = 0u32;
+        let mut spin_from = start;
         while out.len() < n {
             let got = self.poll(&mut buf[..(n - out.len()).min(16)]);
             out.extend_from_slice(&buf[..got]);
             if got > 0 {
-                spins = 0;
-                continue;
-            }
-            spins += 1;
-            if spins < 20_000 {
-                std::hint::spin_loop();
+                spin_from = std::time::Instant::now();
                 continue;
             }
             let now = std::time::Instant::now();
+            if now < spin_from + SPIN_BUDGET {
+                std::thread::yield_now();
+                continue;
+            }
             if now >= deadline {
                 return Err(VerbsError::TimedOut);
             }
@@ -132,10 +136,14 @@ impl Cq {
                     _ => {}
                 }
             }
+            spin_from = std::time::Instant::now();
         }
         Ok(out)
     }
 }
+
+/// How long [`Cq::wait`] polls before it sleeps on a notification.
+pub const SPIN_BUDGET: Duration = Duration::from_micros(50);
 
 impl Drop for Cq {
     fn drop(&mut self) {
