@@ -54,4 +54,25 @@ for cm in "" "-R"; do
     done
 done
 
+# perftest's run options, both roles, each exchange method: a timed run (-D seconds, -f
+# margins: only the middle is measured, each side by its own clock), a post list (-l:
+# requests posted as one list, CQ moderation following it) and bidirectional runs (-b).
+for cm in "" "-R"; do
+    tag=${cm:+-cm}
+    for spec in write_bw:-D send_bw:-D send_lat:-D write_lat:-D read_lat:-D write_bw:-l \
+        send_bw:-l write_bw:-b read_bw:-b send_bw:-b; do
+        t=${spec%%:*} opt=${spec#*:}
+        k=${t/_/-}
+        case $opt in
+            -D) args="-D 4 -f 1" name=timed ;;
+            -l) args="-l 4 -n $PERF_ITERS" name=list ;;
+            *) args="-b -n $PERF_ITERS" name=bidir ;;
+        esac
+        record "perf-$k-$name-guest-server$tag" 2 "" "ib_$t -d rxe0 -x 1 $cm $args" \
+            "perf $k -d rxe0 $cm $args $GUEST" guest-first
+        record "perf-$k-$name-host-server$tag" 1 "" "ib_$t -d rxe0 -x 1 $cm $args $HOST" \
+            "perf $k -d rxe0 $cm $args" host-first
+    done
+done
+
 summary

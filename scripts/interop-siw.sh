@@ -46,4 +46,21 @@ for crc in "" "--siwcrc"; do
     done
 done
 
+# perftest's run options, both roles: a timed run (-D, -f), a post list (-l) and
+# bidirectional runs (-b; send_bw -b writes receive credits both ways).
+for spec in write_bw:-D send_bw:-D send_lat:-D write_lat:-D write_bw:-l send_bw:-l \
+    write_bw:-b read_bw:-b send_bw:-b; do
+    t=${spec%%:*} opt=${spec#*:}
+    k=${t/_/-}
+    case $opt in
+        -D) args="-D 4 -f 1" name=timed ;;
+        -l) args="-l 4 -n $PERF_ITERS" name=list ;;
+        *) args="-b -n $PERF_ITERS" name=bidir ;;
+    esac
+    record "perf-$k-$name-guest-server" 3 "" "ib_$t -d siw0 -R $args" \
+        "perf $k -R $args $GUEST" guest-first
+    record "perf-$k-$name-host-server" 1 "" "ib_$t -d siw0 -R $args $HOST" \
+        "perf $k -R $args" host-first
+done
+
 summary

@@ -597,3 +597,234 @@ fn socket_server_refuses_bad_peers() {
         e => panic!("old version: {e}"),
     }
 }
+
+/// A timed run (`-D 1 -f 0`: the whole second is the sample) of `test` on `o`'s device.
+fn timed(o: Options) -> Options {
+    Options {
+        duration: Some(1),
+        margin: Some(0),
+        validate: false,
+        iters: None,
+        ..o
+    }
+}
+
+#[test]
+fn timed_bandwidth_runs() {
+    // Write (the server waits, then prints the client's report), send_bw over iWARP
+    // (credits) and over rxe0 without rdma_cm, Read, two QPs.
+    let runs = [
+        timed(opts(Test::WriteBw, 0)),
+        timed(opts(Test::SendBw, 0)),
+        timed(rxe(opts(Test::SendBw, 0), false)),
+        timed(rxe(opts(Test::ReadBw, 0), true)),
+        Options {
+            num_qps: 2,
+            ..timed(rxe(opts(Test::WriteBw, 0), false))
+        },
+    ];
+    for o in runs {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        let r = c.summary.bw[0];
+        assert!(r.iters > 0, "{}", c.text);
+        sane_bw(&r, 65536, r.iters, false);
+        if o.test == Test::SendBw {
+            // The server's clock starts at its first message: its own sample.
+            let got = s.summary.bw[0];
+            assert!(got.iters > 0, "{}", s.text);
+            sane_bw(&got, 65536, got.iters, false);
+        } else {
+            assert_eq!(
+                s.summary.bw, c.summary.bw,
+                "server prints the client's report"
+            );
+        }
+    }
+}
+
+#[test]
+fn timed_latency_runs() {
+    let lat_dur = " #bytes        #iterations       t_avg[usec]    tps average";
+    let runs = [
+        timed(opts(Test::SendLat, 0)),
+        timed(opts(Test::WriteLat, 0)),
+        timed(rxe(opts(Test::SendLat, 0), false)),
+        timed(rxe(opts(Test::ReadLat, 0), true)),
+        timed(rxe(opts(Test::AtomicLat, 0), false)),
+    ];
+    for o in runs {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        let measuring: &[&Side] = if o.test == Test::ReadLat || o.test == Test::AtomicLat {
+            &[&c]
+        } else {
+            &[&s, &c]
+        };
+        for side in measuring {
+            let t = &side.text;
+            assert!(t.contains(lat_dur), "{t}");
+            let r = side.summary.timed_lat[0];
+            assert!(r.iters > 0, "{t}");
+            assert!(r.t_avg.is_finite() && r.t_avg > 0.0, "{r:?}");
+            // The sample is one second: tps counts its exchanges.
+            assert!(
+                (r.tps - r.iters as f64).abs() < 1e-6 * r.tps.max(1.0),
+                "{r:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn post_list_runs() {
+    let list = |o: Options, l: u32| Options { post_list: l, ..o };
+    // -l 4: CQ moderation becomes 4 (said as perftest says it); over rxe0 with -Q 2.
+    let (s, c) = run_pair(&FrontDoor::Embedded, &list(opts(Test::WriteBw, 300), 4));
+    check_rdma_bw(&s, &c, 65536, 300);
+    for t in [&s.text, &c.text] {
+        assert!(
+            t.contains("Post List requested - CQ moderation will be the size"),
+            "{t}"
+        );
+        assert!(t.contains(" RDMA_Write Post List BW Test"), "{t}");
+        assert!(t.contains(" Post List       : 4"), "{t}");
+        assert!(t.contains(" CQ Moderation   : 4"), "{t}");
+    }
+    let o = Options {
+        cq_mod: Some(2),
+        size: Some(4096),
+        ..list(rxe(opts(Test::SendBw, 300), false), 6)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    sane_bw(&c.summary.bw[0], 4096, 300, true);
+    assert!(s.summary.validated, "{}", s.text);
+    assert!(c.text.contains(" CQ Moderation   : 2"), "{}", c.text);
+    // Send with credits over iWARP (messages above half a page: --validate can check
+    // them), and a timed Read with a list.
+    let credits = Options {
+        rx_depth: Some(30),
+        size: Some(3000),
+        ..list(opts(Test::SendBw, 300), 5)
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &credits);
+    sane_bw(&c.summary.bw[0], 3000, 300, true);
+    assert!(s.summary.validated, "{}", s.text);
+    let (_, c) = run_pair(
+        &FrontDoor::Embedded,
+        &list(timed(rxe(opts(Test::ReadBw, 0), true)), 8),
+    );
+    assert!(c.summary.bw[0].iters > 0, "{}", c.text);
+}
+
+#[test]
+fn duration_and_post_list_refusals() {
+    let refused = |o: Options, says: &str| {
+        let e = run_one(&FrontDoor::Embedded, &o);
+        assert!(
+            matches!(&e, PerfError::Options(m) if m.contains(says)),
+            "{says}: {e}"
+        );
+    };
+    let d = |o: Options, d: u32, f: Option<u32>| Options {
+        duration: Some(d),
+        margin: f,
+        validate: false,
+        ..o
+    };
+    refused(
+        d(opts(Test::WriteBw, 10), 2, Some(1)),
+        "DURATION > 2*MARGIN",
+    );
+    refused(
+        Options {
+            use_event: true,
+            ..d(opts(Test::SendLat, 10), 5, None)
+        },
+        "doesn't work with events",
+    );
+    refused(
+        Options {
+            all_sizes: true,
+            ..d(opts(Test::SendBw, 10), 5, None)
+        },
+        "all sizes",
+    );
+    refused(
+        Options {
+            validate: true,
+            ..d(opts(Test::SendBw, 10), 5, None)
+        },
+        "--validate",
+    );
+    let l = |o: Options, l: u32| Options { post_list: l, ..o };
+    refused(l(opts(Test::SendLat, 10), 2), "BW tests only");
+    refused(
+        Options {
+            size: Some(1000),
+            ..l(opts(Test::SendBw, 10), 2)
+        },
+        "above half a page",
+    );
+    refused(l(opts(Test::WriteBw, 10), 4), "multiple of post list");
+    refused(
+        Options {
+            cq_mod: Some(3),
+            ..l(opts(Test::WriteBw, 12), 4)
+        },
+        "multiple of CQ moderation",
+    );
+}
+
+#[test]
+fn bidirectional_runs() {
+    let both = |o: Options| Options { duplex: true, ..o };
+    // Each side prints the sum of both reports; both check what the peer's requests left.
+    let runs = [
+        both(opts(Test::WriteBw, 300)),
+        both(rxe(opts(Test::ReadBw, 300), false)),
+        both(rxe(opts(Test::SendBw, 300), true)),
+        both(rxe(opts(Test::AtomicBw, 300), false)),
+        Options {
+            rx_depth: Some(30),
+            size: Some(3000),
+            ..both(opts(Test::SendBw, 300))
+        },
+        Options {
+            all_sizes: true,
+            ..both(rxe(opts(Test::SendBw, 20), false))
+        },
+    ];
+    for o in runs {
+        let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+        let sizes = if o.all_sizes { 23 } else { 1 };
+        assert_eq!((s.summary.bw.len(), c.summary.bw.len()), (sizes, sizes));
+        for side in [&s, &c] {
+            let t = &side.text;
+            assert!(t.contains(" Bidirectional BW Test"), "{t}");
+            assert!(t.contains(" TX depth        : "), "{t}");
+            if o.test.verb() != perftest::Verb::Atomic {
+                assert!(side.summary.validated, "{t}");
+            }
+        }
+        for (a, b) in s.summary.bw.iter().zip(&c.summary.bw) {
+            // The same sum on both sides (the peak is left out: a side's own peak is
+            // computed from its own samples, exchanged as printed).
+            assert_eq!((a.size, a.iters), (b.size, b.iters));
+            assert!(
+                (a.bw_avg - b.bw_avg).abs() <= 1e-9 * a.bw_avg.max(1.0),
+                "{a:?} {b:?}"
+            );
+            assert!(a.bw_avg > 0.0 && a.msg_rate > 0.0, "{a:?}");
+        }
+    }
+    // A timed bidirectional send_bw prints each side's own count.
+    let (s, c) = run_pair(
+        &FrontDoor::Embedded,
+        &both(timed(rxe(opts(Test::SendBw, 0), false))),
+    );
+    assert!(s.summary.bw[0].iters > 0 && c.summary.bw[0].iters > 0);
+    let e = run_one(&FrontDoor::Embedded, &both(opts(Test::SendLat, 10)));
+    assert!(
+        matches!(&e, PerfError::Options(m) if m.contains("only available in BW")),
+        "{e}"
+    );
+}

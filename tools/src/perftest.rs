@@ -54,6 +54,7 @@ mod control;
 mod params;
 mod report;
 mod sockets;
+mod timed;
 mod traffic;
 pub mod wire;
 
@@ -237,6 +238,15 @@ pub struct Options {
     /// `-R`: connect and exchange over rdma_cm (the only mode iWARP can run); else a TCP
     /// socket and Modify QP (IB/RoCE only).
     pub rdma_cm: bool,
+    /// `-D`: run each side for this many seconds instead of `-n` iterations; only the
+    /// middle part (after and before `-f` margin seconds) is measured.
+    pub duration: Option<u32>,
+    /// `-f`: the margin of a `-D` run (default: a quarter of the duration).
+    pub margin: Option<u32>,
+    /// `-l`: requests posted at once, as one list (bandwidth tests).
+    pub post_list: u32,
+    /// `-b`: bidirectional: both sides send (bandwidth tests).
+    pub duplex: bool,
     /// krdma to krdma only: fill buffers with known patterns and check what arrives.
     pub validate: bool,
 }
@@ -265,6 +275,10 @@ impl Options {
             inline_size: None,
             gid_index: None,
             rdma_cm: false,
+            duration: None,
+            margin: None,
+            post_list: 1,
+            duplex: false,
             validate: false,
         }
     }
@@ -311,6 +325,8 @@ pub struct Summary {
     /// Bandwidth lines: this side's, or (Write/Read server) the client's it printed.
     pub bw: Vec<BwReport>,
     pub lat: Vec<LatReport>,
+    /// Timed latency lines (`-D`).
+    pub timed_lat: Vec<report::TimedLat>,
     /// Data checked against the peer's pattern (`--validate`).
     pub validated: bool,
 }
@@ -464,6 +480,13 @@ fn resolve(
     let port = ctx.query_port(dev, 1)?;
     let mtu = path_mtu(o.mtu, port.active_mtu, out)?;
     let mut p = Params::resolve(o, info.attr.max_ord, wire::mtu_enum(mtu), info.transport)?;
+    if p.cq_mod_from_list {
+        writeln!(out, "{RESULT_LINE}")?;
+        writeln!(
+            out,
+            "Post List requested - CQ moderation will be the size of the post list"
+        )?;
+    }
     p.gid_index = o.gid_index.unwrap_or_else(|| best_gid_index(&port.gids));
     p.gid = match port.gids.get(p.gid_index) {
         Some(g) => *g,
@@ -594,13 +617,14 @@ impl<'a> Session<'a> {
         // closing handshake and prints no table.
         if !self.p.test.server_idle() || self.p.client {
             let header = if self.p.test.is_lat() {
-                report::lat_header()
+                report::lat_header(self.p.timed.is_some())
             } else {
                 report::bw_header(self.p.gbits)
             };
             writeln!(self.out, "{RESULT_LINE}\n{header}")?;
         }
         let result = match self.p.test {
+            _ if self.p.duplex => self.bw_duplex(&qps, &my[0]),
             Test::WriteBw | Test::ReadBw | Test::AtomicBw => self.rdma_bw(&qps, &my[0]),
             Test::SendBw => self.send_bw(&qps, &my[0]),
             Test::SendLat => self.send_lat(&qps, &my[0]),
@@ -682,6 +706,56 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// `-b`, every bandwidth test: both sides run. Per size both sync (send_bw: after
+    /// posting their receives), run, and print the sum of both sides' reports, exchanged
+    /// as the one-way client sends its own (a timed send_bw prints each side's own: perftest
+    /// exchanges nothing then). send_bw syncs again after each size of `-a`; the others
+    /// do too, as perftest from 4.6 on (the version both sides announce).
+    fn bw_duplex(&mut self, qps: &[DataQp], my: &Dest) -> Result<(), PerfError> {
+        let send = self.p.test.is_send();
+        let all = self.p.sizes.len() > 1;
+        for &size in &self.p.sizes.clone() {
+            if send {
+                let cyc = self.p.cycle(size);
+                qps.iter()
+                    .try_for_each(|q| q.post_recvs(self.p.initial_recvs(), &cyc))?;
+            }
+            self.ctrl.handshake(my)?;
+            let mine = if send {
+                traffic::reset_credits(qps);
+                traffic::run_bw_bi(qps, &self.p, size)?
+            } else {
+                traffic::run_bw_client(qps, &self.p, size)?
+            };
+            if !send && all {
+                self.ctrl.handshake(my)?;
+            }
+            if send && self.p.timed.is_some() {
+                self.bw_line(&mine)?;
+            } else {
+                let theirs = self.xchg_report(&mine)?;
+                self.bw_line(&BwReport {
+                    bw_peak: mine.bw_peak + theirs.bw_peak,
+                    bw_avg: mine.bw_avg + theirs.bw_avg,
+                    msg_rate: mine.msg_rate + theirs.msg_rate,
+                    ..mine
+                })?;
+            }
+            if send && all {
+                self.ctrl.handshake(my)?;
+            }
+            // What the peer's requests left here (atomics change it on purpose).
+            match self.p.test.verb() {
+                Verb::Write => self.check(qps, size, VALIDATE_PATIENCE)?,
+                Verb::Read | Verb::Send => self.check(qps, size, Duration::ZERO)?,
+                Verb::Atomic => {}
+            }
+        }
+        writeln!(self.out, "{RESULT_LINE}")?;
+        self.ctrl.finish(my)?;
+        Ok(())
+    }
+
     /// ib_send_bw: per size the server posts its receives and both sync; each side prints
     /// its own result.
     fn send_bw(&mut self, qps: &[DataQp], my: &Dest) -> Result<(), PerfError> {
@@ -717,8 +791,7 @@ impl<'a> Session<'a> {
             self.ctrl.handshake(my)?;
             let r = traffic::run_lat_send(&qps[0], &self.p, size)?;
             self.check(qps, size, Duration::ZERO)?;
-            writeln!(self.out, "{}", report::lat_line(&r))?;
-            self.summary.lat.push(r);
+            self.lat_line(r)?;
         }
         writeln!(self.out, "{RESULT_LINE}")?;
         self.ctrl.finish(my)?;
@@ -743,8 +816,7 @@ impl<'a> Session<'a> {
             if self.p.test == Test::ReadLat {
                 self.check(qps, size, Duration::ZERO)?;
             }
-            writeln!(self.out, "{}", report::lat_line(&r))?;
-            self.summary.lat.push(r);
+            self.lat_line(r)?;
         }
         writeln!(self.out, "{RESULT_LINE}")?;
         if self.p.test.server_idle() {
@@ -774,6 +846,20 @@ impl<'a> Session<'a> {
         }
         tracing::debug!(size, "perftest: data validated");
         self.summary.validated = true;
+        Ok(())
+    }
+
+    fn lat_line(&mut self, r: traffic::LatRun) -> Result<(), PerfError> {
+        match r {
+            traffic::LatRun::Iterations(r) => {
+                writeln!(self.out, "{}", report::lat_line(&r))?;
+                self.summary.lat.push(r);
+            }
+            traffic::LatRun::Timed(r) => {
+                writeln!(self.out, "{}", r.line())?;
+                self.summary.timed_lat.push(r);
+            }
+        }
         Ok(())
     }
 
@@ -821,7 +907,13 @@ impl<'a> Session<'a> {
             _ => p.test.verb_name().to_string(),
         };
         writeln!(o, "{RESULT_LINE}")?;
-        writeln!(o, "                    {verb} {kind} Test")?;
+        let list = if p.post_list > 1 && !p.test.is_lat() {
+            "Post List "
+        } else {
+            ""
+        };
+        let both = if p.duplex { "Bidirectional " } else { "" };
+        writeln!(o, "                    {verb} {both}{list}{kind} Test")?;
         if p.use_event {
             writeln!(o, " Test with events. Using {}_comp0", self.device)?;
         }
@@ -846,10 +938,13 @@ impl<'a> Session<'a> {
         };
         writeln!(o, " PCIe relax order: {relaxed}")?;
         writeln!(o, " ibv_wr* API     : OFF")?;
-        if p.client {
+        if p.client || p.duplex {
             writeln!(o, " TX depth        : {}", p.tx_depth)?;
         }
-        if p.test.is_send() && !p.client {
+        if p.post_list > 1 {
+            writeln!(o, " Post List       : {}", p.post_list)?;
+        }
+        if p.test.is_send() && (!p.client || p.duplex) {
             writeln!(o, " RX depth        : {}", p.rx_depth)?;
         }
         if !p.test.is_lat() {

@@ -190,6 +190,21 @@ struct PerfArgs {
     /// The atomic tests' operation: CMP_AND_SWAP or FETCH_AND_ADD (the default).
     #[arg(short = 'A', long = "atomic_type", value_parser = ["CMP_AND_SWAP", "FETCH_AND_ADD"])]
     atomic_type: Option<String>,
+    /// Run for this many seconds instead of a number of iterations (both sides).
+    #[arg(short = 'D', long = "duration", value_parser = clap::value_parser!(u32).range(1..))]
+    duration: Option<u32>,
+    /// Seconds at each end of a -D run left out of the measurement (default: a quarter).
+    #[arg(short = 'f', long = "margin")]
+    margin: Option<u32>,
+    /// Post this many requests at once, as one list (bandwidth tests).
+    #[arg(short = 'l', long = "post_list", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    post_list: u32,
+    /// Bidirectional: both sides send (bandwidth tests; both sides give -b).
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
+    /// Connection type: RC (krdma's QPs are reliable connected; the others are refused).
+    #[arg(short = 'c', long = "connection", value_parser = ["RC", "UC", "UD", "XRC", "DC", "SRD"])]
+    connection: Option<String>,
 }
 
 /// The options of rdma-core's `rping`, same letters.
@@ -304,6 +319,12 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         Some("CMP_AND_SWAP") => AtomicType::CmpAndSwap,
         Some(_) => AtomicType::FetchAndAdd,
     };
+    if let Some(c) = a.connection.as_deref().filter(|c| *c != "RC") {
+        return Err(format!(
+            "-c {c}: krdma's QPs are reliable connected only (-c RC); {c} is not supported"
+        )
+        .into());
+    }
     let opts = Options {
         server: a.server,
         port: a.port,
@@ -326,6 +347,10 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         qp_timeout: a.qp_timeout,
         use_event: a.events,
         inline_size: a.inline_size,
+        duration: a.duration,
+        margin: a.margin,
+        post_list: a.post_list,
+        duplex: a.bidirectional,
         ..Options::new(test)
     };
     let ctx = Context::open_target(target)?;

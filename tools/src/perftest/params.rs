@@ -1,6 +1,7 @@
 //! perftest's parameters as its parser leaves them (`init_perftest_params`,
 //! `force_dependecies`, `check_link`), and the buffer geometry both sides must agree on.
 
+use super::timed::Timed;
 use super::{AtomicType, Options, PerfError, Test, Verb};
 use rnicpi::Transport;
 
@@ -42,7 +43,16 @@ pub struct Params {
     pub sizes: Vec<u64>,
     /// The size the buffers are laid out for (`MAX_SIZE` with `-a`).
     pub buf_size: u64,
+    /// Iterations per QP (0 in a timed run, as perftest: there it counts the sample).
     pub iters: u64,
+    /// `-D`: a timed run instead of `iters` iterations.
+    pub timed: Option<Timed>,
+    /// `-l`: requests posted at once, as one list.
+    pub post_list: u32,
+    /// `-l` without `-Q`: CQ moderation became the list's size (perftest says so).
+    pub cq_mod_from_list: bool,
+    /// `-b`: both sides send.
+    pub duplex: bool,
     pub tx_depth: u32,
     pub rx_depth: u32,
     pub cq_mod: u32,
@@ -87,6 +97,30 @@ impl Params {
         }
         let lat = o.test.is_lat();
         let send = o.test.verb() == Verb::Send;
+        if o.duplex && lat {
+            return Err(PerfError::Options(
+                "Bidirectional is only available in BW test".into(),
+            ));
+        }
+        let timed = match o.duration {
+            None => None,
+            Some(_) if o.use_event => {
+                return Err(PerfError::Options(
+                    "Duration mode doesn't work with events.".into(),
+                ))
+            }
+            Some(_) if o.all_sizes => {
+                return Err(PerfError::Options(
+                    "Duration mode currently doesn't support running on all sizes.".into(),
+                ))
+            }
+            Some(_) if o.validate => {
+                return Err(PerfError::Options(
+                    "--validate checks a number of iterations: not with -D".into(),
+                ))
+            }
+            Some(d) => Some(Timed::new(d, o.margin).map_err(|m| PerfError::Options(m.into()))?),
+        };
         let iters = o
             .iters
             .unwrap_or(if lat { DEF_ITERS_LAT } else { DEF_ITERS_BW });
@@ -142,14 +176,61 @@ impl Params {
         let mut rx_depth = o
             .rx_depth
             .unwrap_or(if send { DEF_RX_SEND } else { DEF_RX_RDMA });
-        if tx_depth as u64 > iters {
-            tx_depth = iters as u32;
+        if timed.is_none() {
+            if tx_depth as u64 > iters {
+                tx_depth = iters as u32;
+            }
+            if send && rx_depth as u64 > iters {
+                rx_depth = iters as u32;
+            }
         }
-        if send && rx_depth as u64 > iters {
-            rx_depth = iters as u32;
-        }
+        let post_list = o.post_list.max(1);
         let mut cq_mod = o.cq_mod.unwrap_or(DEF_CQ_MOD);
-        if size > MSG_SIZE_CQ_MOD_LIMIT && !o.all_sizes && o.cq_mod.is_none() {
+        let mut cq_mod_from_list = false;
+        if post_list > 1 {
+            if lat {
+                return Err(PerfError::Options(
+                    "Post list is supported in BW tests only".into(),
+                ));
+            }
+            if timed.is_none() && !iters.is_multiple_of(post_list as u64) {
+                return Err(PerfError::Options(
+                    "Number of iterations must be a multiple of post list size".into(),
+                ));
+            }
+            match o.cq_mod {
+                None => {
+                    cq_mod = post_list;
+                    cq_mod_from_list = true;
+                }
+                Some(m) if m == 0 || post_list % m != 0 => {
+                    return Err(PerfError::Options(
+                        "Post list size must be a multiple of CQ moderation".into(),
+                    ))
+                }
+                Some(_) => {}
+            }
+            if o.validate && send && size <= page_size() as u64 / 2 {
+                return Err(PerfError::Options(
+                    "--validate cannot check small Sends posted as a list (their buffer \
+                     places cycle with the list, the receives' with the messages): use a \
+                     size above half a page"
+                        .into(),
+                ));
+            }
+            if post_list > tx_depth {
+                return Err(PerfError::Options(format!(
+                    "the post list ({post_list}) does not fit the TX depth ({tx_depth})"
+                )));
+            }
+        }
+        // (perftest decides this before the post list, which then sets its own.)
+        if size > MSG_SIZE_CQ_MOD_LIMIT
+            && !o.all_sizes
+            && o.cq_mod.is_none()
+            && !o.use_event
+            && !cq_mod_from_list
+        {
             cq_mod = 1;
         }
         cq_mod = cq_mod.min(tx_depth).max(1);
@@ -159,8 +240,9 @@ impl Params {
         }
         let bw = !lat;
         let no_peak = o.no_peak
+            || timed.is_some()
             || (bw && iters > NO_PEAK_ITERS)
-            || (o.test == Test::SendBw && o.server.is_none());
+            || (o.test == Test::SendBw && o.server.is_none() && !o.duplex);
         let out_reads = match (o.test.verb(), o.out_reads) {
             (Verb::Read | Verb::Atomic, Some(r)) if r > 0 => r.min(max_reads),
             (Verb::Read | Verb::Atomic, _) => max_reads,
@@ -178,7 +260,11 @@ impl Params {
             iwarp,
             sizes,
             buf_size,
-            iters,
+            iters: if timed.is_some() { 0 } else { iters },
+            timed,
+            post_list,
+            cq_mod_from_list,
+            duplex: o.duplex,
             tx_depth,
             rx_depth,
             cq_mod,
@@ -216,7 +302,16 @@ impl Params {
 
     /// Receives posted before a send run (`ctx_set_recv_wqes`; never more than messages).
     pub fn initial_recvs(&self) -> u64 {
-        (self.rx_depth as u64).min(self.iters)
+        match self.timed {
+            Some(_) => self.rx_depth as u64,
+            None => (self.rx_depth as u64).min(self.iters),
+        }
+    }
+
+    /// Whether request `k` (0-based) of a QP is one more than the run has: never in a
+    /// timed run, which ends by the clock.
+    pub fn beyond(&self, k: u64) -> bool {
+        self.timed.is_none() && k >= self.iters
     }
 
     /// Whether send_bw runs with receive credits: over iWARP only (no RNR retry there),

@@ -12,6 +12,9 @@ const RESULT_FMT_G: &str =
 const RESULT_FMT_LAT: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
 
 /// perftest's "MB" is MiB (`0x100000`); `--report_gbits` divides by 125000000 (Gb = 10^9 bit).
+/// A timed latency run's header and line (`RESULT_FMT_LAT_DUR`, `REPORT_FMT_LAT_DUR`).
+const RESULT_FMT_LAT_DUR: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
 fn format_factor(gbits: bool) -> f64 {
     if gbits {
         125_000_000.0
@@ -28,8 +31,12 @@ pub fn bw_header(gbits: bool) -> &'static str {
     }
 }
 
-pub fn lat_header() -> &'static str {
-    RESULT_FMT_LAT
+pub fn lat_header(timed: bool) -> &'static str {
+    if timed {
+        RESULT_FMT_LAT_DUR
+    } else {
+        RESULT_FMT_LAT
+    }
 }
 
 /// Timestamps of a bandwidth run in nanoseconds since its start, indexed like perftest's
@@ -96,6 +103,19 @@ pub fn bw_result(
 }
 
 /// The smallest per-message time between post `i` and a moderated completion `j >= i`.
+/// A timed bandwidth run (`print_report_bw` with `-D`): `counted` requests in a sample of
+/// `secs` seconds; no peak.
+pub fn bw_timed(counted: u64, secs: f64, size: u64, gbits: bool) -> BwReport {
+    let secs = if secs > 0.0 { secs } else { 1.0 };
+    BwReport {
+        size,
+        iters: counted,
+        bw_peak: 0.0,
+        bw_avg: size as f64 * counted as f64 / secs / format_factor(gbits),
+        msg_rate: counted as f64 / secs / 1e6,
+    }
+}
+
 fn best_delta(t: &BwTimes, cq_mod: usize) -> u64 {
     let n = t.posted.len();
     let per = |i: usize, j: usize| t.completed[j].saturating_sub(t.posted[i]) / (j - i + 1) as u64;
@@ -190,6 +210,37 @@ pub fn lat_line(r: &LatReport) -> String {
         " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
         r.size, r.iters, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p99_9
     )
+}
+
+/// A timed latency run (`print_report_lat_duration`): the average over the sample, and
+/// transactions per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimedLat {
+    pub size: u64,
+    pub iters: u64,
+    pub t_avg: f64,
+    pub tps: f64,
+}
+
+impl TimedLat {
+    /// `iters` exchanges in `secs` seconds; `rtt_factor` 2 when each is a round trip
+    /// measured as two one-way latencies (send and write), 1 for reads and atomics.
+    pub fn new(size: u64, iters: u64, secs: f64, rtt_factor: f64) -> TimedLat {
+        let n = iters.max(1) as f64;
+        TimedLat {
+            size,
+            iters,
+            t_avg: secs * 1e6 / rtt_factor / n,
+            tps: if secs > 0.0 { iters as f64 / secs } else { 0.0 },
+        }
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            " {:<7}       {}            {:<7.2}        {:<7.2}",
+            self.size, self.iters, self.t_avg, self.tps
+        )
+    }
 }
 
 #[cfg(test)]
