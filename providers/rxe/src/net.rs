@@ -271,14 +271,19 @@ impl Net {
         }
     }
 
-    /// Wait up to 200 ms for the next datagram; `Ok(None)` on timeout.
-    pub fn recv<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
+    /// The next datagram, waiting up to 200 ms for it (or, without `wait`, not at all);
+    /// `Ok(None)` when there is none.
+    pub fn recv<'b>(
+        &self,
+        buf: &'b mut [u8],
+        wait: bool,
+    ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
         let v4 = self
             .raw_rx
             .as_ref()
             .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd());
         if let Some(u6) = &self.udp6 {
-            let ready = match sys::poll_readable([v4, u6.as_raw_fd()], 200) {
+            let ready = match sys::poll_readable([v4, u6.as_raw_fd()], if wait { 200 } else { 0 }) {
                 Some(r) => r,
                 None => return Ok(None),
             };
@@ -287,11 +292,11 @@ impl Net {
             }
         }
         match &self.raw_rx {
-            Some(rx) => match sys::recv(rx.as_raw_fd(), buf)? {
+            Some(rx) => match sys::recv(rx.as_raw_fd(), buf, wait)? {
                 Some(n) => Ok(Some(self.parse_raw(&buf[..n]))),
                 None => Ok(None),
             },
-            None => self.recv_udp(buf),
+            None => self.recv_udp(buf, wait),
         }
     }
 
@@ -314,8 +319,12 @@ impl Net {
         })
     }
 
-    fn recv_udp<'b>(&self, buf: &'b mut [u8]) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
-        let (n, from, dst) = match sys::recv_from(self.udp.as_raw_fd(), buf)? {
+    fn recv_udp<'b>(
+        &self,
+        buf: &'b mut [u8],
+        wait: bool,
+    ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
+        let (n, from, dst) = match sys::recv_from(self.udp.as_raw_fd(), buf, wait)? {
             Some(r) => r,
             None => return Ok(None),
         };
@@ -345,7 +354,7 @@ impl Net {
         sock: &UdpSocket,
         buf: &'b mut [u8],
     ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
-        let (n, from, dst) = match sys::recv_from(sock.as_raw_fd(), buf)? {
+        let (n, from, dst) = match sys::recv_from(sock.as_raw_fd(), buf, false)? {
             Some(r) => r,
             None => return Ok(None),
         };
@@ -421,7 +430,7 @@ mod tests {
         a.send(lo.into(), lo.into(), 0, a.port(), &mut pkt).unwrap();
         let mut buf = vec![0u8; 9000];
         let d = loop {
-            if let Some(d) = a.recv(&mut buf).unwrap() {
+            if let Some(d) = a.recv(&mut buf, true).unwrap() {
                 break d.unwrap();
             }
         };
@@ -433,7 +442,7 @@ mod tests {
             .send_to(&pkt[..pkt.len() - 1], ("127.0.0.1", a.port()))
             .unwrap();
         let r = loop {
-            if let Some(r) = a.recv(&mut buf).unwrap() {
+            if let Some(r) = a.recv(&mut buf, true).unwrap() {
                 break r;
             }
         };
@@ -458,7 +467,7 @@ mod tests {
         a.send(lo, lo, 0, a.port(), &mut pkt).unwrap();
         let mut buf = vec![0u8; 9000];
         let d = loop {
-            if let Some(d) = a.recv(&mut buf).unwrap() {
+            if let Some(d) = a.recv(&mut buf, true).unwrap() {
                 break d.unwrap();
             }
         };

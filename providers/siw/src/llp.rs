@@ -10,6 +10,18 @@ use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 
+/// Read what the stream holds now without waiting: `None` when it holds nothing.
+pub(crate) fn read_now(s: &TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        match socket::recv(s.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(n) => return Ok(Some(n)),
+            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Where a connected QP's FPDUs go.
 pub(crate) trait Llp: Send + Sync {
     /// Write all of `bytes`, waiting for room (only the QP's own transmit thread waits).

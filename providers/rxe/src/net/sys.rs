@@ -129,6 +129,7 @@ fn recvmsg<A>(
     fd: RawFd,
     from: &mut A,
     buf: &mut [u8],
+    wait: bool,
 ) -> io::Result<Option<(usize, Option<IpAddr>)>> {
     let mut control = [0u64; 8];
     let mut iov = libc::iovec {
@@ -144,7 +145,7 @@ fn recvmsg<A>(
     msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
     msg.msg_controllen = std::mem::size_of_val(&control);
     // SAFETY: msg describes valid buffers for the kernel to fill.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    let n = unsafe { libc::recvmsg(fd, &mut msg, recv_flags(wait)) };
     if n < 0 {
         return timeout_or(io::Error::last_os_error());
     }
@@ -225,9 +226,19 @@ pub(super) fn poll_readable(fds: [RawFd; 2], ms: libc::c_int) -> Option<[bool; 2
 }
 
 /// Receive one datagram into `buf`: its length, `None` on timeout.
-pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+/// `recv`/`recvmsg` flags: wait (up to the socket's receive timeout) or not at all.
+fn recv_flags(wait: bool) -> libc::c_int {
+    if wait {
+        0
+    } else {
+        libc::MSG_DONTWAIT
+    }
+}
+
+pub(super) fn recv(fd: RawFd, buf: &mut [u8], wait: bool) -> io::Result<Option<usize>> {
+    let flags = recv_flags(wait);
     // SAFETY: recv writes at most buf.len() bytes into buf.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
     if n < 0 {
         return timeout_or(io::Error::last_os_error());
     }
@@ -239,9 +250,10 @@ pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
 pub(super) fn recv_from(
     fd: RawFd,
     buf: &mut [u8],
+    wait: bool,
 ) -> io::Result<Option<(usize, SocketAddr, Option<IpAddr>)>> {
     let mut from: libc::sockaddr_storage = unsafe_zeroed();
-    let Some((n, dst)) = recvmsg(fd, &mut from, buf)? else {
+    let Some((n, dst)) = recvmsg(fd, &mut from, buf, wait)? else {
         return Ok(None);
     };
     let src = match from.ss_family as libc::c_int {

@@ -12,6 +12,13 @@ use std::time::{Duration, Instant};
 
 /// Bytes the rx thread asks the socket for at once: many FPDUs per system call.
 const RX_CHUNK: usize = 128 * 1024;
+/// How long the rx thread keeps looking for more after a large read before it sleeps.
+const RX_SPIN: Duration = Duration::from_micros(50);
+/// A read at least this large means a bulk transfer is under way: more follows at once,
+/// and sleeping between reads would cost a wake-up for every chunk. After small reads
+/// (ping-pong traffic) the thread sleeps at once: on two cores a spinning rx thread
+/// delays the consumers more than a wake-up costs.
+const RX_SPIN_AFTER: usize = 16 * 1024;
 
 /// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
 pub(super) struct Tx {
@@ -265,12 +272,30 @@ impl SiwQp {
     }
 
     /// The rx thread: read the stream in large chunks and hand each FPDU to the
-    /// responder, until the stream ends or the QP stops taking FPDUs.
+    /// responder, until the stream ends or the QP stops taking FPDUs. After a large read
+    /// it keeps looking for [`RX_SPIN`] (giving the CPU away between looks) before it
+    /// sleeps in `read` again, so a bulk transfer costs no wake-up per chunk.
     pub(super) fn rx_loop(self: Arc<Self>, mut sock: TcpStream) {
         let mut buf = vec![0u8; RX_CHUNK];
         let mut framing = wire::FpduDecoder::new();
+        let mut spin_until: Option<Instant> = None;
         loop {
-            let n = match sock.read(&mut buf) {
+            let got = match spin_until {
+                Some(until) => match llp::read_now(&sock, &mut buf) {
+                    Ok(Some(n)) => Ok(n),
+                    Ok(None) => {
+                        if Instant::now() < until {
+                            std::thread::yield_now();
+                        } else {
+                            spin_until = None;
+                        }
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
+                None => sock.read(&mut buf),
+            };
+            let n = match got {
                 // An end of stream: the peer's FIN — or a reset whose error another
                 // call on the socket took first (a dead peer is never an orderly close).
                 Ok(0) => {
@@ -283,6 +308,9 @@ impl SiwQp {
             };
             if !framing.feed(&buf[..n], |fpdu| self.receive_fpdu(fpdu)) {
                 return self.finish_rx(sock);
+            }
+            if n >= RX_SPIN_AFTER {
+                spin_until = Some(Instant::now() + RX_SPIN);
             }
         }
     }
