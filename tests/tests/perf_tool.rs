@@ -3,6 +3,9 @@
 //! the numbers are sane, the Write/Read server prints exactly the report the client sent
 //! over the control channel, and the data that arrived matches the sender's pattern
 //! (`--validate`). No timing thresholds.
+//!
+//! Over 600 lines: every test program and option of the one tool, sharing its pair
+//! runner and checks.
 
 use krdma_tests::{each_front_door, FrontDoor};
 use std::io::{Read, Write};

@@ -1,5 +1,6 @@
-//! The data QPs and perftest's message patterns on them (`run_iter_bw`,
-//! `run_iter_bw_server`, `run_iter_lat_send`, `run_iter_lat_write`, `run_iter_lat`).
+//! The data QPs: their buffers, connection, requests (one, or a `-l` list), completions,
+//! credits and the `--validate` patterns. The runs over them are in `bandwidth` and
+//! `latency`.
 //!
 //! Each data QP owns a buffer of two halves of `BUFF_SIZE` bytes plus a small credit area:
 //! requests go out of (and RDMA Reads land in) the lower half; the upper half is what the
@@ -13,12 +14,11 @@
 
 use super::control::{check, closed, next_raw, DATA_IDLE};
 use super::params::{Cycle, Params, MAX_INLINE};
-use super::report::{bw_result, bw_timed, lat_result, BwTimes, LatReport, TimedLat};
 use super::timed::{Phase, RunClock};
-use super::wire::{self, BwReport, Dest};
+use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
 use crate::perf::{new_endpoint_with, Endpoint, ENDPOINT_ACCESS};
-use rnicpi::{send_flags, Access, WcOpcode, WrOpcode};
+use rnicpi::{send_flags, Access, WrOpcode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::oob::{self, RcPath, RcPeer};
@@ -29,7 +29,7 @@ use ual::{Context, Cqe};
 const CREDIT_AREA: u64 = 64;
 const CREDIT_OUT: u64 = 8;
 /// wr_id of credit writes (data requests carry their QP's index, like perftest).
-const CREDIT_ID: u64 = u64::MAX - 1;
+pub(super) const CREDIT_ID: u64 = u64::MAX - 1;
 /// perftest's `MIN_RNR_TIMER` (0.64 ms).
 const MIN_RNR_TIMER: u8 = 12;
 /// `ah_attr.grh.hop_limit` in `ctx_modify_qp_to_rtr`.
@@ -42,9 +42,9 @@ pub const SERVER_SEED: u32 = 0x7065_7266;
 pub struct DataQp {
     pub ep: Endpoint,
     /// `BUFF_SIZE`: bytes per half.
-    half: u64,
+    pub(super) half: u64,
     /// `-e`: wait for completions on CQ notifications instead of polling.
-    events: bool,
+    pub(super) events: bool,
     /// `-I`: requests of at most this many bytes carry their data inline.
     inline: u32,
 }
@@ -118,14 +118,14 @@ impl DataQp {
     }
 
     /// The next completion, which must have succeeded: polled, or with `-e` waited for.
-    fn next(&self, what: &'static str) -> Result<Cqe, PerfError> {
+    pub(super) fn next(&self, what: &'static str) -> Result<Cqe, PerfError> {
         let c = next_raw(&self.ep, DATA_IDLE, what, self.events)?;
         check(c, what)
     }
 
     /// The next completion (which must have succeeded), polled until the timed run's
     /// `clock` ends (`None` then; also when the peer closed once the sample was over).
-    fn next_until(
+    pub(super) fn next_until(
         &self,
         what: &'static str,
         clock: Option<&RunClock>,
@@ -186,7 +186,7 @@ impl DataQp {
     }
 
     /// The receive the `j`-th message of a run lands in.
-    fn post_recv(&self, j: u64, cyc: &Cycle) -> Result<(), PerfError> {
+    pub(super) fn post_recv(&self, j: u64, cyc: &Cycle) -> Result<(), PerfError> {
         self.ep
             .post_recv(0, self.half + cyc.offset(j), cyc.size as u32)?;
         Ok(())
@@ -198,7 +198,14 @@ impl DataQp {
     }
 
     /// Post request `k` of a run (RDMA Write, RDMA Read, Send or atomic).
-    fn post(&self, p: &Params, q: u64, k: u64, cyc: &Cycle, flags: u8) -> Result<(), PerfError> {
+    pub(super) fn post(
+        &self,
+        p: &Params,
+        q: u64,
+        k: u64,
+        cyc: &Cycle,
+        flags: u8,
+    ) -> Result<(), PerfError> {
         let w = self.request(p, q, k, cyc, flags)?;
         self.ep.qp.post_send(&w)?;
         Ok(())
@@ -256,7 +263,7 @@ impl DataQp {
     /// `-l`: post `p.post_list` requests as one list, as perftest lays it out once
     /// (`ctx_set_send_reg_wqes`): the list's `j`-th request at the cycle's `j`-th place,
     /// every `cq_mod`-th one signaled.
-    fn post_list(&self, p: &Params, q: u64, cyc: &Cycle) -> Result<(), PerfError> {
+    pub(super) fn post_list(&self, p: &Params, q: u64, cyc: &Cycle) -> Result<(), PerfError> {
         let cq_mod = p.cq_mod as u64;
         let list = (0..p.post_list as u64)
             .map(|j| {
@@ -277,7 +284,7 @@ impl DataQp {
     /// the Write may need it. Fails once the connection closes or nothing changes for
     /// [`DATA_IDLE`]. In a timed run (`clock`) the end of the run ends the wait (`false`),
     /// and so does the peer's close once the sample is over (its clock ran out first).
-    fn await_byte(
+    pub(super) fn await_byte(
         &self,
         off: usize,
         want: u8,
@@ -307,18 +314,18 @@ impl DataQp {
     }
 
     /// The receive count the peer last wrote into our credit word.
-    fn credit(&self) -> u64 {
+    pub(super) fn credit(&self) -> u64 {
         let mut b = [0u8; 4];
         self.ep.buf.read((2 * self.half) as usize, &mut b);
         u32::from_le_bytes(b) as u64
     }
 
-    fn reset_credit(&self) {
+    pub(super) fn reset_credit(&self) {
         self.ep.buf.write((2 * self.half) as usize, &[0; 4]);
     }
 
     /// RDMA-Write our receive count into the peer's credit word (host order, as perftest).
-    fn send_credit(&self, received: u64) -> Result<(), PerfError> {
+    pub(super) fn send_credit(&self, received: u64) -> Result<(), PerfError> {
         let off = 2 * self.half + CREDIT_OUT;
         self.ep
             .buf
@@ -338,505 +345,6 @@ impl DataQp {
             got[..] == expect[off as usize..(off + len) as usize]
         })
     }
-}
-
-/// Per-QP counters of a bandwidth run.
-#[derive(Default, Clone, Copy)]
-struct Flow {
-    posted: u64,
-    /// Requests accounted complete (`cq_mod` per completion, as perftest counts).
-    completed: u64,
-    signaled_out: u64,
-    /// Credit writes outstanding (a bidirectional send_bw over iWARP): they take room in
-    /// the `tx_depth` window, as perftest's `scredit_for_qp`.
-    credit_writes: u64,
-}
-
-/// The state of one `run_iter_bw`.
-struct BwRun<'a> {
-    qps: &'a [DataQp],
-    p: &'a Params,
-    cyc: Cycle,
-    flows: Vec<Flow>,
-    times: BwTimes,
-    /// A timed run's clock (`-D`), from the start of the run.
-    clock: Option<RunClock>,
-    total_posted: u64,
-    total_done: u64,
-    start: Instant,
-}
-
-impl<'a> BwRun<'a> {
-    fn new(qps: &'a [DataQp], p: &'a Params, size: u64) -> BwRun<'a> {
-        BwRun {
-            qps,
-            p,
-            cyc: p.cycle(size),
-            flows: vec![Flow::default(); qps.len()],
-            times: BwTimes::new(p.iters * qps.len() as u64, p.no_peak),
-            clock: p.timed.map(|t| t.start()),
-            total_posted: 0,
-            total_done: 0,
-            start: Instant::now(),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
-    /// Whether QP `q` may post its next request (or list of `-l` requests): requests
-    /// left (or time, in a timed run), room in the `tx_depth` window, and (send_bw over
-    /// iWARP) receives the peer has credited.
-    fn may_post(&self, q: usize) -> bool {
-        let (f, p) = (&self.flows[q], self.p);
-        let n = p.post_list as u64;
-        !p.beyond(f.posted + n - 1)
-            && f.posted + f.credit_writes + n <= f.completed + p.tx_depth as u64
-            && (!p.credits() || f.posted + n < self.qps[q].credit() + p.rx_depth as u64)
-            && !self.clock.as_ref().is_some_and(RunClock::ended)
-    }
-
-    /// Fill every QP's window; a completion is asked for every `cq_mod` requests and (in
-    /// a run of `iters`) on the last one.
-    fn post_ready(&mut self) -> Result<(), PerfError> {
-        let (p, cq_mod) = (self.p, self.p.cq_mod as u64);
-        for q in 0..self.qps.len() {
-            while self.may_post(q) {
-                let k = self.flows[q].posted;
-                let t = self.now();
-                self.times.post(self.total_posted, t);
-                let (n, signaled) = if p.post_list > 1 {
-                    self.qps[q].post_list(p, q as u64, &self.cyc)?;
-                    (p.post_list as u64, p.post_list as u64 / cq_mod)
-                } else {
-                    let last = p.timed.is_none() && k == p.iters - 1;
-                    let signaled = k % cq_mod == cq_mod - 1 || last;
-                    let flags = if signaled { send_flags::SIGNALED } else { 0 };
-                    self.qps[q].post(p, q as u64, k, &self.cyc, flags)?;
-                    (1, signaled as u64)
-                };
-                let f = &mut self.flows[q];
-                f.posted += n;
-                f.signaled_out += signaled;
-                self.total_posted += n;
-            }
-        }
-        Ok(())
-    }
-
-    fn complete(&mut self, q: usize) {
-        let cq_mod = self.p.cq_mod as u64;
-        let f = &mut self.flows[q];
-        f.completed += cq_mod;
-        f.signaled_out = f.signaled_out.saturating_sub(1);
-        self.total_done += cq_mod;
-        let t = self.now();
-        self.times.complete(self.total_done, t);
-        if let Some(c) = &mut self.clock {
-            c.count(cq_mod);
-        }
-    }
-
-    /// Every request posted and every requested completion seen; a timed run ends by
-    /// its clock, with requests still out (as perftest's).
-    fn finished(&self) -> bool {
-        match &self.clock {
-            Some(c) => c.ended(),
-            None => self
-                .flows
-                .iter()
-                .all(|f| f.posted == self.p.iters && f.signaled_out == 0),
-        }
-    }
-}
-
-/// `run_iter_bw`: post `iters` requests per QP (or, timed, until the clock ends the run)
-/// with at most `tx_depth` outstanding, asking for a completion every `cq_mod` requests;
-/// send_bw over iWARP also waits for receive credits. Returns perftest's report of the
-/// run.
-pub fn run_bw_client(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, PerfError> {
-    let mut run = BwRun::new(qps, p, size);
-    let mut idle_since = Instant::now();
-    while !run.finished() {
-        run.post_ready()?;
-        let over = || run.clock.as_ref().is_some_and(RunClock::ended);
-        let timed: Option<&dyn Fn() -> bool> = run.clock.as_ref().map(|_| &over as _);
-        match next_completion(qps, &run.flows, timed)? {
-            Some((q, _)) => {
-                run.complete(q);
-                idle_since = Instant::now();
-            }
-            None if run.finished() => {}
-            None if idle_since.elapsed() > DATA_IDLE => {
-                return Err(PerfError::Timeout("send_bw credits"));
-            }
-            // Waiting for credits, which arrive without a completion.
-            None => std::thread::sleep(Duration::from_micros(20)),
-        }
-    }
-    if let Some(c) = &run.clock {
-        return Ok(bw_timed(c.counted(), c.sample_secs(), size, p.gbits));
-    }
-    let n = p.iters * qps.len() as u64;
-    Ok(bw_result(
-        &run.times,
-        n,
-        size,
-        p.cq_mod as u64,
-        p.no_peak,
-        p.gbits,
-    ))
-}
-
-/// The next completion of any QP that has a signaled request outstanding; `None` when none
-/// has (a send_bw client waiting for credits, which arrive without a completion) or when
-/// a timed run's `over` says it has ended.
-fn next_completion(
-    qps: &[DataQp],
-    flows: &[Flow],
-    timed: Option<&dyn Fn() -> bool>,
-) -> Result<Option<(usize, Cqe)>, PerfError> {
-    let waiting: Vec<usize> = (0..qps.len())
-        .filter(|&q| flows[q].signaled_out > 0)
-        .collect();
-    match (&waiting[..], timed) {
-        ([], _) => Ok(None),
-        ([q], None) => qps[*q].next("data request").map(|c| Some((*q, c))),
-        (_, over) => poll_any(qps, &waiting, over.unwrap_or(&|| false)),
-    }
-}
-
-/// Poll several CQs in turn (yielding the CPU between rounds) until one has a
-/// completion. `None` once `over()` says so (a timed run has ended, or there is other
-/// work); a connection closed then ends the wait quietly too (the peer's clock ran out
-/// first). Otherwise a closed connection, or nothing for [`DATA_IDLE`], is an error.
-fn poll_any(
-    qps: &[DataQp],
-    which: &[usize],
-    over: &dyn Fn() -> bool,
-) -> Result<Option<(usize, Cqe)>, PerfError> {
-    let deadline = Instant::now() + DATA_IDLE;
-    let mut one = [Cqe::default()];
-    loop {
-        for &q in which {
-            if qps[q].ep.cq.poll(&mut one) == 1 {
-                return Ok(Some((q, check(one[0], "data request")?)));
-            }
-        }
-        if over() {
-            return Ok(None);
-        }
-        if Instant::now() > deadline || which.iter().any(|&q| closed(&qps[q].ep)) {
-            return Err(PerfError::Timeout("data request"));
-        }
-        std::thread::yield_now();
-    }
-}
-
-/// `run_iter_bw_server` (send_bw): take `iters` messages per QP (or, timed, messages until
-/// the clock started by the first one ends the run), re-posting receives and (over
-/// iWARP) writing credits back every `rx_depth / 3` messages. The clock runs from the
-/// first message to the last; no peak.
-pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, PerfError> {
-    let cyc = p.cycle(size);
-    let n = p.iters * qps.len() as u64;
-    let mut received = vec![0u64; qps.len()];
-    let mut posted = vec![p.initial_recvs(); qps.len()];
-    let mut credits_out = vec![0u64; qps.len()];
-    let mut times = BwTimes::new(n, true);
-    let mut first: Option<Instant> = None;
-    let mut clock: Option<RunClock> = None;
-    let mut total = 0u64;
-    let all: Vec<usize> = (0..qps.len()).collect();
-    loop {
-        match &clock {
-            Some(c) if c.ended() => break,
-            None if p.timed.is_none() && total >= n => break,
-            _ => {}
-        }
-        let (q, c) = match (qps, p.timed) {
-            ([one], None) => (0, one.next("send_bw receive")?),
-            _ => {
-                let over = || clock.as_ref().is_some_and(RunClock::ended);
-                match poll_any(qps, &all, &over)? {
-                    Some(got) => got,
-                    None => break,
-                }
-            }
-        };
-        if c.opcode() != Some(WcOpcode::Recv) {
-            credits_out[q] = credits_out[q].saturating_sub(1);
-            continue;
-        }
-        let start = *first.get_or_insert_with(Instant::now);
-        if let Some(t) = p.timed {
-            clock.get_or_insert_with(|| t.start()).count(1);
-        }
-        received[q] += 1;
-        total += 1;
-        if !p.beyond(posted[q]) {
-            qps[q].post_recv(posted[q], &cyc)?;
-            posted[q] += 1;
-        }
-        if p.credits() && (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every()) {
-            while credits_out[q] >= p.tx_depth as u64 {
-                let c = qps[q].next("credit write")?;
-                if c.opcode() != Some(WcOpcode::Recv) {
-                    credits_out[q] = credits_out[q].saturating_sub(1);
-                }
-            }
-            qps[q].send_credit(received[q])?;
-            credits_out[q] += 1;
-        }
-        times.complete(total, start.elapsed().as_nanos() as u64);
-    }
-    for (q, dq) in qps.iter().enumerate() {
-        while credits_out[q] > 0 {
-            if dq.next("credit write")?.opcode() != Some(WcOpcode::Recv) {
-                credits_out[q] -= 1;
-            }
-        }
-    }
-    if let Some(c) = &clock {
-        return Ok(bw_timed(c.counted(), c.sample_secs(), size, p.gbits));
-    }
-    Ok(bw_result(&times, n, size, 1, true, p.gbits))
-}
-
-/// `run_iter_bi` (send_bw `-b`): both sides send and receive at once over the same QPs.
-/// The client starts sending at once; the server only once the client's first message
-/// has arrived (so it never sends before the client runs). Receives are re-posted as
-/// they complete; over iWARP each side writes receive credits back to the other. The
-/// report is made from this side's sends; a timed run counts sends and receives in its
-/// sample, by a clock the server starts at its first message.
-pub fn run_bw_bi(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, PerfError> {
-    let mut run = BwRun::new(qps, p, size);
-    if !p.client {
-        run.clock = None;
-    }
-    let mut sending = p.client;
-    let mut received = vec![0u64; qps.len()];
-    let mut posted = vec![p.initial_recvs(); qps.len()];
-    // Credits due but not yet written (no room in the window).
-    let mut credit_due = vec![false; qps.len()];
-    let all: Vec<usize> = (0..qps.len()).collect();
-    let done = |run: &BwRun, received: &[u64]| match &run.clock {
-        Some(c) => c.ended(),
-        None if p.timed.is_some() => false,
-        None => run.finished() && received.iter().all(|&r| r >= p.iters),
-    };
-    while !done(&run, &received) {
-        if sending {
-            run.post_ready()?;
-        }
-        for q in 0..qps.len() {
-            let f = &run.flows[q];
-            if credit_due[q] && f.posted + f.credit_writes < f.completed + p.tx_depth as u64 {
-                qps[q].send_credit(received[q])?;
-                run.flows[q].credit_writes += 1;
-                credit_due[q] = false;
-            }
-        }
-        // Credits arrive as RDMA Writes, without a completion: the wait also ends when
-        // they let a QP post again.
-        let wake = || {
-            run.clock.as_ref().is_some_and(RunClock::ended)
-                || (sending && p.credits() && (0..qps.len()).any(|q| run.may_post(q)))
-        };
-        let Some((q, c)) = poll_any(qps, &all, &wake)? else {
-            continue;
-        };
-        match c.opcode() {
-            Some(WcOpcode::Recv) => {
-                if !sending {
-                    sending = true;
-                    run.clock = p.timed.map(|t| t.start());
-                }
-                if let Some(c) = &mut run.clock {
-                    c.count(1);
-                }
-                received[q] += 1;
-                if !p.beyond(posted[q]) {
-                    qps[q].post_recv(posted[q], &run.cyc)?;
-                    posted[q] += 1;
-                }
-                if p.credits() && (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every())
-                {
-                    credit_due[q] = true;
-                }
-            }
-            _ if c.wr_id == CREDIT_ID => {
-                run.flows[q].credit_writes = run.flows[q].credit_writes.saturating_sub(1);
-            }
-            _ => run.complete(q),
-        }
-    }
-    // Credit writes still out complete before the next size (or the close).
-    for (q, dq) in qps.iter().enumerate() {
-        while run.flows[q].credit_writes > 0 && p.timed.is_none() {
-            if dq.next("credit write")?.wr_id == CREDIT_ID {
-                run.flows[q].credit_writes -= 1;
-            }
-        }
-    }
-    if let Some(c) = &run.clock {
-        return Ok(bw_timed(c.counted(), c.sample_secs(), size, p.gbits));
-    }
-    let n = p.iters * qps.len() as u64;
-    Ok(bw_result(
-        &run.times,
-        n,
-        size,
-        p.cq_mod as u64,
-        p.no_peak,
-        p.gbits,
-    ))
-}
-
-/// The outcome of a latency run: perftest's table line of either kind.
-pub enum LatRun {
-    Iterations(LatReport),
-    Timed(TimedLat),
-}
-
-/// `run_iter_lat_send`: ping-pong on the first QP. The client sends first; each side sends
-/// its next message when the peer's has arrived. Returns the report from the send times;
-/// timed, each side's clock starts with the first message it receives and the messages
-/// received in the sample are counted.
-pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
-    let cyc = p.cycle(size);
-    let iters = p.iters;
-    let mut posted_at = Vec::with_capacity(iters as usize);
-    let (mut sent, mut received) = (0u64, 0u64);
-    let mut arrived = 0u64;
-    let mut recvs_posted = p.initial_recvs();
-    let mut clock: Option<RunClock> = None;
-    let start = Instant::now();
-    let more = |n: u64, clock: &Option<RunClock>| match p.timed {
-        None => n < iters,
-        Some(_) => !clock.as_ref().is_some_and(RunClock::ended),
-    };
-    while more(sent, &clock) || more(received, &clock) {
-        if more(received, &clock) && !(sent == 0 && p.client) {
-            while arrived == 0 {
-                match p.timed {
-                    None => arrived += next_is_recv(dq)? as u64,
-                    Some(_) => match dq.next_until("send_lat message", clock.as_ref())? {
-                        Some(c) => arrived += (c.opcode() == Some(WcOpcode::Recv)) as u64,
-                        None => return Ok(timed_lat(clock.as_ref(), size, 2.0)),
-                    },
-                }
-            }
-            arrived -= 1;
-            received += 1;
-            if let Some(t) = p.timed {
-                clock.get_or_insert_with(|| t.start()).count(1);
-            }
-            if !p.beyond(recvs_posted) {
-                dq.post_recv(recvs_posted, &cyc)?;
-                recvs_posted += 1;
-            }
-        }
-        if more(sent, &clock) {
-            posted_at.push(start.elapsed().as_nanos() as u64);
-            sent += 1;
-            dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
-            // Our Send's completion; the peer's answer may complete before it.
-            while next_is_recv(dq)? {
-                arrived += 1;
-            }
-        }
-    }
-    Ok(match p.timed {
-        Some(_) => timed_lat(clock.as_ref(), size, 2.0),
-        None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
-    })
-}
-
-fn timed_lat(clock: Option<&RunClock>, size: u64, rtt_factor: f64) -> LatRun {
-    let (n, secs) = clock.map_or((0, 0.0), |c| (c.counted(), c.sample_secs()));
-    LatRun::Timed(TimedLat::new(size, n, secs, rtt_factor))
-}
-
-/// `run_iter_lat_write`: ping-pong of RDMA Writes on the first QP. Each side's Write of
-/// `size` bytes carries its count (mod 256) in its last byte; a side writes its next one
-/// when the peer's last byte in its own memory shows the count it waits for. The client
-/// writes first. Returns the report from the post times (half a round trip each); timed,
-/// the clock starts with the loop and the Writes completed in the sample are counted.
-pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
-    let iters = p.iters;
-    let last = (size - 1) as usize;
-    let mut posted_at = Vec::with_capacity(iters as usize);
-    let (mut sent, mut seen, mut completed) = (0u64, 0u64, 0u64);
-    let mut clock = p.timed.map(|t| t.start());
-    let start = Instant::now();
-    let more = |n: u64, clock: &Option<RunClock>| match clock {
-        None => n < iters,
-        Some(c) => !c.ended(),
-    };
-    while more(sent, &clock) || more(completed, &clock) || more(seen, &clock) {
-        if more(seen, &clock) && !(sent == 0 && !p.client) {
-            seen += 1;
-            if !dq.await_byte(dq.half as usize + last, seen as u8, clock.as_ref())? {
-                break;
-            }
-        }
-        if more(sent, &clock) {
-            posted_at.push(start.elapsed().as_nanos() as u64);
-            sent += 1;
-            dq.ep.buf.write(last, &[sent as u8]);
-            dq.post(p, 0, 0, &p.cycle(size), send_flags::SIGNALED)?;
-        }
-        if more(completed, &clock) {
-            dq.next("write_lat Write")?;
-            completed += 1;
-            if let Some(c) = &mut clock {
-                c.count(1);
-            }
-        }
-    }
-    Ok(match clock {
-        Some(c) => timed_lat(Some(&c), size, 2.0),
-        None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
-    })
-}
-
-/// `run_iter_lat` for ib_read_lat and ib_atomic_lat (client only): one RDMA Read of
-/// `size` bytes (or one atomic) at a time on the peer's buffer, each waited for. Returns
-/// the report from the post times (a whole round trip each); timed, the requests
-/// completed in the sample are counted.
-pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
-    let cyc = p.cycle(size);
-    let mut posted_at = Vec::with_capacity(p.iters as usize);
-    let mut clock = p.timed.map(|t| t.start());
-    let start = Instant::now();
-    let mut k = 0u64;
-    loop {
-        match &clock {
-            Some(c) if c.ended() => break,
-            None if k >= p.iters => break,
-            _ => {}
-        }
-        k += 1;
-        posted_at.push(start.elapsed().as_nanos() as u64);
-        dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
-        dq.next("latency request")?;
-        if let Some(c) = &mut clock {
-            c.count(1);
-        }
-    }
-    Ok(match clock {
-        Some(c) => timed_lat(Some(&c), size, 1.0),
-        None => LatRun::Iterations(lat_result(&posted_at, size, 1.0)),
-    })
-}
-
-/// Wait for the next completion of a ping-pong: `true` for a message received, `false`
-/// for our own Send.
-fn next_is_recv(dq: &DataQp) -> Result<bool, PerfError> {
-    let c = dq.next("send_lat message")?;
-    Ok(c.opcode() == Some(WcOpcode::Recv))
 }
 
 /// Reset the credit words before a send_bw run (perftest zeroes `credit_buf`).

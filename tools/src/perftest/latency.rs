@@ -1,0 +1,156 @@
+//! perftest's latency runs on the first data QP: `run_iter_lat_send`,
+//! `run_iter_lat_write` and `run_iter_lat` (Reads and atomics), each by iterations or
+//! (`-D`) by the clock.
+
+use super::params::Params;
+use super::report::{lat_result, LatReport, TimedLat};
+use super::timed::RunClock;
+use super::traffic::DataQp;
+use super::PerfError;
+use rnicpi::{send_flags, WcOpcode};
+use std::time::Instant;
+
+/// The outcome of a latency run: perftest's table line of either kind.
+pub enum LatRun {
+    Iterations(LatReport),
+    Timed(TimedLat),
+}
+
+/// `run_iter_lat_send`: ping-pong on the first QP. The client sends first; each side sends
+/// its next message when the peer's has arrived. Returns the report from the send times;
+/// timed, each side's clock starts with the first message it receives and the messages
+/// received in the sample are counted.
+pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
+    let cyc = p.cycle(size);
+    let iters = p.iters;
+    let mut posted_at = Vec::with_capacity(iters as usize);
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut arrived = 0u64;
+    let mut recvs_posted = p.initial_recvs();
+    let mut clock: Option<RunClock> = None;
+    let start = Instant::now();
+    let more = |n: u64, clock: &Option<RunClock>| match p.timed {
+        None => n < iters,
+        Some(_) => !clock.as_ref().is_some_and(RunClock::ended),
+    };
+    while more(sent, &clock) || more(received, &clock) {
+        if more(received, &clock) && !(sent == 0 && p.client) {
+            while arrived == 0 {
+                match p.timed {
+                    None => arrived += next_is_recv(dq)? as u64,
+                    Some(_) => match dq.next_until("send_lat message", clock.as_ref())? {
+                        Some(c) => arrived += (c.opcode() == Some(WcOpcode::Recv)) as u64,
+                        None => return Ok(timed_lat(clock.as_ref(), size, 2.0)),
+                    },
+                }
+            }
+            arrived -= 1;
+            received += 1;
+            if let Some(t) = p.timed {
+                clock.get_or_insert_with(|| t.start()).count(1);
+            }
+            if !p.beyond(recvs_posted) {
+                dq.post_recv(recvs_posted, &cyc)?;
+                recvs_posted += 1;
+            }
+        }
+        if more(sent, &clock) {
+            posted_at.push(start.elapsed().as_nanos() as u64);
+            sent += 1;
+            dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
+            // Our Send's completion; the peer's answer may complete before it.
+            while next_is_recv(dq)? {
+                arrived += 1;
+            }
+        }
+    }
+    Ok(match p.timed {
+        Some(_) => timed_lat(clock.as_ref(), size, 2.0),
+        None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
+    })
+}
+
+fn timed_lat(clock: Option<&RunClock>, size: u64, rtt_factor: f64) -> LatRun {
+    let (n, secs) = clock.map_or((0, 0.0), |c| (c.counted(), c.sample_secs()));
+    LatRun::Timed(TimedLat::new(size, n, secs, rtt_factor))
+}
+
+/// `run_iter_lat_write`: ping-pong of RDMA Writes on the first QP. Each side's Write of
+/// `size` bytes carries its count (mod 256) in its last byte; a side writes its next one
+/// when the peer's last byte in its own memory shows the count it waits for. The client
+/// writes first. Returns the report from the post times (half a round trip each); timed,
+/// the clock starts with the loop and the Writes completed in the sample are counted.
+pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
+    let iters = p.iters;
+    let last = (size - 1) as usize;
+    let mut posted_at = Vec::with_capacity(iters as usize);
+    let (mut sent, mut seen, mut completed) = (0u64, 0u64, 0u64);
+    let mut clock = p.timed.map(|t| t.start());
+    let start = Instant::now();
+    let more = |n: u64, clock: &Option<RunClock>| match clock {
+        None => n < iters,
+        Some(c) => !c.ended(),
+    };
+    while more(sent, &clock) || more(completed, &clock) || more(seen, &clock) {
+        if more(seen, &clock) && !(sent == 0 && !p.client) {
+            seen += 1;
+            if !dq.await_byte(dq.half as usize + last, seen as u8, clock.as_ref())? {
+                break;
+            }
+        }
+        if more(sent, &clock) {
+            posted_at.push(start.elapsed().as_nanos() as u64);
+            sent += 1;
+            dq.ep.buf.write(last, &[sent as u8]);
+            dq.post(p, 0, 0, &p.cycle(size), send_flags::SIGNALED)?;
+        }
+        if more(completed, &clock) {
+            dq.next("write_lat Write")?;
+            completed += 1;
+            if let Some(c) = &mut clock {
+                c.count(1);
+            }
+        }
+    }
+    Ok(match clock {
+        Some(c) => timed_lat(Some(&c), size, 2.0),
+        None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
+    })
+}
+
+/// `run_iter_lat` for ib_read_lat and ib_atomic_lat (client only): one RDMA Read of
+/// `size` bytes (or one atomic) at a time on the peer's buffer, each waited for. Returns
+/// the report from the post times (a whole round trip each); timed, the requests
+/// completed in the sample are counted.
+pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
+    let cyc = p.cycle(size);
+    let mut posted_at = Vec::with_capacity(p.iters as usize);
+    let mut clock = p.timed.map(|t| t.start());
+    let start = Instant::now();
+    let mut k = 0u64;
+    loop {
+        match &clock {
+            Some(c) if c.ended() => break,
+            None if k >= p.iters => break,
+            _ => {}
+        }
+        k += 1;
+        posted_at.push(start.elapsed().as_nanos() as u64);
+        dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
+        dq.next("latency request")?;
+        if let Some(c) = &mut clock {
+            c.count(1);
+        }
+    }
+    Ok(match clock {
+        Some(c) => timed_lat(Some(&c), size, 1.0),
+        None => LatRun::Iterations(lat_result(&posted_at, size, 1.0)),
+    })
+}
+
+/// Wait for the next completion of a ping-pong: `true` for a message received, `false`
+/// for our own Send.
+fn next_is_recv(dq: &DataQp) -> Result<bool, PerfError> {
+    let c = dq.next("send_lat message")?;
+    Ok(c.opcode() == Some(WcOpcode::Recv))
+}
