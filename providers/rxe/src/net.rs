@@ -49,6 +49,14 @@ pub struct Datagram<'a> {
     pub roce: &'a [u8],
 }
 
+/// What an IPv4 receive call got into the buffer.
+enum V4Got {
+    /// From the raw socket: the whole IP datagram, `n` bytes.
+    Raw(usize),
+    /// From the UDP socket: `n` bytes of payload, their source and destination.
+    Udp(usize, SocketAddr, Option<IpAddr>),
+}
+
 /// Where a device's datagrams leave: the host's network ([`Net`]) or a simulated link
 /// (`crate::sim`). The engine hands every packet it transmits to one of these.
 pub trait Wire: Send + Sync {
@@ -272,31 +280,51 @@ impl Net {
     }
 
     /// The next datagram, waiting up to 200 ms for it (or, without `wait`, not at all);
-    /// `Ok(None)` when there is none.
+    /// `Ok(None)` when there is none. Without waiting, a device that also serves IPv6
+    /// looks at each socket in turn instead of polling both first: a busy receive path
+    /// costs one system call per datagram.
     pub fn recv<'b>(
         &self,
         buf: &'b mut [u8],
         wait: bool,
     ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
-        let v4 = self
-            .raw_rx
-            .as_ref()
-            .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd());
+        let mut wait_v4 = wait;
         if let Some(u6) = &self.udp6 {
-            let ready = match sys::poll_readable([v4, u6.as_raw_fd()], if wait { 200 } else { 0 }) {
-                Some(r) => r,
+            if !wait {
+                return match self.recv_v4(buf, false)? {
+                    Some(got) => Ok(Some(self.v4_datagram(buf, got))),
+                    None => self.recv_udp6(u6, buf),
+                };
+            }
+            let v4 = self
+                .raw_rx
+                .as_ref()
+                .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd());
+            match sys::poll_readable([v4, u6.as_raw_fd()], 200) {
                 None => return Ok(None),
-            };
-            if ready == [false, true] {
-                return self.recv_udp6(u6, buf);
+                Some([false, true]) => return self.recv_udp6(u6, buf),
+                Some(_) => wait_v4 = false,
             }
         }
-        match &self.raw_rx {
-            Some(rx) => match sys::recv(rx.as_raw_fd(), buf, wait)? {
-                Some(n) => Ok(Some(self.parse_raw(&buf[..n]))),
-                None => Ok(None),
-            },
-            None => self.recv_udp(buf, wait),
+        Ok(self
+            .recv_v4(buf, wait_v4)?
+            .map(|got| self.v4_datagram(buf, got)))
+    }
+
+    /// Receive one IPv4 datagram into `buf` (the raw socket's, with its IP header, or the
+    /// UDP socket's payload).
+    fn recv_v4(&self, buf: &mut [u8], wait: bool) -> io::Result<Option<V4Got>> {
+        Ok(match &self.raw_rx {
+            Some(rx) => sys::recv(rx.as_raw_fd(), buf, wait)?.map(V4Got::Raw),
+            None => sys::recv_from(self.udp.as_raw_fd(), buf, wait)?
+                .map(|(n, from, dst)| V4Got::Udp(n, from, dst)),
+        })
+    }
+
+    fn v4_datagram<'b>(&self, buf: &'b [u8], got: V4Got) -> Result<Datagram<'b>, RxDrop> {
+        match got {
+            V4Got::Raw(n) => self.parse_raw(&buf[..n]),
+            V4Got::Udp(n, from, dst) => self.udp4_datagram(&buf[..n], from, dst),
         }
     }
 
@@ -319,34 +347,32 @@ impl Net {
         })
     }
 
-    fn recv_udp<'b>(
+    /// A datagram the UDP socket received (no raw sockets): its ICRC is checked over the
+    /// header Linux would have sent it with (identification 0, DF).
+    fn udp4_datagram<'b>(
         &self,
-        buf: &'b mut [u8],
-        wait: bool,
-    ) -> io::Result<Option<Result<Datagram<'b>, RxDrop>>> {
-        let (n, from, dst) = match sys::recv_from(self.udp.as_raw_fd(), buf, wait)? {
-            Some(r) => r,
-            None => return Ok(None),
-        };
+        roce: &'b [u8],
+        from: SocketAddr,
+        dst: Option<IpAddr>,
+    ) -> Result<Datagram<'b>, RxDrop> {
         let (SocketAddr::V4(from), Some(IpAddr::V4(dst))) = (from, dst) else {
-            return Ok(Some(Err(RxDrop::Malformed)));
+            return Err(RxDrop::Malformed);
         };
-        let (src, sport) = (*from.ip(), from.port());
-        let roce = &buf[..n];
+        let (src, sport, n) = (*from.ip(), from.port(), roce.len());
         let udp_len = (icrc::UDP_HEADER_LEN + n) as u16;
         let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
         let udp = set_dport(icrc::udp_header_for(sport, udp_len), self.port);
         match icrc_of(&ip, &udp, roce) {
-            Some(c) if roce.len() >= 4 && roce[n - 4..] == c.to_le_bytes() => {}
-            Some(_) => return Ok(Some(Err(RxDrop::BadIcrc))),
-            None => return Ok(Some(Err(RxDrop::Malformed))),
+            Some(c) if n >= 4 && roce[n - 4..] == c.to_le_bytes() => {}
+            Some(_) => return Err(RxDrop::BadIcrc),
+            None => return Err(RxDrop::Malformed),
         }
-        Ok(Some(Ok(Datagram {
+        Ok(Datagram {
             src: src.into(),
             dst: dst.into(),
             sport,
             roce,
-        })))
+        })
     }
 
     fn recv_udp6<'b>(
