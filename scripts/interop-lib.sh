@@ -133,6 +133,16 @@ capture_note() {
     [ -n "$dropped" ] && [ "$dropped" != 0 ] && echo "; capture missed $dropped frames"
 }
 
+# The arguments of perftest's run-option cases (both interop scripts): sets `args` and the
+# case's `name` for -D (a timed run with margins), -l (a post list) or -b (bidirectional).
+perf_option() {
+    case $1 in
+        -D) args="-D 4 -f 1" name=timed ;;
+        -l) args="-l 4 -n $PERF_ITERS" name=list ;;
+        -b) args="-b -n $PERF_ITERS" name=bidir ;;
+    esac
+}
+
 summary() {
     echo
     printf '%s\n' "${results[@]}"

@@ -63,11 +63,7 @@ for cm in "" "-R"; do
         send_bw:-l write_bw:-b read_bw:-b send_bw:-b; do
         t=${spec%%:*} opt=${spec#*:}
         k=${t/_/-}
-        case $opt in
-            -D) args="-D 4 -f 1" name=timed ;;
-            -l) args="-l 4 -n $PERF_ITERS" name=list ;;
-            *) args="-b -n $PERF_ITERS" name=bidir ;;
-        esac
+        perf_option "$opt"
         record "perf-$k-$name-guest-server$tag" 2 "" "ib_$t -d rxe0 -x 1 $cm $args" \
             "perf $k -d rxe0 $cm $args $GUEST" guest-first
         record "perf-$k-$name-host-server$tag" 1 "" "ib_$t -d rxe0 -x 1 $cm $args $HOST" \

@@ -52,11 +52,7 @@ for spec in write_bw:-D send_bw:-D send_lat:-D write_lat:-D write_bw:-l send_bw:
     write_bw:-b read_bw:-b send_bw:-b; do
     t=${spec%%:*} opt=${spec#*:}
     k=${t/_/-}
-    case $opt in
-        -D) args="-D 4 -f 1" name=timed ;;
-        -l) args="-l 4 -n $PERF_ITERS" name=list ;;
-        *) args="-b -n $PERF_ITERS" name=bidir ;;
-    esac
+    perf_option "$opt"
     record "perf-$k-$name-guest-server" 3 "" "ib_$t -d siw0 -R $args" \
         "perf $k -R $args $GUEST" guest-first
     record "perf-$k-$name-host-server" 1 "" "ib_$t -d siw0 -R $args $HOST" \

@@ -5,7 +5,7 @@
 use super::params::Params;
 use super::report::{lat_result, LatReport, TimedLat};
 use super::timed::RunClock;
-use super::traffic::DataQp;
+use super::traffic::{Awaited, DataQp};
 use super::PerfError;
 use rnicpi::{send_flags, WcOpcode};
 use std::time::Instant;
@@ -36,12 +36,9 @@ pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfEr
     while more(sent, &clock) || more(received, &clock) {
         if more(received, &clock) && !(sent == 0 && p.client) {
             while arrived == 0 {
-                match p.timed {
-                    None => arrived += next_is_recv(dq)? as u64,
-                    Some(_) => match dq.next_until("send_lat message", clock.as_ref())? {
-                        Some(c) => arrived += (c.opcode() == Some(WcOpcode::Recv)) as u64,
-                        None => return Ok(timed_lat(clock.as_ref(), size, 2.0)),
-                    },
+                match next_is_recv(dq, clock.as_ref())? {
+                    Some(recv) => arrived += recv as u64,
+                    None => return Ok(timed_lat(clock.as_ref(), size, 2.0)),
                 }
             }
             arrived -= 1;
@@ -59,8 +56,12 @@ pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfEr
             sent += 1;
             dq.post(p, 0, 0, &cyc, send_flags::SIGNALED)?;
             // Our Send's completion; the peer's answer may complete before it.
-            while next_is_recv(dq)? {
-                arrived += 1;
+            loop {
+                match next_is_recv(dq, clock.as_ref())? {
+                    Some(true) => arrived += 1,
+                    Some(false) => break,
+                    None => return Ok(timed_lat(clock.as_ref(), size, 2.0)),
+                }
             }
         }
     }
@@ -77,9 +78,15 @@ fn timed_lat(clock: Option<&RunClock>, size: u64, rtt_factor: f64) -> LatRun {
 
 /// `run_iter_lat_write`: ping-pong of RDMA Writes on the first QP. Each side's Write of
 /// `size` bytes carries its count (mod 256) in its last byte; a side writes its next one
-/// when the peer's last byte in its own memory shows the count it waits for. The client
+/// when the peer's last byte in its own memory shows the count it waits for. The server
 /// writes first. Returns the report from the post times (half a round trip each); timed,
 /// the clock starts with the loop and the Writes completed in the sample are counted.
+///
+/// A timed run ends as perftest's does: the side whose clock runs out still posts the
+/// Write it was about to, then stops without waiting for its completion. That last
+/// Write matters: perftest's own wait for the peer's byte does not look at its clock
+/// again (its `state` is not `volatile`, so the compiler reads it once), and only the
+/// peer's Write lets it go.
 pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
     let iters = p.iters;
     let last = (size - 1) as usize;
@@ -87,25 +94,32 @@ pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfE
     let (mut sent, mut seen, mut completed) = (0u64, 0u64, 0u64);
     let mut clock = p.timed.map(|t| t.start());
     let start = Instant::now();
+    let ended = |clock: &Option<RunClock>| clock.as_ref().is_some_and(RunClock::ended);
     let more = |n: u64, clock: &Option<RunClock>| match clock {
         None => n < iters,
         Some(c) => !c.ended(),
     };
     while more(sent, &clock) || more(completed, &clock) || more(seen, &clock) {
-        if more(seen, &clock) && !(sent == 0 && !p.client) {
+        if (clock.is_some() || seen < iters) && !(sent == 0 && !p.client) {
             seen += 1;
-            if !dq.await_byte(dq.half as usize + last, seen as u8, clock.as_ref())? {
+            let at = dq.half as usize + last;
+            if dq.await_byte(at, seen as u8, clock.as_ref())? == Awaited::PeerGone {
                 break;
             }
         }
-        if more(sent, &clock) {
+        if clock.is_some() || sent < iters {
             posted_at.push(start.elapsed().as_nanos() as u64);
             sent += 1;
             dq.ep.buf.write(last, &[sent as u8]);
             dq.post(p, 0, 0, &p.cycle(size), send_flags::SIGNALED)?;
         }
+        if ended(&clock) {
+            break;
+        }
         if more(completed, &clock) {
-            dq.next("write_lat Write")?;
+            if dq.next_until("write_lat Write", clock.as_ref())?.is_none() {
+                break;
+            }
             completed += 1;
             if let Some(c) = &mut clock {
                 c.count(1);
@@ -149,8 +163,8 @@ pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatRu
 }
 
 /// Wait for the next completion of a ping-pong: `true` for a message received, `false`
-/// for our own Send.
-fn next_is_recv(dq: &DataQp) -> Result<bool, PerfError> {
-    let c = dq.next("send_lat message")?;
-    Ok(c.opcode() == Some(WcOpcode::Recv))
+/// for our own Send; `None` once a timed run is over (see [`DataQp::next_until`]).
+fn next_is_recv(dq: &DataQp, clock: Option<&RunClock>) -> Result<Option<bool>, PerfError> {
+    let c = dq.next_until("send_lat message", clock)?;
+    Ok(c.map(|c| c.opcode() == Some(WcOpcode::Recv)))
 }

@@ -75,6 +75,14 @@ impl RunClock {
         self.phase() == Phase::End
     }
 
+    /// In the last stretch of the run: the cool-down, or (without margins) its last
+    /// second. A peer that closes now has simply finished first (the two clocks start a
+    /// little apart), not failed.
+    pub fn winding_down(&self) -> bool {
+        let left = Duration::from_secs(self.t.duration as u64).saturating_sub(self.start.elapsed());
+        left <= Duration::from_secs(self.t.margin.max(1) as u64)
+    }
+
     /// Count `n` events (iterations, or completions worth `cq_mod` requests) if they
     /// happen in the sample.
     pub fn count(&mut self, n: u64) {

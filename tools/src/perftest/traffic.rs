@@ -14,7 +14,7 @@
 
 use super::control::{check, closed, next_raw, DATA_IDLE};
 use super::params::{Cycle, Params, MAX_INLINE};
-use super::timed::{Phase, RunClock};
+use super::timed::RunClock;
 use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
 use crate::perf::{new_endpoint_with, Endpoint, ENDPOINT_ACCESS};
@@ -37,6 +37,16 @@ const HOP_LIMIT: u8 = 0xff;
 /// Seeds of the fill patterns (`--validate`): what each side's buffers hold at the start.
 pub const CLIENT_SEED: u32 = 0x6b72_646d;
 pub const SERVER_SEED: u32 = 0x7065_7266;
+
+/// How a wait for the peer's RDMA Write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Awaited {
+    Landed,
+    /// The timed run's clock ran out.
+    Ended,
+    /// The peer closed after the sample (a timed run it ended first).
+    PeerGone,
+}
 
 /// One connected data QP.
 pub struct DataQp {
@@ -123,32 +133,40 @@ impl DataQp {
         check(c, what)
     }
 
-    /// The next completion (which must have succeeded), polled until the timed run's
-    /// `clock` ends (`None` then; also when the peer closed once the sample was over).
+    /// The next completion (which must have succeeded). In a timed run (`clock`) it is
+    /// polled until the run ends (`None` then), and a peer that closes (or whose close
+    /// flushes our work) while the run winds down has simply finished first (`None`).
     pub(super) fn next_until(
         &self,
         what: &'static str,
         clock: Option<&RunClock>,
     ) -> Result<Option<Cqe>, PerfError> {
+        let Some(clock) = clock else {
+            return self.next(what).map(Some);
+        };
         let mut one = [Cqe::default()];
         let deadline = Instant::now() + DATA_IDLE;
         loop {
             if self.ep.cq.poll(&mut one) == 1 {
-                return check(one[0], what).map(Some);
+                return match check(one[0], what) {
+                    Err(PerfError::PeerClosed(_)) if clock.winding_down() => Ok(None),
+                    r => r.map(Some),
+                };
+            }
+            if clock.ended() {
+                return Ok(None);
+            }
+            if closed(&self.ep) {
+                return if clock.winding_down() {
+                    Ok(None)
+                } else {
+                    Err(PerfError::PeerClosed(what))
+                };
             }
             if Instant::now() > deadline {
                 return Err(PerfError::Timeout(what));
             }
-            match clock.map(RunClock::phase) {
-                Some(Phase::End) => return Ok(None),
-                phase if closed(&self.ep) => {
-                    return match phase {
-                        Some(Phase::Cooldown) => Ok(None),
-                        _ => Err(PerfError::PeerClosed(what)),
-                    }
-                }
-                _ => std::thread::yield_now(),
-            }
+            std::thread::yield_now();
         }
     }
 
@@ -282,27 +300,27 @@ impl DataQp {
     /// Spin until the byte at `off` of our buffer reads `want` (the peer's RDMA Write has
     /// landed), yielding the CPU between looks: on a small host the engine that places
     /// the Write may need it. Fails once the connection closes or nothing changes for
-    /// [`DATA_IDLE`]. In a timed run (`clock`) the end of the run ends the wait (`false`),
-    /// and so does the peer's close once the sample is over (its clock ran out first).
+    /// [`DATA_IDLE`]. In a timed run (`clock`) the end of the run ends the wait, and so
+    /// does the peer's close once the sample is over (its clock ran out first).
     pub(super) fn await_byte(
         &self,
         off: usize,
         want: u8,
         clock: Option<&RunClock>,
-    ) -> Result<bool, PerfError> {
+    ) -> Result<Awaited, PerfError> {
         let deadline = Instant::now() + DATA_IDLE;
         let mut b = [0u8];
         loop {
             self.ep.buf.read(off, &mut b);
             if b[0] == want {
-                return Ok(true);
+                return Ok(Awaited::Landed);
             }
             if clock.is_some_and(RunClock::ended) {
-                return Ok(false);
+                return Ok(Awaited::Ended);
             }
             if closed(&self.ep) {
-                return match clock.map(RunClock::phase) {
-                    Some(Phase::Cooldown | Phase::End) => Ok(false),
+                return match clock {
+                    Some(c) if c.winding_down() => Ok(Awaited::PeerGone),
                     _ => Err(PerfError::PeerClosed("the peer's RDMA Write")),
                 };
             }
