@@ -100,7 +100,8 @@ pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfE
         Some(c) => !c.ended(),
     };
     while more(sent, &clock) || more(completed, &clock) || more(seen, &clock) {
-        if (clock.is_some() || seen < iters) && !(sent == 0 && !p.client) {
+        // The server writes first (perftest's `!(scnt < 1 && machine == SERVER)`).
+        if (clock.is_some() || seen < iters) && (sent != 0 || p.client) {
             seen += 1;
             let at = dq.half as usize + last;
             if dq.await_byte(at, seen as u8, clock.as_ref())? == Awaited::PeerGone {

@@ -203,7 +203,7 @@ impl Params {
                     cq_mod = post_list;
                     cq_mod_from_list = true;
                 }
-                Some(m) if m == 0 || post_list % m != 0 => {
+                Some(m) if m == 0 || !post_list.is_multiple_of(m) => {
                     return Err(PerfError::Options(
                         "Post list size must be a multiple of CQ moderation".into(),
                     ))
