@@ -8,7 +8,7 @@ use super::timed::RunClock;
 use super::traffic::{Awaited, DataQp};
 use super::PerfError;
 use rnicpi::{send_flags, WcOpcode};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The outcome of a latency run: perftest's table line of either kind.
 pub enum LatRun {
@@ -82,11 +82,10 @@ fn timed_lat(clock: Option<&RunClock>, size: u64, rtt_factor: f64) -> LatRun {
 /// writes first. Returns the report from the post times (half a round trip each); timed,
 /// the clock starts with the loop and the Writes completed in the sample are counted.
 ///
-/// A timed run ends as perftest's does: the side whose clock runs out still posts the
-/// Write it was about to, then stops without waiting for its completion. That last
-/// Write matters: perftest's own wait for the peer's byte does not look at its clock
-/// again (its `state` is not `volatile`, so the compiler reads it once), and only the
-/// peer's Write lets it go.
+/// A timed run does not simply stop at its end: perftest's wait for the peer's byte does
+/// not read its clock again (its `state` is not `volatile`, so the compiler reads it
+/// once), so a perftest peer whose clock runs later than ours would wait for our next
+/// Write for ever. After the end we keep answering (see [`linger_write_lat`]).
 pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfError> {
     let iters = p.iters;
     let last = (size - 1) as usize;
@@ -104,8 +103,14 @@ pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfE
         if (clock.is_some() || seen < iters) && (sent != 0 || p.client) {
             seen += 1;
             let at = dq.half as usize + last;
-            if dq.await_byte(at, seen as u8, clock.as_ref())? == Awaited::PeerGone {
-                break;
+            match dq.await_byte(at, seen as u8, clock.as_ref())? {
+                Awaited::Landed => {}
+                // Not arrived yet: the linger below waits for it and answers it.
+                Awaited::Ended => {
+                    seen -= 1;
+                    break;
+                }
+                Awaited::PeerGone => return Ok(timed_lat(clock.as_ref(), size, 2.0)),
             }
         }
         if clock.is_some() || sent < iters {
@@ -127,10 +132,57 @@ pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfE
             }
         }
     }
+    if clock.is_some() {
+        linger_write_lat(dq, p, size, seen, sent)?;
+    }
     Ok(match clock {
         Some(c) => timed_lat(Some(&c), size, 2.0),
         None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
     })
+}
+
+/// How long a timed write_lat that has ended keeps answering a peer that goes on: until
+/// the peer has been quiet this long, and no longer than [`LINGER_MAX`] in all.
+const LINGER_QUIET: Duration = Duration::from_millis(500);
+/// Two sides that both linger answer each other: this ends it.
+const LINGER_MAX: Duration = Duration::from_secs(2);
+
+/// After a timed write_lat: the peer's clock may run later than ours (it started its loop
+/// later), and its loop does not look at its clock while it waits for our byte (see
+/// [`run_lat_write`]), nor while it waits for its own Write's completion. So keep
+/// answering each Write of the peer's (not counted) until it has been quiet for
+/// [`LINGER_QUIET`] (it stopped at its own end) or for at most [`LINGER_MAX`] (a krdma
+/// peer lingers too, and two lingering sides would answer each other for ever). Our QP stays up meanwhile,
+/// so its last Write is acknowledged (a kernel rxe peer otherwise retransmits it to a
+/// destroyed QP without end). `seen` and `sent` continue the run's counts.
+fn linger_write_lat(
+    dq: &DataQp,
+    p: &Params,
+    size: u64,
+    mut seen: u64,
+    mut sent: u64,
+) -> Result<(), PerfError> {
+    let last = (size - 1) as usize;
+    let mut c = [ual::Cqe::default(); 8];
+    let until = Instant::now() + LINGER_MAX;
+    while Instant::now() < until {
+        let landed = dq.await_byte_for(dq.half as usize + last, (seen + 1) as u8, LINGER_QUIET);
+        // Our own Writes' completions, whatever their status (the peer may be gone).
+        while dq.ep.cq.poll(&mut c) > 0 {}
+        if !landed {
+            return Ok(());
+        }
+        seen += 1;
+        sent += 1;
+        dq.ep.buf.write(last, &[sent as u8]);
+        if dq
+            .post(p, 0, 0, &p.cycle(size), send_flags::SIGNALED)
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// `run_iter_lat` for ib_read_lat and ib_atomic_lat (client only): one RDMA Read of

@@ -148,8 +148,14 @@ impl DataQp {
         let deadline = Instant::now() + DATA_IDLE;
         loop {
             if self.ep.cq.poll(&mut one) == 1 {
+                // A request that failed while the run winds down: the peer finished
+                // first and left (flushed by its close, or unanswered once its QP went).
                 return match check(one[0], what) {
-                    Err(PerfError::PeerClosed(_)) if clock.winding_down() => Ok(None),
+                    Err(PerfError::PeerClosed(_) | PerfError::Completion { .. })
+                        if clock.winding_down() =>
+                    {
+                        Ok(None)
+                    }
                     r => r.map(Some),
                 };
             }
@@ -326,6 +332,23 @@ impl DataQp {
             }
             if Instant::now() > deadline {
                 return Err(PerfError::Timeout("the peer's RDMA Write"));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether the byte at `off` reads `want` within `quiet` (no error: a closed
+    /// connection simply never shows it).
+    pub(super) fn await_byte_for(&self, off: usize, want: u8, quiet: Duration) -> bool {
+        let deadline = Instant::now() + quiet;
+        let mut b = [0u8];
+        loop {
+            self.ep.buf.read(off, &mut b);
+            if b[0] == want {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
             }
             std::thread::yield_now();
         }
