@@ -236,7 +236,7 @@ impl Endpoint {
     }
 
     /// Wait for one completion (polling, then sleeping: [`Cq::wait`]).
-    fn spin_one(&self) -> Result<Cqe> {
+    fn next_one(&self) -> Result<Cqe> {
         let c = self.cq.wait(1, TIMEOUT)?[0];
         expect_ok(&c)?;
         Ok(c)
@@ -278,23 +278,23 @@ pub fn bandwidth(
                     server.send(READY, 0, 0, sig)?;
                     let mut done = 0u64;
                     while done < count {
-                        if server.spin_one()?.opcode() == Some(rnicpi::WcOpcode::Recv) {
+                        if server.next_one()?.opcode() == Some(rnicpi::WcOpcode::Recv) {
                             done += 1;
                         }
                     }
                 }
                 Op::Write | Op::Read => {
-                    server.spin_one()?;
+                    server.next_one()?;
                 }
             }
             server.send(1, 0, 0, sig)?;
-            server.spin_one()?;
+            server.next_one()?;
             Ok(())
         });
         // Receives are consumed in posting order: the one for READY goes first.
         if op == Op::Send {
             client.post_recv(READY, 0, 0)?;
-            while client.spin_one()?.wr_id != READY {}
+            while client.next_one()?.wr_id != READY {}
         }
         client.post_recv(u64::MAX, 0, 0)?;
         let start = Instant::now();
@@ -309,7 +309,7 @@ pub fn bandwidth(
                 }
                 posted += 1;
             }
-            let c = client.spin_one()?;
+            let c = client.next_one()?;
             if c.wr_id != u64::MAX {
                 done += 1;
             }
@@ -321,7 +321,7 @@ pub fn bandwidth(
         let mut got_reply = false;
         let mut got_send = op == Op::Send;
         while !(got_reply && got_send) {
-            let c = client.spin_one()?;
+            let c = client.next_one()?;
             if c.wr_id == u64::MAX {
                 got_reply = true;
             } else {
@@ -356,7 +356,7 @@ pub fn pingpong(server: &Endpoint, client: &Endpoint, size: u32, iters: u32) -> 
             let w = wqe(server);
             for _ in 0..iters {
                 loop {
-                    let c = server.spin_one()?;
+                    let c = server.next_one()?;
                     if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
                         break;
                     }
@@ -372,7 +372,7 @@ pub fn pingpong(server: &Endpoint, client: &Endpoint, size: u32, iters: u32) -> 
             let t = Instant::now();
             client.qp.post_send(&w)?;
             loop {
-                let c = client.spin_one()?;
+                let c = client.next_one()?;
                 if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
                     break;
                 }

@@ -252,7 +252,7 @@ pub fn run_send_bw_server(qps: &[DataQp], p: &Params, size: u64) -> Result<BwRep
             qps[q].post_recv(posted[q], &cyc)?;
             posted[q] += 1;
         }
-        if p.credits() && (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every()) {
+        if p.credit_due(received[q]) {
             while credits_out[q] >= p.tx_depth as u64 {
                 let c = qps[q].next("credit write")?;
                 if c.opcode() != Some(WcOpcode::Recv) {
@@ -334,10 +334,7 @@ pub fn run_bw_bi(qps: &[DataQp], p: &Params, size: u64) -> Result<BwReport, Perf
                     qps[q].post_recv(posted[q], &run.cyc)?;
                     posted[q] += 1;
                 }
-                if p.credits() && (received[q] % p.rx_depth as u64).is_multiple_of(p.credit_every())
-                {
-                    credit_due[q] = true;
-                }
+                credit_due[q] |= p.credit_due(received[q]);
             }
             _ if c.wr_id == CREDIT_ID => {
                 run.flows[q].credit_writes = run.flows[q].credit_writes.saturating_sub(1);

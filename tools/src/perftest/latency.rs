@@ -65,10 +65,21 @@ pub fn run_lat_send(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfEr
             }
         }
     }
-    Ok(match p.timed {
-        Some(_) => timed_lat(clock.as_ref(), size, 2.0),
-        None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
-    })
+    Ok(outcome(p, clock.as_ref(), &posted_at, size, 2.0))
+}
+
+/// A run's report: from the clock's sample in a timed run, else from the post times.
+fn outcome(
+    p: &Params,
+    clock: Option<&RunClock>,
+    posted_at: &[u64],
+    size: u64,
+    rtt_factor: f64,
+) -> LatRun {
+    match p.timed {
+        Some(_) => timed_lat(clock, size, rtt_factor),
+        None => LatRun::Iterations(lat_result(posted_at, size, rtt_factor)),
+    }
 }
 
 fn timed_lat(clock: Option<&RunClock>, size: u64, rtt_factor: f64) -> LatRun {
@@ -135,10 +146,7 @@ pub fn run_lat_write(dq: &DataQp, p: &Params, size: u64) -> Result<LatRun, PerfE
     if clock.is_some() {
         linger_write_lat(dq, p, size, seen, sent)?;
     }
-    Ok(match clock {
-        Some(c) => timed_lat(Some(&c), size, 2.0),
-        None => LatRun::Iterations(lat_result(&posted_at, size, 2.0)),
-    })
+    Ok(outcome(p, clock.as_ref(), &posted_at, size, 2.0))
 }
 
 /// How long a timed write_lat that has ended keeps answering a peer that goes on: until
@@ -209,10 +217,7 @@ pub fn run_lat_one_at_a_time(dq: &DataQp, p: &Params, size: u64) -> Result<LatRu
             c.count(1);
         }
     }
-    Ok(match clock {
-        Some(c) => timed_lat(Some(&c), size, 1.0),
-        None => LatRun::Iterations(lat_result(&posted_at, size, 1.0)),
-    })
+    Ok(outcome(p, clock.as_ref(), &posted_at, size, 1.0))
 }
 
 /// Wait for the next completion of a ping-pong: `true` for a message received, `false`

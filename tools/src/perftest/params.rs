@@ -324,6 +324,12 @@ impl Params {
     pub fn credit_every(&self) -> u64 {
         (self.rx_depth as u64 / 3).max(1)
     }
+
+    /// Whether a receiver that has taken `received` messages writes its count back now
+    /// (perftest's `rcnt % rx_depth % credit_cnt == 0`).
+    pub fn credit_due(&self, received: u64) -> bool {
+        self.credits() && (received % self.rx_depth as u64).is_multiple_of(self.credit_every())
+    }
 }
 
 fn page_size() -> u32 {

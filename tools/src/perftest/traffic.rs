@@ -315,40 +315,45 @@ impl DataQp {
         clock: Option<&RunClock>,
     ) -> Result<Awaited, PerfError> {
         let deadline = Instant::now() + DATA_IDLE;
-        let mut b = [0u8];
-        loop {
-            self.ep.buf.read(off, &mut b);
-            if b[0] == want {
-                return Ok(Awaited::Landed);
-            }
+        let gave_up = self.spin_on_byte(off, want, || {
             if clock.is_some_and(RunClock::ended) {
-                return Ok(Awaited::Ended);
+                return Some(Ok(Awaited::Ended));
             }
             if closed(&self.ep) {
-                return match clock {
+                return Some(match clock {
                     Some(c) if c.winding_down() => Ok(Awaited::PeerGone),
                     _ => Err(PerfError::PeerClosed("the peer's RDMA Write")),
-                };
+                });
             }
-            if Instant::now() > deadline {
-                return Err(PerfError::Timeout("the peer's RDMA Write"));
-            }
-            std::thread::yield_now();
-        }
+            (Instant::now() > deadline).then_some(Err(PerfError::Timeout("the peer's RDMA Write")))
+        });
+        gave_up.unwrap_or(Ok(Awaited::Landed))
     }
 
     /// Whether the byte at `off` reads `want` within `quiet` (no error: a closed
     /// connection simply never shows it).
     pub(super) fn await_byte_for(&self, off: usize, want: u8, quiet: Duration) -> bool {
         let deadline = Instant::now() + quiet;
+        self.spin_on_byte(off, want, || (Instant::now() > deadline).then_some(()))
+            .is_none()
+    }
+
+    /// Look at the byte at `off` until it reads `want` (`None`), yielding the CPU between
+    /// looks, or until `stop` gives an answer (`Some` of it).
+    fn spin_on_byte<R>(
+        &self,
+        off: usize,
+        want: u8,
+        mut stop: impl FnMut() -> Option<R>,
+    ) -> Option<R> {
         let mut b = [0u8];
         loop {
             self.ep.buf.read(off, &mut b);
             if b[0] == want {
-                return true;
+                return None;
             }
-            if Instant::now() > deadline {
-                return false;
+            if let Some(r) = stop() {
+                return Some(r);
             }
             std::thread::yield_now();
         }
