@@ -4,7 +4,8 @@
 # and the capture checked: tshark decodes InfiniBand over UDP 4791 with no malformed frames,
 # and every RoCEv2 ICRC is recomputed and must match (../shared/interop/icrc-check.py).
 # The guest's IPv4 GID is index 1 (0 is its IPv6 link-local); krdma's is index 0.
-# Three tool sets: ibv_rc_pingpong (`krdma pingpong`), rping (`krdma rping`), and perftest
+# Four tool sets: ibv_rc_pingpong (`krdma pingpong`), ibv_ud_pingpong (`krdma ud-pingpong`),
+# rping (`krdma rping`), and perftest
 # 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat against
 # `krdma perf`) with and without -R.
 #
@@ -26,6 +27,12 @@ record "pingpong-host-server" 1 "" "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS $HOST
     "pingpong -n $ITERS -g 0" host-first
 record "pingpong-host-server-64k" 1 "" "ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 65536 -n $ITERS $HOST" \
     "pingpong -n $ITERS -g 0 -m 1024 -s 65536" host-first daemon
+# ibv_ud_pingpong: the same exchange, then UD Sends (SEND Only with a DETH, Q_Key
+# 0x11111111) through address handles, each receive 40 bytes longer for the GRH.
+record "ud-pingpong-guest-server" 2 "" "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS" \
+    "ud-pingpong -n $ITERS -g 0 $GUEST" guest-first
+record "ud-pingpong-host-server" 2 "" "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS $HOST" \
+    "ud-pingpong -n $ITERS -g 0" host-first daemon
 # rping: rdma_cm over the IB CM (REQ/REP/RTU/DREQ/DREP MADs on QP1), Sends, RDMA Read/Write.
 record "rping-guest-server" 2 "" "rping -s -a $GUEST -v -C 10" \
     "rping -c -a $GUEST -C 10 -v -V --device rxe0" guest-first

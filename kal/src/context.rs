@@ -28,6 +28,7 @@ pub struct Limits {
     pub listeners: u32,
     pub srqs: u32,
     pub mws: u32,
+    pub ahs: u32,
 }
 
 impl Default for Limits {
@@ -40,6 +41,7 @@ impl Default for Limits {
             listeners: 1024,
             srqs: 1024,
             mws: 65536,
+            ahs: 65536,
         }
     }
 }
@@ -78,6 +80,12 @@ pub enum Object {
         pd: u32,
         key: u32,
     },
+    /// An address handle: `ah` is the provider's number, which UD Sends name.
+    Ah {
+        dev: u32,
+        pd: u32,
+        ah: u32,
+    },
     Mr {
         dev: u32,
         pd: u32,
@@ -107,9 +115,10 @@ pub enum Kind {
     Qp = 1,
     Srq = 2,
     Mw = 3,
-    Mr = 4,
-    Cq = 5,
-    Pd = 6,
+    Ah = 4,
+    Mr = 5,
+    Cq = 6,
+    Pd = 7,
 }
 
 impl Object {
@@ -122,6 +131,7 @@ impl Object {
             Object::Listener { .. } => Kind::Listener,
             Object::Srq { .. } => Kind::Srq,
             Object::Mw { .. } => Kind::Mw,
+            Object::Ah { .. } => Kind::Ah,
             Object::Mirror { kind, .. } => *kind,
         }
     }
@@ -145,6 +155,7 @@ pub struct Counts {
     pub listeners: u32,
     pub srqs: u32,
     pub mws: u32,
+    pub ahs: u32,
 }
 
 /// An object with what it is charged.
@@ -171,6 +182,7 @@ impl Objects {
             Kind::Listener => &mut self.counts.listeners,
             Kind::Srq => &mut self.counts.srqs,
             Kind::Mw => &mut self.counts.mws,
+            Kind::Ah => &mut self.counts.ahs,
         }
     }
 
@@ -184,6 +196,7 @@ impl Objects {
             Kind::Listener => limits.listeners,
             Kind::Srq => limits.srqs,
             Kind::Mw => limits.mws,
+            Kind::Ah => limits.ahs,
         };
         if *self.slot(kind) >= max {
             rnicpi::warn_limited!(?kind, max, "per-context limit reached");
@@ -314,13 +327,16 @@ impl Objects {
                 }
                 v
             }
-            Object::Mr { pd, .. } | Object::Srq { pd, .. } | Object::Mw { pd, .. } => vec![*pd],
+            Object::Mr { pd, .. }
+            | Object::Srq { pd, .. }
+            | Object::Mw { pd, .. }
+            | Object::Ah { pd, .. } => vec![*pd],
             Object::Mirror { parents, .. } => parents.iter().copied().filter(|&h| h != 0).collect(),
             _ => Vec::new(),
         }
     }
 
-    /// Handles in teardown order: listeners, QPs, SRQs, MWs, MRs, CQs, PDs.
+    /// Handles in teardown order: listeners, QPs, SRQs, MWs, AHs, MRs, CQs, PDs.
     pub fn teardown_order(&self) -> Vec<u32> {
         let mut v: Vec<(Kind, u32)> = self.map.iter().map(|(h, e)| (e.obj.kind(), *h)).collect();
         v.sort();
@@ -438,6 +454,9 @@ pub fn destroy_object(dev: &dyn Provider, obj: &Object) {
         Object::Mw { key, .. } => {
             let _ = dev.dealloc_mw(*key);
         }
+        Object::Ah { ah, .. } => {
+            let _ = dev.destroy_ah(*ah);
+        }
         // The consumer destroys the object itself; its device's driver frees what a dead
         // process held.
         Object::Mirror { .. } => {}
@@ -452,6 +471,7 @@ pub fn object_dev(obj: &Object) -> u32 {
         | Object::Mr { dev, .. }
         | Object::Srq { dev, .. }
         | Object::Mw { dev, .. }
+        | Object::Ah { dev, .. }
         | Object::Mirror { dev, .. }
         | Object::Listener { dev, .. } => *dev,
     }

@@ -157,6 +157,29 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
             (a.handle, a.rkey) = (h, key);
             Ok(())
         }
+        Command::CreateAh(a) => {
+            let mut objs = c.objects.lock();
+            let (dev_no, pd) = objs.pd(a.pd)?;
+            let dev = kal.device(dev_no)?;
+            if dev.attr().max_ah == 0 {
+                return Err(VerbsError::Unsupported);
+            }
+            objs.check_limit(Kind::Ah, &kal.config.limits)?;
+            let charges = charge(kal, c, Some(dev_no), &[(Resource::Ah, 1)])?;
+            let h = objs.next_handle()?;
+            let ah = dev.create_ah(pd, &a.decode())?;
+            objs.insert(
+                h,
+                Object::Ah {
+                    dev: dev_no,
+                    pd: a.pd,
+                    ah,
+                },
+                charges,
+            );
+            (a.handle, a.ah_num) = (h, ah);
+            Ok(())
+        }
         Command::DeallocPd(a) => destroy(kal, c, a.handle, Kind::Pd),
         Command::DestroyCq(a) => destroy(kal, c, a.handle, Kind::Cq),
         Command::DestroyQp(a) => destroy(kal, c, a.handle, Kind::Qp),
@@ -164,6 +187,7 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
         Command::DestroyListen(a) => destroy(kal, c, a.handle, Kind::Listener),
         Command::DestroySrq(a) => destroy(kal, c, a.handle, Kind::Srq),
         Command::DeallocMw(a) => destroy(kal, c, a.handle, Kind::Mw),
+        Command::DestroyAh(a) => destroy(kal, c, a.handle, Kind::Ah),
         Command::Listen(a) => {
             let dev = kal.device(a.dev)?;
             may_bind(kal, who, a.port)?;
@@ -653,6 +677,8 @@ fn stat_contexts(kal: &Kal, who: &Requester, a: &mut abi::StatContexts) {
             listeners: objs.counts.listeners,
             srqs: objs.counts.srqs,
             mws: objs.counts.mws,
+            ahs: objs.counts.ahs,
+            _pad: 0,
             pinned_bytes: objs.pinned,
             events_queued: c.events.len() as u32,
             events_dropped: c.events.dropped() as u32,

@@ -31,6 +31,8 @@ pub enum Resource {
     Srq,
     Mr,
     Mw,
+    /// An address handle (UD destinations).
+    Ah,
     Listener,
     /// A mapping the daemon holds in its own address space (a ring, or a registration
     /// it maps directly): one VMA each, what `vm.max_map_count` limits.
@@ -47,7 +49,7 @@ pub enum Resource {
     HalfOpen,
 }
 
-const RESOURCES: usize = 13;
+const RESOURCES: usize = 14;
 
 impl Resource {
     pub const ALL: [Resource; RESOURCES] = [
@@ -58,6 +60,7 @@ impl Resource {
         Resource::Srq,
         Resource::Mr,
         Resource::Mw,
+        Resource::Ah,
         Resource::Listener,
         Resource::Mapping,
         Resource::MappedBytes,
@@ -79,6 +82,7 @@ impl Resource {
             Resource::Srq => "srqs",
             Resource::Mr => "mrs",
             Resource::Mw => "mws",
+            Resource::Ah => "ahs",
             Resource::Listener => "listeners",
             Resource::Mapping => "mappings",
             Resource::MappedBytes => "mapped_bytes",
@@ -103,6 +107,7 @@ impl Resource {
             Resource::Qp => one(&[Resource::Qp], attr.max_qp),
             Resource::Srq => one(&[Resource::Srq], attr.max_srq),
             Resource::Mr | Resource::Mw => one(MR_KEYS, attr.max_mr),
+            Resource::Ah => one(&[Resource::Ah], attr.max_ah),
             _ => None,
         }
     }
@@ -118,6 +123,7 @@ pub struct Quota {
     pub srqs: u64,
     pub mrs: u64,
     pub mws: u64,
+    pub ahs: u64,
     pub listeners: u64,
     pub mappings: u64,
     pub mapped_bytes: u64,
@@ -137,6 +143,7 @@ impl Quota {
         srqs: 1024,
         mrs: 16384,
         mws: 16384,
+        ahs: 16384,
         listeners: 1024,
         mappings: 12288,
         mapped_bytes: 16 << 30,
@@ -156,6 +163,7 @@ impl Quota {
         srqs: 8192,
         mrs: 131072,
         mws: 131072,
+        ahs: 65536,
         listeners: 8192,
         mappings: 49152,
         mapped_bytes: 64 << 30,
@@ -173,6 +181,7 @@ impl Quota {
             Resource::Srq => self.srqs,
             Resource::Mr => self.mrs,
             Resource::Mw => self.mws,
+            Resource::Ah => self.ahs,
             Resource::Listener => self.listeners,
             Resource::Mapping => self.mappings,
             Resource::MappedBytes => self.mapped_bytes,
@@ -209,6 +218,7 @@ impl Quota {
             Resource::Srq => &mut self.srqs,
             Resource::Mr => &mut self.mrs,
             Resource::Mw => &mut self.mws,
+            Resource::Ah => &mut self.ahs,
             Resource::Listener => &mut self.listeners,
             Resource::Mapping => &mut self.mappings,
             Resource::MappedBytes => &mut self.mapped_bytes,
@@ -371,6 +381,7 @@ impl Ledger {
             "quota_refused_srqs",
             "quota_refused_mrs",
             "quota_refused_mws",
+            "quota_refused_ahs",
             "quota_refused_listeners",
             "quota_refused_mappings",
             "quota_refused_mapped_bytes",
@@ -470,6 +481,7 @@ mod tests {
             max_ord: 1,
             atomics: false,
             memory_windows: true,
+            max_ah: 0,
             phys_port_cnt: 1,
             private_data: rnicpi::PrivateDataLimits {
                 connect: 56,

@@ -144,6 +144,7 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
         max_ord: 4,
         atomics: false,
         memory_windows: false,
+        max_ah: 0,
         phys_port_cnt: 1,
         private_data: PrivateDataLimits {
             connect: 56,
@@ -156,6 +157,7 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
     let hw = DeviceAttr {
         name: "hw0".into(),
         memory_windows: true,
+        max_ah: 0,
         fast_path: FastPath::Consumer {
             driver: "test".into(),
             device: "hw0".into(),

@@ -51,6 +51,11 @@ impl IdAllocator {
         self.inner.lock().live.remove(&id);
     }
 
+    /// Whether `id` is live.
+    pub fn contains(&self, id: u32) -> bool {
+        self.inner.lock().live.contains(&id)
+    }
+
     /// Identifiers live now.
     pub fn live(&self) -> usize {
         self.inner.lock().live.len()

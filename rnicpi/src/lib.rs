@@ -68,7 +68,7 @@
 //! # let _ = Skeleton { attr: DeviceAttr { name: "skel0".into(), transport: Transport::Iwarp,
 //! #   node_guid: 0, vendor_id: 0, max_qp: 0, max_qp_wr: 0, max_sge: 0, max_inline: 0,
 //! #   max_cq: 0, max_cqe: 0, max_mr: 0, max_mr_size: 0, max_pd: 0, max_srq: 0, max_srq_wr: 0,
-//! #   max_ird: 0, max_ord: 0, atomics: false, memory_windows: false, phys_port_cnt: 1,
+//! #   max_ird: 0, max_ord: 0, atomics: false, memory_windows: false, max_ah: 0, phys_port_cnt: 1,
 //! #   private_data: PrivateDataLimits { connect: 56, accept: 196, reject: 148 },
 //! #   fast_path: FastPath::Kal },
 //! #   mrs: MrTable::new(16) };

@@ -50,7 +50,7 @@ use crate::fastpath::{EngineCq, EngineSrq, RingStats};
 use crate::memory::{MemoryAccess, Region};
 use crate::queue::{Consumer, Producer};
 use crate::types::{
-    Access, ConnParam, DeviceAttr, PortAttr, QpAttr, QpAttrMask, QpCaps, QpType, SrqAttr,
+    Access, AhAttr, ConnParam, DeviceAttr, PortAttr, QpAttr, QpAttrMask, QpCaps, QpType, SrqAttr,
 };
 use crate::wr::{Cqe, Wqe};
 use std::any::Any;
@@ -170,6 +170,16 @@ pub trait Provider: Send + Sync + 'static {
         Err(crate::VerbsError::Unsupported)
     }
     fn dealloc_mw(&self, _key: u32) -> Result<()> {
+        Err(crate::VerbsError::Unsupported)
+    }
+
+    /// Create an address handle in protection domain `pd` (devices with `max_ah > 0`);
+    /// returns its number, which UD Sends of QPs in `pd` name ([`Wqe::with_ud`]). The
+    /// address is checked here (a source GID the port has, a destination it can reach).
+    fn create_ah(&self, _pd: u32, _attr: &AhAttr) -> Result<u32> {
+        Err(crate::VerbsError::Unsupported)
+    }
+    fn destroy_ah(&self, _ah: u32) -> Result<()> {
         Err(crate::VerbsError::Unsupported)
     }
 

@@ -44,6 +44,11 @@ impl SoftResources {
         self.pds.alloc().ok_or(VerbsError::Exhausted)
     }
 
+    /// Whether protection domain `pd` is allocated.
+    pub fn pd_live(&self, pd: u32) -> bool {
+        self.pds.contains(pd)
+    }
+
     pub fn dealloc_pd(&self, pd: u32) {
         self.pds.free(pd);
     }
@@ -62,11 +67,14 @@ impl SoftResources {
         })
     }
 
-    /// A software device makes RC QPs only (`Unsupported` for others), and a QP may only
-    /// use this device's own CQs, and an SRQ of its own PD.
-    pub fn check_qp_init(&self, init: &QpInit) -> Result<()> {
-        if init.qp_type != QpType::Rc {
-            return Err(VerbsError::Unsupported);
+    /// A software device makes RC QPs, and UD QPs when it has datagrams (`ud`):
+    /// `Unsupported` for others. A QP may only use this device's own CQs, and an SRQ of
+    /// its own PD.
+    pub fn check_qp_init(&self, init: &QpInit, ud: bool) -> Result<()> {
+        match init.qp_type {
+            QpType::Rc => {}
+            QpType::Ud if ud => {}
+            QpType::Ud => return Err(VerbsError::Unsupported),
         }
         let ours_cq = |cq: &Arc<dyn ProviderCq>| {
             cq.as_any()

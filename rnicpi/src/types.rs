@@ -54,6 +54,8 @@ pub struct DeviceAttr {
     pub max_ord: u32,
     pub atomics: bool,
     pub memory_windows: bool,
+    /// Address handles a device can hold (0: no unreliable-datagram QPs).
+    pub max_ah: u32,
     pub phys_port_cnt: u8,
     /// How much private data this device's connection messages carry.
     pub private_data: PrivateDataLimits,
@@ -318,6 +320,35 @@ impl Default for QpAttr {
             dgid: [0; 16],
             sgid_index: 0,
             hop_limit: 64,
+        }
+    }
+}
+
+/// An address handle's address vector (verbs `ibv_ah_attr` with its GRH): where a UD
+/// send goes. RoCEv2 always routes by GID (an IPv4 address in IPv4-mapped form), so
+/// there is no LID; the source address is the GID at `sgid_index` in the port's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AhAttr {
+    /// 1-based port.
+    pub port: u8,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    /// 20 bits.
+    pub flow_label: u32,
+    /// Destination GID.
+    pub dgid: [u8; 16],
+}
+
+impl Default for AhAttr {
+    fn default() -> Self {
+        AhAttr {
+            port: 1,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            dgid: [0; 16],
         }
     }
 }

@@ -207,6 +207,27 @@ impl Wqe {
         }
     }
 
+    /// Address a Send on a UD QP (as `ibv_send_wr.wr.ud`): to QP `remote_qpn` through
+    /// address handle `ah` (the number [`crate::Provider::create_ah`] gave), with Q_Key
+    /// `remote_qkey` — one with the top bit set means the QP's own Q_Key (IBTA 10.2.5).
+    /// The three travel in `rkey` (AH), `remote_addr` (QPN) and `compare_add` (Q_Key),
+    /// fields a Send does not otherwise use.
+    pub fn with_ud(mut self, ah: u32, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.rkey = ah;
+        self.remote_addr = u64::from(remote_qpn & 0xff_ffff);
+        self.compare_add = u64::from(remote_qkey);
+        self
+    }
+
+    /// Where a UD Send goes, as [`Wqe::with_ud`] stored it.
+    pub fn ud_dest(&self) -> UdDest {
+        UdDest {
+            ah: self.rkey,
+            qpn: (self.remote_addr & 0xff_ffff) as u32,
+            qkey: self.compare_add as u32,
+        }
+    }
+
     /// The arguments of a [`WrOpcode::BindMw`] request, as [`Wqe::bind_mw`] stored them.
     pub fn bind_args(&self) -> BindArgs {
         BindArgs {
@@ -217,6 +238,25 @@ impl Wqe {
             access: u32::try_from(self.swap)
                 .ok()
                 .and_then(crate::Access::from_bits),
+        }
+    }
+}
+
+/// The destination of a UD Send (decoded from a [`Wqe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    pub ah: u32,
+    pub qpn: u32,
+    pub qkey: u32,
+}
+
+impl UdDest {
+    /// The Q_Key to send with: the request's, or the QP's own for a controlled one.
+    pub fn qkey_or(&self, own: u32) -> u32 {
+        if self.qkey & 0x8000_0000 != 0 {
+            own
+        } else {
+            self.qkey
         }
     }
 }
@@ -321,6 +361,9 @@ pub mod wc_flags {
     pub const WITH_INV: u8 = 2;
     /// The message carried the solicited-event bit.
     pub const SOLICITED: u8 = 4;
+    /// A UD receive: the buffer starts with the 40-byte GRH (as `IBV_WC_GRH`), and
+    /// `src_qp` names the sender's QP.
+    pub const GRH: u8 = 8;
 }
 
 /// A completion-queue entry as it sits in the shared completion ring.
@@ -390,6 +433,16 @@ mod tests {
         );
         let bad = Wqe { swap: 1 << 40, ..w };
         assert_eq!(bad.bind_args().access, None);
+    }
+
+    #[test]
+    fn ud_dest_round_trip() {
+        let w = Wqe::new(1, WrOpcode::Send, &[]).with_ud(7, 0x12_3456, 0x1111_1111);
+        let d = w.ud_dest();
+        assert_eq!((d.ah, d.qpn, d.qkey), (7, 0x12_3456, 0x1111_1111));
+        assert_eq!(d.qkey_or(5), 0x1111_1111);
+        let controlled = w.with_ud(7, 0xff12_3456, 0x8000_0001).ud_dest();
+        assert_eq!((controlled.qpn, controlled.qkey_or(5)), (0x12_3456, 5));
     }
 
     #[test]

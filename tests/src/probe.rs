@@ -184,6 +184,11 @@ pub fn every_command(k: &Known, own: &Own) -> Vec<Attempt> {
     (srq_attrs.handle, srq_attrs.limit) = (k.srq, 1);
     let mut mw = abi::AllocMw::zeroed();
     mw.pd = k.pd;
+    let to_victim = rnicpi::AhAttr {
+        dgid: rnicpi::ip_to_gid(std::net::Ipv4Addr::LOCALHOST.into()),
+        ..Default::default()
+    };
+    let ah = abi::CreateAh::encode(k.pd, &to_victim);
     // A record naming the victim's PD and CQ as parents (on a device whose fast path is
     // the kAL's it is refused anyway; from another process it must never be looked at).
     let mut mirror = abi::Mirror::zeroed();
@@ -252,6 +257,9 @@ pub fn every_command(k: &Known, own: &Own) -> Vec<Attempt> {
         a("ALLOC_MW", cmd::ALLOC_MW, bytes(&mw), true),
         a("DEALLOC_MW", cmd::DEALLOC_MW, destroy(k.mw), true),
         a("MIRROR", cmd::MIRROR, bytes(&mirror), true),
+        a("CREATE_AH", cmd::CREATE_AH, bytes(&ah), true),
+        // The victim holds no AH: the handle of another of its objects.
+        a("DESTROY_AH", cmd::DESTROY_AH, destroy(k.mw), true),
     ];
     assert_eq!(v.len(), cmd::ALL.len(), "every command of the ABI is tried");
     v

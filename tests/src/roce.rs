@@ -53,6 +53,13 @@ impl RawPeer {
         )
         .unwrap();
         socket::setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+        // Room for every answer a test provokes before it reads them (a stream of Read
+        // responses ahead of the one NAK a test looks for): a full buffer would drop the
+        // NAK when the host is loaded and the reads are slow to be answered.
+        let room = 64 << 20;
+        if socket::setsockopt(&fd, sockopt::RcvBufForce, &room).is_err() {
+            let _ = socket::setsockopt(&fd, sockopt::RcvBuf, &room);
+        }
         let sa = SockaddrIn::from(std::net::SocketAddrV4::new(ip, rxe::wire::ROCEV2_UDP_PORT));
         socket::bind(fd.as_raw_fd(), &sa).unwrap();
         let rx = UdpSocket::from(fd);

@@ -8,25 +8,36 @@
 //! way; the client moves its QP and sends `done\0`. Then the client posts a Send of
 //! `size` bytes; each side, once its last Send and a Receive have completed, sends again,
 //! `iters` times.
+//!
+//! With [`Options::ud`] it is rdma-core's `ibv_ud_pingpong` instead: the same handshake
+//! and message pattern over UD QPs (Q_Key 0x11111111), each Send addressed through an
+//! address handle made from the peer's GID, no larger than the port's MTU, and each
+//! receive buffer 40 bytes longer for the GRH a datagram arrives behind.
 
-use rnicpi::{send_flags, Access, Cqe, QpCaps, Result, VerbsError, Wqe, WrOpcode};
+use rnicpi::{send_flags, Access, Cqe, QpCaps, QpType, Result, VerbsError, Wqe, WrOpcode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::oob::{self, RcPath, RcPeer};
 use ual::RegBuf;
-use ual::{Context, Qp, QpConfig};
+use ual::{Ah, Context, Qp, QpConfig};
 
 pub const DEFAULT_PORT: u16 = 18515;
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
+/// The Q_Key `ibv_ud_pingpong` gives its QPs and sends with.
+const UD_QKEY: u32 = 0x1111_1111;
+/// The GRH in front of every UD receive.
+const GRH_LEN: u32 = 40;
 /// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
 const MSG_LEN: usize = 52;
 
-/// The options of `ibv_rc_pingpong`.
+/// The options of `ibv_rc_pingpong` (and of `ibv_ud_pingpong`, which has no `mtu`).
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// Be `ibv_ud_pingpong`: UD QPs.
+    pub ud: bool,
     /// Connect to this host; `None` = server.
     pub server: Option<String>,
     pub port: u16,
@@ -42,6 +53,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            ud: false,
             server: None,
             port: DEFAULT_PORT,
             device: "rxe0".into(),
@@ -109,6 +121,13 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
         return Err(VerbsError::Invalid);
     }
     let dev = ctx.device(&o.device)?.index;
+    let port = ctx.query_port(dev, o.ib_port)?;
+    if o.ud && o.size > port.active_mtu {
+        eprintln!("Requested size larger than port MTU ({})", port.active_mtu);
+        return Err(VerbsError::Invalid);
+    }
+    // A UD receive starts with the GRH; the Send's bytes follow it in the buffer.
+    let grh = if o.ud { GRH_LEN } else { 0 };
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, o.rx_depth + 1)?;
     let caps = QpCaps {
@@ -124,18 +143,23 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
         &cq,
         QpConfig {
             caps,
+            qp_type: if o.ud { QpType::Ud } else { QpType::Rc },
             ..Default::default()
         },
     )?;
-    let buf = RegBuf::new(o.size as usize)?;
+    let buf = RegBuf::new((o.size + grh) as usize)?;
     buf.fill(0x7b);
     let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE)?;
-    oob::to_init(&qp, Access::empty())?;
-    let recv = Wqe::recv(RECV_WRID, &[mr.sge(0, o.size)]);
+    let psn = oob::random_psn(qp.qp_num);
+    if o.ud {
+        oob::ud_to_rts(&qp, UD_QKEY, psn)?;
+    } else {
+        oob::to_init(&qp, Access::empty())?;
+    }
+    let recv = Wqe::recv(RECV_WRID, &[mr.sge(0, o.size + grh)]);
     for _ in 0..o.rx_depth {
         qp.post_recv(&recv)?;
     }
-    let port = ctx.query_port(dev, o.ib_port)?;
     let gid = *port
         .gids
         .get(o.gid_index as usize)
@@ -143,7 +167,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     let me = Dest {
         lid: 0,
         qpn: qp.qp_num,
-        psn: oob::random_psn(qp.qp_num),
+        psn,
         gid,
     };
     writeln!(
@@ -155,9 +179,14 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
         gid_text(&me.gid)
     )
     .map_err(io)?;
+    // The address handle of the peer (UD): made once its GID is known.
+    let mut ah = None;
     let peer = match &o.server {
         Some(host) => client_exchange(host, o.port, &me)?,
-        None => server_exchange(o.port, &me, |peer| connect_qp(&qp, o, &me, peer))?,
+        None => server_exchange(o.port, &me, |peer| {
+            ah = connect_qp(ctx, &pd, &qp, o, &me, peer)?;
+            Ok(())
+        })?,
     };
     writeln!(
         out,
@@ -169,12 +198,15 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     )
     .map_err(io)?;
     if o.server.is_some() {
-        connect_qp(&qp, o, &me, &peer)?;
+        ah = connect_qp(ctx, &pd, &qp, o, &me, &peer)?;
     }
-    let mut send = Wqe::new(SEND_WRID, WrOpcode::Send, &[mr.sge(0, o.size)]);
+    let mut send = Wqe::new(SEND_WRID, WrOpcode::Send, &[mr.sge(grh as u64, o.size)]);
+    if let Some(ah) = &ah {
+        send = send.with_ud(ah.num(), peer.qpn, UD_QKEY);
+    }
     if o.size as usize <= caps.max_inline as usize {
         let mut data = vec![0u8; o.size as usize];
-        buf.read(0, &mut data);
+        buf.read(grh as usize, &mut data);
         send = send.with_inline(&data).ok_or(VerbsError::Invalid)?;
     }
     send.flags |= send_flags::SIGNALED;
@@ -201,8 +233,26 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     Ok((bytes, elapsed))
 }
 
-/// RTR and RTS towards `peer`, with `ibv_rc_pingpong`'s attributes.
-fn connect_qp(qp: &Qp, o: &Options, me: &Dest, peer: &Dest) -> Result<()> {
+/// RC: RTR and RTS towards `peer`, with `ibv_rc_pingpong`'s attributes. UD: the
+/// address handle of `peer` (`ibv_ud_pingpong`'s: hop limit 64, from our GID index).
+fn connect_qp(
+    ctx: &Arc<Context>,
+    pd: &Arc<ual::Pd>,
+    qp: &Qp,
+    o: &Options,
+    me: &Dest,
+    peer: &Dest,
+) -> Result<Option<Arc<Ah>>> {
+    if o.ud {
+        let attr = rnicpi::AhAttr {
+            port: o.ib_port,
+            sgid_index: o.gid_index,
+            hop_limit: 64,
+            dgid: peer.gid,
+            ..Default::default()
+        };
+        return ctx.create_ah(pd, &attr).map(Some);
+    }
     let path = RcPath {
         path_mtu: o.mtu,
         sgid_index: o.gid_index,
@@ -220,7 +270,8 @@ fn connect_qp(qp: &Qp, o: &Options, me: &Dest, peer: &Dest) -> Result<()> {
         gid: peer.gid,
     };
     oob::to_rtr(qp, &path, &remote)?;
-    oob::to_rts(qp, &path, me.psn)
+    oob::to_rts(qp, &path, me.psn)?;
+    Ok(None)
 }
 
 fn client_exchange(host: &str, port: u16, me: &Dest) -> Result<Dest> {

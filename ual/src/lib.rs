@@ -36,7 +36,7 @@ pub use device::DeviceFile;
 #[cfg(feature = "embedded")]
 pub use embedded::{configure_embedded, embedded_kal};
 pub use events::Handler;
-pub use verbs::{Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq};
+pub use verbs::{Ah, Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq};
 
 pub use abi;
 pub use rnicpi::{

@@ -2,6 +2,7 @@
 //! and RTS with the peer's QPN, PSN and GID learnt over some other channel, as rdma-core's
 //! `ibv_rc_pingpong` and perftest without `-R` do. An iWARP QP cannot be connected this
 //! way: it reaches RTS only through connection management, which creates its stream.
+//! A UD QP has no peer: [`ud_to_rts`] readies it, and each Send names its destination.
 
 use crate::verbs::Qp;
 use rnicpi::{Access, QpAttr, QpAttrMask, QpState, Result};
@@ -46,6 +47,31 @@ pub fn to_init(qp: &Qp, access: Access) -> Result<()> {
         &init,
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS,
     )
+}
+
+/// A UD QP from RESET to RTS with Q_Key `qkey`, its datagrams numbered from `sq_psn`
+/// (as `ibv_ud_pingpong` moves its QP: a UD QP has no peer to learn).
+pub fn ud_to_rts(qp: &Qp, qkey: u32, sq_psn: u32) -> Result<()> {
+    let init = QpAttr {
+        state: QpState::Init,
+        qkey,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::QKEY,
+    )?;
+    let rtr = QpAttr {
+        state: QpState::Rtr,
+        ..QpAttr::default()
+    };
+    qp.modify(&rtr, QpAttrMask::STATE)?;
+    let rts = QpAttr {
+        state: QpState::Rts,
+        sq_psn,
+        ..QpAttr::default()
+    };
+    qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
 }
 
 /// INIT → RTR towards `peer`: from here the QP answers the peer's requests.

@@ -41,7 +41,8 @@ impl QueryDevice {
                 FastPath::Kal => FAST_PATH_KAL,
                 FastPath::Consumer { .. } => FAST_PATH_CONSUMER,
             },
-            _pad: [0; 5],
+            _pad: 0,
+            max_ah: d.max_ah,
             max_mr_size: d.max_mr_size,
             name: str_to_name(&d.name),
             uvp_driver: match &d.fast_path {
@@ -77,6 +78,7 @@ impl QueryDevice {
             max_ord: self.max_ord,
             atomics: self.atomics != 0,
             memory_windows: self.memory_windows != 0,
+            max_ah: self.max_ah,
             phys_port_cnt: self.phys_port_cnt,
             private_data: PrivateDataLimits {
                 connect: self.pdata_connect,
@@ -209,6 +211,7 @@ mod tests {
             max_ord: 12,
             atomics: true,
             memory_windows: false,
+            max_ah: 13,
             phys_port_cnt: 1,
             private_data: PrivateDataLimits {
                 connect: 56,

@@ -113,7 +113,9 @@ pub struct QueryDevice {
     pub pdata_reject: u16,
     /// out: where the fast path runs: [`FAST_PATH_KAL`] or [`FAST_PATH_CONSUMER`].
     pub fast_path: u8,
-    pub _pad: [u8; 5],
+    pub _pad: u8,
+    /// out: address handles the device holds (0: no UD QPs).
+    pub max_ah: u32,
     pub max_mr_size: u64,
     pub name: Name,
     /// out, for [`FAST_PATH_CONSUMER`]: the user verbs provider that drives the device in
@@ -278,6 +280,53 @@ pub struct AllocMw {
     pub _pad: u32,
 }
 
+/// `CREATE_AH`: an address handle in a PD, for UD Sends (`rnicpi::Wqe::with_ud` names it
+/// by `ah_num`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct CreateAh {
+    /// in: PD handle.
+    pub pd: u32,
+    /// in: the address vector (`rnicpi::AhAttr`).
+    pub port: u8,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub flow_label: u32,
+    pub dgid: [u8; 16],
+    /// out: the handle (destroyed with `DESTROY_AH`).
+    pub handle: u32,
+    /// out: the provider's number for it, what a UD Send names.
+    pub ah_num: u32,
+}
+
+impl CreateAh {
+    pub fn encode(pd: u32, a: &rnicpi::AhAttr) -> CreateAh {
+        CreateAh {
+            pd,
+            port: a.port,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+            flow_label: a.flow_label,
+            dgid: a.dgid,
+            handle: 0,
+            ah_num: 0,
+        }
+    }
+
+    pub fn decode(&self) -> rnicpi::AhAttr {
+        rnicpi::AhAttr {
+            port: self.port,
+            sgid_index: self.sgid_index,
+            hop_limit: self.hop_limit,
+            traffic_class: self.traffic_class,
+            flow_label: self.flow_label,
+            dgid: self.dgid,
+        }
+    }
+}
+
 /// Modify QP (in) and Query QP (out).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
@@ -402,6 +451,8 @@ pub struct ContextRow {
     pub pinned_bytes: u64,
     pub events_queued: u32,
     pub events_dropped: u32,
+    pub ahs: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]
@@ -602,6 +653,8 @@ commands! {
     26 ALLOC_MW AllocMw(AllocMw);
     27 DEALLOC_MW DeallocMw(Destroy);
     28 MIRROR Mirror(Mirror);
+    29 CREATE_AH CreateAh(CreateAh);
+    30 DESTROY_AH DestroyAh(Destroy);
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! threads — receive (demultiplex by destination QP), transmit (paced work of QPs that
 //! have packets to send), and timers (retransmission, RNR back-off, CM retries).
 
+use crate::ah::{Ah, AhTable, MAX_AH};
 use crate::cm::Cm;
 use crate::net::{Datagram, Net, RxDrop, Wire};
 use crate::qp::RxeQp;
@@ -51,6 +52,10 @@ rnicpi::counters!(
         rx_unknown_qp,
         rx_bad_pkey,
         rx_wrong_source,
+        /// UD datagrams whose Q_Key is not the QP's.
+        rx_bad_qkey,
+        /// UD datagrams that found no receive posted.
+        ud_dropped_no_recv,
         rx_dropped_state,
         retransmits,
         retry_timeouts,
@@ -95,6 +100,8 @@ pub(crate) struct Shared {
     pub services: Arc<dyn KalServices>,
     pub config: RxeConfig,
     pub qps: RwLock<HashMap<u32, Weak<RxeQp>>>,
+    /// Address handles, for UD Sends.
+    pub ahs: AhTable,
     pub timers: Timers,
     pub cm: Cm,
     tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
@@ -192,6 +199,21 @@ impl Shared {
             .addresses()
             .into_iter()
             .find_map(|a| (a.addr == ip).then_some(a.ifname))
+    }
+
+    /// The source address for traffic to `dst`: GID `sgid_index` when it is of `dst`'s
+    /// family, else the host's route; for a loopback destination, a loopback source
+    /// (the kernel would not deliver a datagram from elsewhere to 127/8).
+    pub fn route(&self, sgid_index: u8, dst: IpAddr) -> Result<IpAddr> {
+        let src = match self.addrs().get(sgid_index as usize) {
+            Some(a) if a.is_ipv4() == dst.is_ipv4() && !a.is_unspecified() => *a,
+            _ => self.source_for(dst)?,
+        };
+        Ok(if dst.is_loopback() && !src.is_loopback() {
+            self.source_for(dst).unwrap_or(src)
+        } else {
+            src
+        })
     }
 
     /// Source address for traffic to `peer` (the host's route), if this device serves it.
@@ -318,6 +340,7 @@ impl RxeDevice {
             max_ord: 16,
             atomics: true,
             memory_windows: true,
+            max_ah: MAX_AH,
             phys_port_cnt: 1,
             // REQ's private data less the RDMA CM header in it; REP's; REJ's.
             private_data: PrivateDataLimits {
@@ -347,6 +370,7 @@ impl RxeDevice {
             services,
             config,
             qps: RwLock::new(HashMap::new()),
+            ahs: AhTable::default(),
             timers: Timers::new(),
             cm,
             tx_queue: tx,
@@ -534,6 +558,7 @@ impl Provider for RxeDevice {
         let mut v = self.shared.counters.rows();
         v.extend(self.shared.res.counters());
         v.push(("qps_live", self.shared.qps.read().len() as u64));
+        v.push(("ahs_live", self.shared.ahs.live() as u64));
         let (conns, pending) = self.shared.cm.sizes();
         v.push(("cm_conns", conns as u64));
         v.push(("cm_requests_waiting", pending as u64));
@@ -544,7 +569,7 @@ impl Provider for RxeDevice {
     rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
-        self.shared.res.check_qp_init(&init)?;
+        self.shared.res.check_qp_init(&init, true)?;
         // A random QP number (unpredictable to an off-path attacker), never 0 or 1 (the
         // special QPs) nor one in use; picked and taken under one lock.
         let mut qps = self.shared.qps.write();
@@ -563,6 +588,28 @@ impl Provider for RxeDevice {
         drop(qps);
         self.shared.count(&self.shared.counters.qps_created);
         Ok(qp)
+    }
+
+    fn create_ah(&self, pd: u32, attr: &AhAttr) -> Result<u32> {
+        crate::ah::check(attr)?;
+        if !self.shared.res.pd_live(pd) {
+            return Err(VerbsError::NoSuchResource);
+        }
+        let dst = gid_to_ip(attr.dgid);
+        if dst.is_unspecified() || dst.is_multicast() {
+            return Err(VerbsError::Invalid);
+        }
+        let src = self.shared.route(attr.sgid_index, dst)?;
+        self.shared.ahs.insert(Ah {
+            pd,
+            src,
+            dst,
+            flow_label: attr.flow_label,
+        })
+    }
+
+    fn destroy_ah(&self, ah: u32) -> Result<()> {
+        self.shared.ahs.remove(ah)
     }
 
     fn connect(&self, qp: &Arc<dyn ProviderQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {

@@ -6,14 +6,15 @@
 //!   captures of the kernel driver.
 //! * `net`: the datagram I/O layer (raw sockets where allowed, so every ICRC is computed
 //!   and verified over the real IP header; a plain UDP socket otherwise).
-//! * `qp`: the RC queue pair — requester, completer and responder — with PSNs, ACK
+//! * `qp`: the queue pair: RC — requester, completer and responder — with PSNs, ACK
 //!   coalescing, go-back-N retransmission, RNR handling, read and atomic responder
-//!   resources.
+//!   resources; UD — datagrams addressed through address handles (`ah`).
 //! * `cm`: the IB communication manager over QP1 with the rdma_cm conventions.
 //! * [`RxeDevice`]: the RNIC-PI provider and its receive, transmit and timer threads.
 //!
 //! `unsafe` appears only in `net`, at the socket system calls.
 
+mod ah;
 mod cm;
 mod device;
 mod net;

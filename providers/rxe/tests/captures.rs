@@ -3,7 +3,9 @@
 //! `tests/captures/` holds captures of Linux kernel rdma_rxe talking to kernel rdma_rxe
 //! (ibv_rc_pingpong, rping, the librdmacm rdma_server/rdma_client examples, perftest
 //! ib_send_lat and ib_write_bw; Debian 12, kernel 6.1, from the project's shared reference
-//! set) and of a guest's rping sending CM REQs to a host with no RDMA stack. Every frame
+//! set), of a guest's rping sending CM REQs to a host with no RDMA stack, and of a
+//! guest's ibv_ud_pingpong over kernel rxe facing `krdma ud-pingpong` (UD datagrams both
+//! ways; `scripts/interop-rxe.sh`, 2026-11-27). Every frame
 //! to UDP port 4791 is taken apart: Ethernet, IPv4/IPv6, UDP, then the RoCEv2 packet. Its
 //! ICRC is verified, it is parsed, and its `Repr` is emitted again and must reproduce the
 //! original bytes exactly, ICRC included. The opcode counts are those tshark 4.0 reports
@@ -279,6 +281,40 @@ fn rc_pingpong() {
             assert_eq!(r.payload.len(), 1024, "frame {}", f.number);
             assert_eq!(r.bth.pad_count, 0);
             assert_eq!(r.bth.ack_req, r.bth.opcode.position().is_end());
+        }
+    }
+}
+
+/// ibv_ud_pingpong (kernel rxe, 10.77.0.11) and `krdma ud-pingpong` (10.77.0.1): UD
+/// SEND Only packets both ways, each with a DETH naming the sender's QP and the
+/// example's Q_Key, from the UDP port rxe derives from the sending QP (a UD QP has no
+/// path flow label).
+#[test]
+fn ud_pingpong_kernel_and_krdma() {
+    let (t, frames) = check_capture("ud_pingpong_rxe_krdma.pcap");
+    assert_eq!(t.by_opcode, counts(&[(Opcode::UdSendOnly, 29)]));
+    let host = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 1));
+    let first = |from| packets_from(&frames, from).next().unwrap();
+    let (guest_qpn, host_qpn) = (first(host).bth.dest_qp, first(VM1).bth.dest_qp);
+    for (from, src_qp, dest_qp) in [(VM1, guest_qpn, host_qpn), (host, host_qpn, guest_qpn)] {
+        for f in frames.iter().filter(|f| f.src() == from) {
+            let r = RoceRepr::parse_bytes(f.roce()).unwrap();
+            let deth = r.deth.expect("a DETH");
+            assert_eq!(
+                (deth.qkey, deth.src_qp),
+                (0x1111_1111, src_qp),
+                "frame {}",
+                f.number
+            );
+            assert_eq!(r.bth.dest_qp, dest_qp);
+            assert_eq!(r.payload.len(), 1024, "the example's default size");
+            assert!(!r.bth.ack_req, "a datagram asks for no acknowledgement");
+            assert_eq!(
+                f.udp_sport(),
+                icrc::rxe_qp_udp_sport(src_qp),
+                "frame {}",
+                f.number
+            );
         }
     }
 }
@@ -584,6 +620,7 @@ fn corpus() -> &'static Vec<Vec<u8>> {
             "send_lat_rxe.pcap",
             "write_bw_rxe_first400.pcap",
             "host_peer.pcap",
+            "ud_pingpong_rxe_krdma.pcap",
         ] {
             let frames = roce_frames(name);
             // Keep the corpus varied: every packet of the small captures, a sample of the
@@ -717,10 +754,17 @@ fn write_fuzz_seeds() {
         "send_lat_rxe.pcap",
         "rc_pingpong_rxe_first400.pcap",
         "write_bw_rxe_first400.pcap",
+        "ud_pingpong_rxe_krdma.pcap",
     ] {
         let frames = roce_frames(name);
         for to in [VM1, VM2] {
             let mut seed = Vec::new();
+            if name.starts_with("ud_") {
+                // A setup record first: the QP under test is a UD QP (the last byte).
+                let setup = [7u8, 2, 2, 3, 100, 0, 0, 0, 200, 0, 0, 0, 4, 1];
+                seed.extend_from_slice(&[2, setup.len() as u8, 0]);
+                seed.extend_from_slice(&setup);
+            }
             for f in frames.iter().filter(|f| f.src() != to) {
                 let roce = f.roce();
                 if seed.len() + 3 + roce.len() > 3000 {

@@ -125,6 +125,7 @@ impl SiwDevice {
             max_ord: 32,
             atomics: false,
             memory_windows: true,
+            max_ah: 0,
             phys_port_cnt: 1,
             private_data: PrivateDataLimits {
                 connect: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
@@ -203,7 +204,7 @@ impl Provider for SiwDevice {
     rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
-        self.shared.res.check_qp_init(&init)?;
+        self.shared.res.check_qp_init(&init, false)?;
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         self.shared
             .counters

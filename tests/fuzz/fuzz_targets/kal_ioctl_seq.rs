@@ -4,11 +4,12 @@
 //! Each command's arguments come from earlier results — the handles created so far, the
 //! connection requests seen in the event queue, buffers of this process to register —
 //! or are wild, so deep states are reached: QPs on SRQs connected through listeners of
-//! the same context, windows bound in PDs in use, destroys of parents still in use.
+//! the same context, windows bound in PDs in use, address handles, destroys of parents
+//! still in use.
 //! Checked after every command: the kAL's own view of the context (STAT_CONTEXTS) counts
 //! exactly the objects the model saw created and not destroyed. Checked at the end of
 //! every input: once the context is released nothing of it is left (no context, no
-//! registration, window or QP in either device, nothing pinned). And nothing panics.
+//! registration, window, address handle or QP in either device, nothing pinned). And nothing panics.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -104,6 +105,15 @@ enum Op {
     DestroySrq(Pick),
     AllocMw(Pick),
     DeallocMw(Pick),
+    CreateAh {
+        pd: Pick,
+        port: u8,
+        sgid_index: u8,
+        flow_label: u32,
+        /// A loopback destination, or any GID.
+        dgid: Option<[u8; 16]>,
+    },
+    DestroyAh(Pick),
     Stat {
         which: u8,
         start: u8,
@@ -166,6 +176,7 @@ struct Model {
     ports: std::collections::HashMap<u32, u16>,
     srqs: Vec<u32>,
     mws: Vec<u32>,
+    ahs: Vec<u32>,
     conns: Vec<u64>,
     /// Ring memory handed to the kAL (kept, as the consumer's own copy would be).
     rings: Vec<SharedMem>,
@@ -375,6 +386,26 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             }
         }
         Op::DeallocMw(p) => destroy(kal, ctx, cmd::DEALLOC_MW, &mut m.mws, p),
+        Op::CreateAh {
+            pd,
+            port,
+            sgid_index,
+            flow_label,
+            dgid,
+        } => {
+            let attr = rnicpi::AhAttr {
+                port: port % 3,
+                sgid_index,
+                flow_label,
+                dgid: dgid.unwrap_or_else(|| rnicpi::ip_to_gid(rxe_addr())),
+                ..Default::default()
+            };
+            let a = abi::CreateAh::encode(pick(&m.pds, pd), &attr);
+            if let Ok(a) = call(kal, ctx, cmd::CREATE_AH, a) {
+                m.ahs.push(a.handle);
+            }
+        }
+        Op::DestroyAh(p) => destroy(kal, ctx, cmd::DESTROY_AH, &mut m.ahs, p),
         Op::Stat { which, start } => {
             // A device (or none), or the kAL's own counters.
             let mut a = abi::StatDevice::zeroed();
@@ -422,6 +453,7 @@ fn consistent(kal: &Kal, ctx: u32, m: &Model, raw_seen: bool) {
         m.listeners.len(),
         m.srqs.len(),
         m.mws.len(),
+        m.ahs.len(),
     ];
     let kal_view = [
         row.pds,
@@ -431,6 +463,7 @@ fn consistent(kal: &Kal, ctx: u32, m: &Model, raw_seen: bool) {
         row.listeners,
         row.srqs,
         row.mws,
+        row.ahs,
     ]
     .map(|v| v as usize);
     if !raw_seen {

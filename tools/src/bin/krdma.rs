@@ -50,6 +50,8 @@ enum Cmd {
     /// RC ping-pong with the out-of-band handshake of rdma-core's ibv_rc_pingpong (IB/RoCE
     /// devices: an iWARP QP reaches RTS only through connection management).
     Pingpong(PingpongArgs),
+    /// UD ping-pong, interoperable with rdma-core's ibv_ud_pingpong (IB/RoCE devices).
+    UdPingpong(UdPingpongArgs),
     /// perftest, wire-compatible with `ib_write_bw` and friends (perftest 4.5): with -R over
     /// rdma_cm (siw0, rxe0), without it over a TCP socket and Modify QP (rxe0).
     #[command(subcommand)]
@@ -69,9 +71,9 @@ enum Cmd {
     },
 }
 
-/// The options of rdma-core's `ibv_rc_pingpong`, same letters.
+/// What rdma-core's `ibv_rc_pingpong` and `ibv_ud_pingpong` share, same letters.
 #[derive(clap::Args)]
-struct PingpongArgs {
+struct PingpongCommon {
     /// Listen on / connect to this TCP port.
     #[arg(short = 'p', long = "port", default_value_t = tools::pingpong::DEFAULT_PORT)]
     port: u16,
@@ -80,12 +82,6 @@ struct PingpongArgs {
     device: String,
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
-    /// Message size.
-    #[arg(short = 's', long = "size", default_value_t = 4096)]
-    size: u32,
-    /// Path MTU.
-    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
-    mtu: u32,
     /// Receives posted at a time.
     #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
     rx_depth: u32,
@@ -97,6 +93,45 @@ struct PingpongArgs {
     gid_index: u8,
     /// Server to connect to (none: be the server).
     servername: Option<String>,
+}
+
+impl PingpongCommon {
+    fn options(self, size: u32) -> tools::pingpong::Options {
+        tools::pingpong::Options {
+            server: self.servername,
+            port: self.port,
+            device: self.device,
+            ib_port: self.ib_port,
+            size,
+            rx_depth: self.rx_depth,
+            iters: self.iters,
+            gid_index: self.gid_index,
+            ..Default::default()
+        }
+    }
+}
+
+/// The options of `ibv_rc_pingpong`.
+#[derive(clap::Args)]
+struct PingpongArgs {
+    #[command(flatten)]
+    common: PingpongCommon,
+    /// Message size.
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: u32,
+    /// Path MTU.
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+}
+
+/// The options of `ibv_ud_pingpong` (no MTU: a datagram is at most the port's).
+#[derive(clap::Args)]
+struct UdPingpongArgs {
+    #[command(flatten)]
+    common: PingpongCommon,
+    /// Message size (at most the port's MTU).
+    #[arg(short = 's', long = "size", default_value_t = 1024)]
+    size: u32,
 }
 
 /// The perftest programs, each with perftest's option letters.
@@ -280,15 +315,17 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
         Cmd::Rping(a) => rping(target, a),
         Cmd::Pingpong(a) => {
             let o = tools::pingpong::Options {
-                server: a.servername,
-                port: a.port,
-                device: a.device,
-                ib_port: a.ib_port,
-                size: a.size,
                 mtu: a.mtu,
-                rx_depth: a.rx_depth,
-                iters: a.iters,
-                gid_index: a.gid_index,
+                ..a.common.options(a.size)
+            };
+            let ctx = Context::open_target(target)?;
+            tools::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
+            Ok(())
+        }
+        Cmd::UdPingpong(a) => {
+            let o = tools::pingpong::Options {
+                ud: true,
+                ..a.common.options(a.size)
             };
             let ctx = Context::open_target(target)?;
             tools::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
@@ -463,10 +500,11 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             if q.atomics { "yes" } else { "no" }
         );
         println!(
-            "\tmax_srq:\t\t{}\n\tmax_srq_wr:\t\t{}\n\tmemory_windows:\t\t{}",
+            "\tmax_srq:\t\t{}\n\tmax_srq_wr:\t\t{}\n\tmemory_windows:\t\t{}\n\tmax_ah:\t\t\t{}",
             q.max_srq,
             q.max_srq_wr,
-            if q.memory_windows { "yes" } else { "no" }
+            if q.memory_windows { "yes" } else { "no" },
+            q.max_ah
         );
         println!(
             "\tprivate data:\t\tconnect {} / accept {} / reject {} bytes",
@@ -515,6 +553,7 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
         "SRQs",
         "MRs",
         "MWs",
+        "AHs",
         "listeners",
         "pinned",
         "events queued",
@@ -531,6 +570,7 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             r.srqs.to_string(),
             r.mrs.to_string(),
             r.mws.to_string(),
+            r.ahs.to_string(),
             r.listeners.to_string(),
             r.pinned_bytes.to_string(),
             r.events_queued.to_string(),

@@ -1,7 +1,7 @@
 //! Verbs objects over a kAL context. This file holds the [`Context`] (open, devices and
 //! ports, statistics, the event thread); each object lives in its own file with the
 //! context call that creates it, as libibverbs splits `device.c` from `verbs.c`: PDs
-//! (`pd`), CQs (`cq`), QPs (`qp`), SRQs (`srq`), MRs and memory windows (`mr`), listeners
+//! and address handles (`pd`), CQs (`cq`), QPs (`qp`), SRQs (`srq`), MRs and memory windows (`mr`), listeners
 //! (`listener`).
 
 mod cq;
@@ -15,7 +15,7 @@ pub use cq::Cq;
 use cq::CqPath;
 pub use listener::Listener;
 pub use mr::{Mr, Mw};
-pub use pd::Pd;
+pub use pd::{Ah, Pd};
 pub use qp::{Qp, QpConfig};
 pub use srq::Srq;
 use srq::SrqPath;

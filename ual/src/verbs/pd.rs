@@ -1,4 +1,4 @@
-//! Protection domains.
+//! Protection domains and the address handles made in them.
 
 use super::*;
 
@@ -40,5 +40,45 @@ impl Drop for Pd {
         if let Some((dev, pd)) = &self.user {
             self.ctx.keep_in_fork_child((dev.clone(), pd.clone()));
         }
+    }
+}
+
+impl Context {
+    /// An address handle in `pd` for UD Sends to `attr`'s destination: name it in each
+    /// Send with [`Ah::num`] and [`rnicpi::Wqe::with_ud`]. `Unsupported` on devices
+    /// without UD QPs (`max_ah` 0).
+    pub fn create_ah(self: &Arc<Self>, pd: &Arc<Pd>, attr: &rnicpi::AhAttr) -> Result<Arc<Ah>> {
+        if pd.user.is_some() {
+            return Err(VerbsError::Unsupported);
+        }
+        let mut a = abi::CreateAh::encode(pd.handle, attr);
+        self.call(cmd::CREATE_AH, &mut a)?;
+        Ok(Arc::new(Ah {
+            ctx: self.clone(),
+            handle: a.handle,
+            num: a.ah_num,
+            _pd: pd.clone(),
+        }))
+    }
+}
+
+/// An address handle: where UD Sends go. Destroyed on drop.
+pub struct Ah {
+    ctx: Arc<Context>,
+    pub handle: u32,
+    num: u32,
+    _pd: Arc<Pd>,
+}
+
+impl Ah {
+    /// The number a UD Send names ([`rnicpi::Wqe::with_ud`]).
+    pub fn num(&self) -> u32 {
+        self.num
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        self.ctx.destroy(cmd::DESTROY_AH, self.handle);
     }
 }

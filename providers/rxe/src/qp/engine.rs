@@ -8,11 +8,12 @@
 //! requester, completer and responder are further `impl Engine` blocks.
 
 use super::{Av, State};
+use crate::ah::AhTable;
 use crate::device::Counters;
+use crate::net::Datagram;
 use crate::wire::{self, RoceRepr};
 use rnicpi::soft::QpBase;
 use rnicpi::*;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -56,6 +57,8 @@ pub(crate) struct Engine<'a> {
     pub now: Instant,
     pub base: &'a QpBase,
     pub mrs: &'a MrTable,
+    /// Address handles, for UD Sends.
+    pub ahs: &'a AhTable,
     pub counters: &'a Counters,
 }
 
@@ -75,7 +78,12 @@ impl Engine<'_> {
 
     /// One verified packet from `src` addressed to this QP; whether transmission should
     /// go on past the inline budget (the transmit thread's part).
-    pub(super) fn on_packet(&self, st: &mut State, src: IpAddr, p: &RoceRepr<'_>) -> bool {
+    pub(super) fn on_packet(&self, st: &mut State, d: &Datagram<'_>, p: &RoceRepr<'_>) -> bool {
+        if st.ud {
+            self.ud_receive(st, d.src, d.dst, p);
+            return false;
+        }
+        let src = d.src;
         if st.av.is_some_and(|av| av.dst != src) {
             self.count(&self.counters.rx_wrong_source);
             return false;
@@ -114,6 +122,9 @@ impl Engine<'_> {
         if st.out.datagrams.len() >= TX_BUDGET as usize {
             st.resume = true;
             return false;
+        }
+        if st.ud {
+            return self.ud_pump(st, budget);
         }
         let more = self.send_read_responses(st, budget);
         more | self.pump(st, budget)
@@ -171,7 +182,13 @@ impl Engine<'_> {
 
     /// Queue one packet to the QP's peer; it is sent when the lock is released.
     pub(crate) fn send_packet(&self, st: &mut State, repr: &RoceRepr<'_>) {
-        let Some(av) = st.av else { return };
+        if let Some(av) = st.av {
+            self.send_packet_to(st, av, repr);
+        }
+    }
+
+    /// Queue one packet to `av`.
+    pub(crate) fn send_packet_to(&self, st: &mut State, av: Av, repr: &RoceRepr<'_>) {
         match repr.to_vec() {
             Ok(roce) => st.out.datagrams.push(Outgoing { av, roce }),
             Err(e) => tracing::warn!(qpn = self.base.qpn, error = %e, "rxe: cannot emit packet"),

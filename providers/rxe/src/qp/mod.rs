@@ -14,6 +14,7 @@
 //! the deadline the call returned (see [`RxeQp::with_state`]).
 
 mod completer;
+mod datagram;
 mod engine;
 mod requester;
 mod responder;
@@ -98,6 +99,8 @@ pub(crate) fn byte_len(n: u64) -> u32 {
 }
 
 pub(crate) struct State {
+    /// An unreliable-datagram QP (`datagram`), else reliable connected.
+    pub ud: bool,
     pub qp: QpState,
     pub attr: QpAttr,
     pub av: Option<Av>,
@@ -143,11 +146,13 @@ impl RxeQp {
             max_dest_rd_atomic: 1,
             ..QpAttr::default()
         };
+        let ud = init.qp_type == QpType::Ud;
         Arc::new_cyclic(|me| RxeQp {
             base: QpBase::new(qpn, init),
             serial,
             dev,
             st: Mutex::new(State {
+                ud,
                 qp: QpState::Reset,
                 attr,
                 av: None,
@@ -229,6 +234,7 @@ impl RxeQp {
             now: self.dev.clock.now(),
             base: &self.base,
             mrs: &self.dev.res.mrs,
+            ahs: &self.dev.ahs,
             counters: &self.dev.counters,
         };
         let r = f(&engine, &mut st);
@@ -335,7 +341,7 @@ impl RxeQp {
 
     /// One verified packet addressed to this QP.
     pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>) {
-        if self.with_state(Caller::Device, |e, st| e.on_packet(st, d.src, p)) {
+        if self.with_state(Caller::Device, |e, st| e.on_packet(st, d, p)) {
             self.schedule();
         }
     }
@@ -384,16 +390,7 @@ impl RxeQp {
     /// index) and the device's GID table.
     fn resolve_av(&self, st: &State) -> Result<Av> {
         let dst = gid_to_ip(st.attr.dgid);
-        let gids = self.dev.addrs();
-        let src = match gids.get(st.attr.sgid_index as usize) {
-            Some(a) if a.is_ipv4() == dst.is_ipv4() && !a.is_unspecified() => *a,
-            _ => self.dev.source_for(dst)?,
-        };
-        let src = if dst.is_loopback() && !src.is_loopback() {
-            self.dev.source_for(dst).unwrap_or(src)
-        } else {
-            src
-        };
+        let src = self.dev.route(st.attr.sgid_index, dst)?;
         let sport = wire::icrc::udp_sport_for(0, self.base.qpn, st.attr.dest_qpn);
         Ok(Av { src, dst, sport })
     }
@@ -417,11 +414,18 @@ impl RxeQp {
         // Attribute rules of the verbs (IBTA 11.2.4.2, as rdma-core checks them).
         let need = |m: QpAttrMask| mask.contains(m);
         match (st.qp, to) {
+            // A UD QP takes its Q_Key as it enters Init; it has no peer to learn.
+            (QpState::Reset, QpState::Init) if st.ud && !need(QpAttrMask::QKEY) => {
+                return Err(VerbsError::Invalid)
+            }
             (QpState::Init, QpState::Rtr)
-                if !(need(QpAttrMask::AV)
-                    && need(QpAttrMask::PATH_MTU)
-                    && need(QpAttrMask::DEST_QPN)
-                    && need(QpAttrMask::RQ_PSN)) =>
+                if !st.ud
+                    && !need(
+                        QpAttrMask::AV
+                            | QpAttrMask::PATH_MTU
+                            | QpAttrMask::DEST_QPN
+                            | QpAttrMask::RQ_PSN,
+                    ) =>
             {
                 return Err(VerbsError::Invalid)
             }
@@ -433,6 +437,9 @@ impl RxeQp {
         let a = &mut st.attr;
         if need(QpAttrMask::ACCESS) {
             a.access = attr.access;
+        }
+        if need(QpAttrMask::QKEY) {
+            a.qkey = attr.qkey;
         }
         if need(QpAttrMask::PATH_MTU) {
             a.path_mtu = attr.path_mtu;
@@ -492,6 +499,11 @@ impl RxeQp {
                     st.av = None;
                     self.base.rearm_last_wqe();
                     e.set_state(st, QpState::Reset);
+                }
+                QpState::Rtr if st.ud => {
+                    // Every datagram carries its own address; the port's MTU bounds it.
+                    st.mtu = self.dev.active_mtu();
+                    e.set_state(st, QpState::Rtr);
                 }
                 QpState::Rtr => {
                     let mtu = st.attr.path_mtu.min(self.dev.active_mtu());

@@ -29,6 +29,8 @@ pub struct Setup {
     pub rq_psn: u32,
     pub sq_psn: u32,
     pub backlog: u8,
+    /// The QP under test is a UD QP (Q_Key 0x11111111, as ibv_ud_pingpong's).
+    pub ud: bool,
 }
 
 impl Default for Setup {
@@ -41,6 +43,7 @@ impl Default for Setup {
             rq_psn: 100,
             sq_psn: 200,
             backlog: 4,
+            ud: false,
         }
     }
 }
@@ -76,7 +79,7 @@ pub enum DmaLen {
     Any(u32),
 }
 
-/// Request opcodes of the RC transport.
+/// Request opcodes of the RC transport, and the UD sends.
 #[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestOp {
     SendFirst,
@@ -96,6 +99,9 @@ pub enum RequestOp {
     ReadRequest,
     CompareSwap,
     FetchAdd,
+    /// UD datagrams (a DETH with the QP's Q_Key when `ack_req` is set, else `imm`).
+    UdSendOnly,
+    UdSendOnlyImm,
 }
 
 /// A request packet to the responder.

@@ -15,8 +15,8 @@ use rnicpi::sim::NoNetwork;
 use rnicpi::*;
 use rxe::wire::cm::{self, CmMad, CmMessage, CmPath};
 use rxe::wire::{
-    cma, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, ExtHeader, IethRepr, ImmDtRepr,
-    Opcode, RethRepr, RocePacket, RoceRepr, Syndrome,
+    cma, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeader, IethRepr,
+    ImmDtRepr, Opcode, RethRepr, RocePacket, RoceRepr, Syndrome,
 };
 use rxe::{RxeConfig, RxeDevice};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The fake peer's QP number.
 const PEER_QPN: u32 = 0x4242;
+/// The Q_Key of a UD QP under test.
+const UD_QKEY: u32 = 0x1111_1111;
 /// QPs a world may have besides the one under test (accepted or connecting).
 const MAX_QPS: usize = 4;
 /// Registrations: (length, writable, rights).
@@ -68,7 +70,8 @@ pub fn rig() -> &'static Rig {
             // The device serves one address, so it never asks the host for a route,
             // and rxe has no TCP.
             Arc::new(NoNetwork::default()),
-        ).expect("rxe device");
+        )
+        .expect("rxe device");
         let wire = UdpSocket::bind((peer, rxe::wire::ROCEV2_UDP_PORT)).expect("peer port");
         wire.set_nonblocking(true).unwrap();
         let shape: Vec<(u64, bool)> = MRS
@@ -144,6 +147,8 @@ pub struct World {
     /// Communication IDs the device used in MADs to the fake peer, newest last.
     seen_ids: Vec<u32>,
     wr_id: u64,
+    /// An address handle to the fake peer (UD Sends of a UD QP under test name it).
+    ah: u32,
 }
 
 fn ring<T: bytemuck::Pod>(mem: &Arc<SharedMem>, offset: usize, cap: u32) -> Ring<T> {
@@ -167,6 +172,11 @@ impl World {
             })
             .collect();
         let window = dev.alloc_mw(pd).expect("window");
+        let peer_av = AhAttr {
+            dgid: ip_to_gid(rig.peer.into()),
+            ..AhAttr::default()
+        };
+        let ah = dev.create_ah(pd, &peer_av).expect("address handle");
         let mem = Arc::new(SharedMem::create("cq", ring_bytes::<Cqe>(64)).unwrap());
         let cq = dev
             .create_cq(CqInit {
@@ -206,14 +216,15 @@ impl World {
             capture_resp: None,
             seen_ids: Vec::new(),
             wr_id: 0,
+            ah,
         };
-        let qp = w.new_qp();
+        let qp = w.new_qp(setup.ud);
         w.bring_up(&qp);
         w.qps.push(qp);
         w
     }
 
-    fn new_qp(&self) -> TestQp {
+    fn new_qp(&self, ud: bool) -> TestQp {
         let caps = QpCaps {
             max_send_wr: 16,
             max_recv_wr: 16,
@@ -228,7 +239,7 @@ impl World {
             .rig
             .dev
             .create_qp(QpInit {
-                qp_type: QpType::Rc,
+                qp_type: if ud { QpType::Ud } else { QpType::Rc },
                 pd: self.pd,
                 send_cq: self.cq.clone(),
                 recv_cq: self.cq.clone(),
@@ -254,6 +265,29 @@ impl World {
     /// (no ACK timeout, so no timer fires behind the input's back).
     fn bring_up(&self, qp: &TestQp) {
         let s = self.setup;
+        if s.ud {
+            let q = &qp.engine;
+            let init = QpAttr {
+                state: QpState::Init,
+                qkey: UD_QKEY,
+                ..QpAttr::default()
+            };
+            q.modify(&init, QpAttrMask::STATE | QpAttrMask::QKEY)
+                .unwrap();
+            let rtr = QpAttr {
+                state: QpState::Rtr,
+                ..QpAttr::default()
+            };
+            q.modify(&rtr, QpAttrMask::STATE).unwrap();
+            let rts = QpAttr {
+                state: QpState::Rts,
+                sq_psn: self.sq_psn,
+                ..QpAttr::default()
+            };
+            q.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+                .unwrap();
+            return;
+        }
         let mut rights = Access::empty();
         for (bit, r) in [
             Access::REMOTE_WRITE,
@@ -285,11 +319,7 @@ impl World {
             dgid: ip_to_gid(self.rig.peer.into()),
             ..QpAttr::default()
         };
-        q.modify(
-            &rtr,
-            QpAttrMask::RC_RTR,
-        )
-        .unwrap();
+        q.modify(&rtr, QpAttrMask::RC_RTR).unwrap();
         let rts = QpAttr {
             state: QpState::Rts,
             sq_psn: self.sq_psn,
@@ -299,11 +329,7 @@ impl World {
             max_rd_atomic: s.ord,
             ..QpAttr::default()
         };
-        q.modify(
-            &rts,
-            QpAttrMask::RC_RTS,
-        )
-        .unwrap();
+        q.modify(&rts, QpAttrMask::RC_RTS).unwrap();
     }
 
     fn qpn(&self) -> u32 {
@@ -423,7 +449,7 @@ impl World {
             }
             Action::Connect { ird, ord } => {
                 if self.qps.len() <= MAX_QPS {
-                    let qp = self.new_qp();
+                    let qp = self.new_qp(false);
                     let param = ConnParam {
                         private_data: b"fuzz".to_vec(),
                         ird: ird as u32 % 20,
@@ -437,7 +463,7 @@ impl World {
             Action::Accept { which, ird, ord } => {
                 let id = self.request_id(which);
                 if self.qps.len() <= MAX_QPS {
-                    let qp = self.new_qp();
+                    let qp = self.new_qp(false);
                     let param = ConnParam {
                         private_data: b"welcome".to_vec(),
                         ird: ird as u32 % 20,
@@ -487,6 +513,8 @@ impl World {
             ReadRequest => Opcode::RcRdmaReadRequest,
             CompareSwap => Opcode::RcCompareSwap,
             FetchAdd => Opcode::RcFetchAdd,
+            UdSendOnly => Opcode::UdSendOnly,
+            UdSendOnlyImm => Opcode::UdSendOnlyImm,
         };
         let psn = self.rq_psn.wrapping_add(q.psn as i32 as u32) & 0xff_ffff;
         let mut bth = BthRepr::new(op, self.qpn(), psn);
@@ -524,6 +552,12 @@ impl World {
         if op.has(ExtHeader::Ieth) {
             r.ieth = Some(IethRepr {
                 rkey: self.key(q.inv),
+            });
+        }
+        if op.has(ExtHeader::Deth) {
+            r.deth = Some(DethRepr {
+                qkey: if q.ack_req { UD_QKEY } else { q.imm },
+                src_qp: PEER_QPN,
             });
         }
         self.send(self.rig.peer, &r);
@@ -757,8 +791,16 @@ impl World {
             }
             w
         };
-        let q = &self.qps[p.qp as usize % self.qps.len()];
-        let _ = q.user.post_send(&wqe);
+        let i = p.qp as usize % self.qps.len();
+        // The UD QP under test addresses every request (the controlled Q_Key on fenced
+        // ones); an RC QP's fields are its own.
+        let wqe = if i == 0 && self.setup.ud {
+            let qkey = if p.fence { 0x8000_0000 } else { UD_QKEY };
+            wqe.with_ud(self.ah, PEER_QPN, qkey)
+        } else {
+            wqe
+        };
+        let _ = self.qps[i].user.post_send(&wqe);
     }
 
     /// What the device sent the fake peer: CM IDs and the PSNs of its requests.
@@ -826,6 +868,7 @@ impl World {
         }
         self.listener.close();
         let dev = &self.rig.dev;
+        let _ = dev.destroy_ah(self.ah);
         let _ = dev.dealloc_mw(self.window);
         for mr in &self.mrs {
             let _ = dev.dereg_mr(mr.stag);

@@ -1,0 +1,341 @@
+//! rxe0's unreliable datagram service end to end on loopback, through both kAL front
+//! doors: address handles, UD Sends (with immediate data, inline, gathered), what a
+//! receive holds (the GRH, then the payload; the sender's QP in the completion), and
+//! what is dropped or refused — a wrong Q_Key, no receive posted, a Send over the MTU, a
+//! receive too small, another PD's address handle — with the counters that say so.
+//! `krdma ud-pingpong` (ibv_ud_pingpong's handshake and pattern) runs here too; against
+//! the real ibv_ud_pingpong in `scripts/interop-rxe.sh`.
+
+use krdma_tests::{each_front_door, FrontDoor};
+use std::sync::Arc;
+use std::time::Duration;
+use ual::{
+    send_flags, wc_flags, Access, Ah, Context, Cq, Mr, Pd, Qp, QpCaps, QpConfig, QpState, QpType,
+    RegBuf, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
+};
+
+const T: Duration = Duration::from_secs(20);
+const QKEY: u32 = 0x1111_1111;
+const GRH: usize = 40;
+const LEN: usize = 8192;
+
+/// A UD QP in RTS with a registered buffer.
+struct UdEnd {
+    ctx: Arc<Context>,
+    pd: Arc<Pd>,
+    cq: Arc<Cq>,
+    qp: Arc<Qp>,
+    buf: Arc<RegBuf>,
+    mr: Arc<Mr>,
+}
+
+impl UdEnd {
+    fn new(ctx: &Arc<Context>, qkey: u32) -> UdEnd {
+        let dev = ctx.device("rxe0").unwrap().index;
+        let pd = ctx.alloc_pd(dev).unwrap();
+        let cq = ctx.create_cq(dev, 64).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline: 64,
+        };
+        let qp = ctx
+            .create_qp(
+                &pd,
+                &cq,
+                &cq,
+                QpConfig {
+                    caps,
+                    qp_type: QpType::Ud,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        ual::oob::ud_to_rts(&qp, qkey, 0xff_fffe).unwrap();
+        assert_eq!(qp.state().unwrap(), QpState::Rts);
+        let buf = RegBuf::new(LEN).unwrap();
+        let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE).unwrap();
+        UdEnd {
+            ctx: ctx.clone(),
+            pd,
+            cq,
+            qp,
+            buf,
+            mr,
+        }
+    }
+
+    /// An address handle in this end's PD towards `peer`'s GID 0.
+    fn ah_to(&self, peer: &UdEnd) -> Arc<Ah> {
+        let dev = peer.ctx.device("rxe0").unwrap().index;
+        let attr = rnicpi::AhAttr {
+            dgid: peer.ctx.query_port(dev, 1).unwrap().gids[0],
+            ..Default::default()
+        };
+        self.ctx.create_ah(&self.pd, &attr).unwrap()
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        let dev = self.ctx.device("rxe0").unwrap().index;
+        self.ctx
+            .stat_device(dev)
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .unwrap_or_else(|| panic!("counter {name}"))
+            .1
+    }
+
+    /// Nothing completes for `d`.
+    fn quiet(&self, d: Duration) {
+        std::thread::sleep(d);
+        assert_eq!(self.cq.poll(&mut [Default::default()]), 0, "no completion");
+    }
+}
+
+fn pair(door: &FrontDoor) -> (UdEnd, UdEnd) {
+    let (a, b) = (door.open(), door.open());
+    (UdEnd::new(&a, QKEY), UdEnd::new(&b, QKEY))
+}
+
+#[test]
+fn datagrams_carry_the_grh_the_sender_and_immediate_data() {
+    each_front_door(|door| {
+        let (x, y) = pair(door);
+        let ah = x.ah_to(&y);
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        x.buf.write(0, &payload);
+        // A receive in two pieces: the GRH lands in the first, the payload runs on.
+        y.qp.post_recv(&Wqe::recv(1, &[y.mr.sge(0, 100), y.mr.sge(100, 2000)]))
+            .unwrap();
+        let send = Wqe::new(2, WrOpcode::SendWithImm, &[x.mr.sge(0, 1000)])
+            .with_imm(0x0102_0304)
+            .with_flags(send_flags::SIGNALED | send_flags::SOLICITED)
+            .with_ud(ah.num(), y.qp.qp_num, QKEY);
+        x.qp.post_send(&send).unwrap();
+        let sc = x.cq.wait(1, T).unwrap();
+        assert!(sc[0].is_ok(), "{:?}", sc[0].status());
+        assert_eq!(
+            (sc[0].opcode(), sc[0].byte_len),
+            (Some(WcOpcode::Send), 1000)
+        );
+        let rc = y.cq.wait(1, T).unwrap();
+        let c = rc[0];
+        assert!(c.is_ok(), "{:?}", c.status());
+        assert_eq!(c.opcode(), Some(WcOpcode::Recv));
+        assert_eq!(c.byte_len as usize, GRH + 1000);
+        assert_eq!(c.src_qp, x.qp.qp_num, "the sender's QP");
+        assert_eq!(c.imm_or_inv, 0x0102_0304);
+        let want = wc_flags::GRH | wc_flags::WITH_IMM | wc_flags::SOLICITED;
+        assert_eq!(c.flags & want, want);
+        let got = y.buf.to_vec();
+        // IPv4: 20 zero bytes, then the IP header with both addresses.
+        assert_eq!(&got[..20], &[0; 20]);
+        assert_eq!(got[20] >> 4, 4, "an IPv4 header");
+        let gid = |e: &UdEnd| {
+            let dev = e.ctx.device("rxe0").unwrap().index;
+            e.ctx.query_port(dev, 1).unwrap().gids[0]
+        };
+        assert_eq!(&got[32..36], &gid(&x)[12..], "source address");
+        assert_eq!(&got[36..40], &gid(&y)[12..], "destination address");
+        assert_eq!(&got[GRH..GRH + 1000], &payload[..]);
+
+        // Inline, and gathered from two pieces, both in one doorbell; unsignaled
+        // Sends complete silently.
+        for id in [3, 4] {
+            y.qp.post_recv(&Wqe::recv(id, &[y.mr.sge(0, 4096)]))
+                .unwrap();
+        }
+        let inline = Wqe::new(5, WrOpcode::Send, &[])
+            .with_inline(b"datagram")
+            .unwrap()
+            .with_flags(send_flags::INLINE)
+            .with_ud(ah.num(), y.qp.qp_num, QKEY);
+        let gathered = Wqe::new(6, WrOpcode::Send, &[x.mr.sge(0, 10), x.mr.sge(500, 10)]).with_ud(
+            ah.num(),
+            y.qp.qp_num,
+            QKEY,
+        );
+        x.qp.post_send_batch(&[inline, gathered]).unwrap();
+        assert_eq!(x.cq.wait(1, T).unwrap()[0].wr_id, 6);
+        let rc = y.cq.wait(2, T).unwrap();
+        assert_eq!(rc.len(), 2);
+        assert_eq!(rc[0].byte_len as usize, GRH + 8);
+        assert_eq!(rc[1].byte_len as usize, GRH + 20);
+        let mut tail = [0u8; 20];
+        y.buf.read(GRH, &mut tail);
+        assert_eq!(&tail[..10], &payload[..10]);
+        assert_eq!(&tail[10..], &payload[500..510]);
+    });
+}
+
+#[test]
+fn what_is_dropped_and_what_is_refused() {
+    each_front_door(|door| {
+        let (x, y) = pair(door);
+        let ah = x.ah_to(&y);
+        let to_y = |id, len: u32, qkey| {
+            Wqe::new(id, WrOpcode::Send, &[x.mr.sge(0, len)]).with_ud(ah.num(), y.qp.qp_num, qkey)
+        };
+
+        // A wrong Q_Key: sent, and dropped by the receiver (counted).
+        let bad_qkey = y.counter("rx_bad_qkey");
+        y.qp.post_recv(&Wqe::recv(1, &[y.mr.sge(0, 4096)])).unwrap();
+        x.qp.post_send(&to_y(2, 64, 0x2222_2222)).unwrap();
+        assert!(x.cq.wait(1, T).unwrap()[0].is_ok(), "UD does not know");
+        y.quiet(Duration::from_millis(200));
+        assert!(y.counter("rx_bad_qkey") > bad_qkey);
+        // The controlled Q_Key (top bit set) means the sender's own: accepted.
+        x.qp.post_send(&to_y(3, 64, 0x8000_0000)).unwrap();
+        assert!(y.cq.wait(1, T).unwrap()[0].is_ok());
+        x.cq.wait(1, T).unwrap();
+
+        // No receive posted: dropped (counted), the QP goes on.
+        let no_recv = y.counter("ud_dropped_no_recv");
+        x.qp.post_send(&to_y(4, 64, QKEY)).unwrap();
+        x.cq.wait(1, T).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(y.counter("ud_dropped_no_recv") > no_recv);
+
+        // A receive too small for GRH and payload: completed in error, QP still works.
+        y.qp.post_recv(&Wqe::recv(5, &[y.mr.sge(0, 64)])).unwrap();
+        x.qp.post_send(&to_y(6, 64, QKEY)).unwrap();
+        assert_eq!(y.cq.wait(1, T).unwrap()[0].status(), WcStatus::LocLenErr);
+        x.cq.wait(1, T).unwrap();
+        y.qp.post_recv(&Wqe::recv(7, &[y.mr.sge(0, 4096)])).unwrap();
+        x.qp.post_send(&to_y(8, 64, QKEY)).unwrap();
+        assert!(y.cq.wait(1, T).unwrap()[0].is_ok());
+        x.cq.wait(1, T).unwrap();
+
+        // Another PD's address handle is no address: the Send fails, the QP is in Error.
+        let z = UdEnd::new(&x.ctx, QKEY);
+        let foreign = z.ah_to(&y);
+        let w = Wqe::new(9, WrOpcode::Send, &[x.mr.sge(0, 8)]).with_ud(
+            foreign.num(),
+            y.qp.qp_num,
+            QKEY,
+        );
+        x.qp.post_send(&w).unwrap();
+        assert_eq!(x.cq.wait(1, T).unwrap()[0].status(), WcStatus::LocQpOpErr);
+        assert_eq!(x.qp.state().unwrap(), QpState::Error);
+
+        // A Send larger than the MTU: refused locally, QP to Error.
+        let mtu = {
+            let dev = z.ctx.device("rxe0").unwrap().index;
+            z.ctx.query_port(dev, 1).unwrap().active_mtu
+        };
+        let zah = z.ah_to(&y);
+        let w = Wqe::new(10, WrOpcode::Send, &[z.mr.sge(0, mtu + 1)]).with_ud(
+            zah.num(),
+            y.qp.qp_num,
+            QKEY,
+        );
+        z.qp.post_send(&w).unwrap();
+        assert_eq!(z.cq.wait(1, T).unwrap()[0].status(), WcStatus::LocLenErr);
+        // And RDMA is not a datagram's.
+        let w2 = UdEnd::new(&x.ctx, QKEY);
+        let ah2 = w2.ah_to(&y);
+        let write = Wqe::new(11, WrOpcode::RdmaWrite, &[w2.mr.sge(0, 8)])
+            .with_remote(0x1000, 1)
+            .with_ud(ah2.num(), y.qp.qp_num, QKEY);
+        w2.qp.post_send(&write).unwrap();
+        assert_eq!(w2.cq.wait(1, T).unwrap()[0].status(), WcStatus::LocQpOpErr);
+        y.quiet(Duration::from_millis(100));
+    });
+}
+
+#[test]
+fn address_handles_need_a_datagram_device_and_a_destination() {
+    each_front_door(|door| {
+        let ctx = door.open();
+        let siw = ctx.device("siw0").unwrap();
+        assert_eq!(siw.attr.max_ah, 0, "iWARP has no datagrams");
+        let pd = ctx.alloc_pd(siw.index).unwrap();
+        let attr = rnicpi::AhAttr {
+            dgid: rnicpi::ip_to_gid("127.0.0.1".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            ctx.create_ah(&pd, &attr).err(),
+            Some(VerbsError::Unsupported)
+        );
+        let cq = ctx.create_cq(siw.index, 4).unwrap();
+        let ud = QpConfig {
+            qp_type: QpType::Ud,
+            ..Default::default()
+        };
+        assert_eq!(
+            ctx.create_qp(&pd, &cq, &cq, ud.clone()).err(),
+            Some(VerbsError::Unsupported)
+        );
+
+        let rxe = ctx.device("rxe0").unwrap();
+        assert!(rxe.attr.max_ah > 0);
+        let pd = ctx.alloc_pd(rxe.index).unwrap();
+        let zero = rnicpi::AhAttr::default();
+        assert_eq!(ctx.create_ah(&pd, &zero).err(), Some(VerbsError::Invalid));
+        let port2 = rnicpi::AhAttr { port: 2, ..attr };
+        assert_eq!(ctx.create_ah(&pd, &port2).err(), Some(VerbsError::Invalid));
+        let ah = ctx.create_ah(&pd, &attr).unwrap();
+        let live = |ctx: &Context| {
+            ctx.stat_device(rxe.index)
+                .unwrap()
+                .into_iter()
+                .find(|(k, _)| k == "ahs_live")
+                .unwrap()
+                .1
+        };
+        let before = live(&ctx);
+        drop(ah);
+        assert_eq!(live(&ctx), before - 1, "destroyed on drop");
+        // A UD QP needs its Q_Key to leave Reset.
+        let cq = ctx.create_cq(rxe.index, 4).unwrap();
+        let qp = ctx.create_qp(&pd, &cq, &cq, ud).unwrap();
+        let init = ual::QpAttr {
+            state: QpState::Init,
+            ..Default::default()
+        };
+        assert_eq!(
+            qp.modify(&init, ual::QpAttrMask::STATE),
+            Err(VerbsError::Invalid)
+        );
+    });
+}
+
+#[test]
+fn ud_pingpong_runs_both_sides() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let port = 18600 + std::process::id() as u16 % 1000;
+        let opts = |server: Option<String>| tools::pingpong::Options {
+            ud: true,
+            server,
+            port,
+            size: 1024,
+            iters: 200,
+            rx_depth: 50,
+            ..Default::default()
+        };
+        let so = opts(None);
+        let srv =
+            std::thread::spawn(move || tools::pingpong::run(&a, &so, &mut Vec::new()).map(|r| r.0));
+        let mut out = Vec::new();
+        let co = opts(Some("127.0.0.1".into()));
+        let mut tries = 0;
+        let moved = loop {
+            match tools::pingpong::run(&b, &co, &mut out) {
+                Err(VerbsError::Refused) if tries < 200 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r.expect("client"),
+            }
+        };
+        assert_eq!(moved.0, 2 * 1024 * 200);
+        assert_eq!(srv.join().unwrap().expect("server"), 2 * 1024 * 200);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("iters in"), "{text}");
+    });
+}
