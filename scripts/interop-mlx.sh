@@ -41,6 +41,11 @@ if [ "$RDMA" = rxe ]; then
         "pingpong -n $ITERS -g 0" host-first
     record "pingpong-host-server-daemon" 1 "" "$G pingpong -d $GDEV -g 1 -n $ITERS $HOST" \
         "pingpong -n $ITERS -g 0" host-first daemon
+    # UD: address handles of the kernel's device (ibv_create_ah), Sends through them.
+    record "ud-pingpong-guest-server" 2 "" "$G ud-pingpong -d $GDEV -g 1 -n $ITERS" \
+        "ud-pingpong -n $ITERS -g 0 $GUEST" guest-first
+    record "ud-pingpong-host-server" 2 "" "$G ud-pingpong -d $GDEV -g 1 -n $ITERS $HOST" \
+        "ud-pingpong -n $ITERS -g 0" host-first
 fi
 record "rping-guest-server" 2 "" "$G rping -s -a $GUEST -v -C 10 --device $GDEV" \
     "rping -c -a $GUEST -C 10 -v -V --device $HOSTDEV" guest-first

@@ -559,6 +559,7 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
         abi::MIRROR_MR => (Kind::Mr, Resource::Mr, &[Kind::Pd]),
         abi::MIRROR_SRQ => (Kind::Srq, Resource::Srq, &[Kind::Pd]),
         abi::MIRROR_MW => (Kind::Mw, Resource::Mw, &[Kind::Pd]),
+        abi::MIRROR_AH => (Kind::Ah, Resource::Ah, &[Kind::Pd]),
         abi::MIRROR_QP => (
             Kind::Qp,
             Resource::Qp,
@@ -577,7 +578,9 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
             None => return Err(VerbsError::Invalid),
         }
     }
-    if kind == Kind::Mw && !dev.attr().memory_windows {
+    if (kind == Kind::Mw && !dev.attr().memory_windows)
+        || (kind == Kind::Ah && dev.attr().max_ah == 0)
+    {
         return Err(VerbsError::Unsupported);
     }
     objs.check_limit(kind, &kal.config.limits)?;

@@ -157,7 +157,7 @@ fn kal_with(config: Config) -> (Arc<Kal>, Arc<Log>) {
     let hw = DeviceAttr {
         name: "hw0".into(),
         memory_windows: true,
-        max_ah: 0,
+        max_ah: 16,
         fast_path: FastPath::Consumer {
             driver: "test".into(),
             device: "hw0".into(),
@@ -294,6 +294,15 @@ fn mirrored_objects_are_accounted_like_the_kals_own() {
         Err(VerbsError::NoSuchResource)
     );
     call(&kal, ctx, cmd::DEALLOC_MW, &mut d).unwrap();
+    // An address handle names its PD, on a device with address handles; DESTROY_AH.
+    assert!(mirror(&kal, ctx, 1, abi::MIRROR_AH, [cq, 0, 0, 0], (0, 0)).is_err());
+    assert!(mirror(&kal, ctx, 0, abi::MIRROR_AH, [kal_pd, 0, 0, 0], (0, 0)).is_err());
+    let ah = mirror(&kal, ctx, 1, abi::MIRROR_AH, [pd, 0, 0, 0], (0, 0)).unwrap();
+    let mut d = abi::Destroy {
+        handle: ah,
+        _pad: 0,
+    };
+    call(&kal, ctx, cmd::DESTROY_AH, &mut d).unwrap();
     // The tree: the PD and CQ are busy while the QP, MR and window use them.
     let mut d = abi::Destroy {
         handle: pd,

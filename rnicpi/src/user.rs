@@ -94,7 +94,9 @@
 
 use crate::error::Result;
 use crate::event::EventSink;
-use crate::types::{Access, ConnParam, QpAttr, QpAttrMask, QpCaps, QpState, QpType, SrqAttr};
+use crate::types::{
+    Access, AhAttr, ConnParam, QpAttr, QpAttrMask, QpCaps, QpState, QpType, SrqAttr,
+};
 use crate::wr::{Cqe, Wqe};
 use std::any::Any;
 use std::net::SocketAddr;
@@ -170,6 +172,12 @@ pub trait UserPd: Send + Sync {
     fn alloc_mw(&self) -> Result<Box<dyn UserMw>> {
         Err(crate::VerbsError::Unsupported)
     }
+    /// An address handle in this PD, for devices whose attributes report `max_ah > 0`;
+    /// UD Sends of this PD's QPs name it by [`UserAh::num`] ([`Wqe::with_ud`]).
+    fn create_ah(&self, attr: &AhAttr) -> Result<Box<dyn UserAh>> {
+        let _ = attr;
+        Err(crate::VerbsError::Unsupported)
+    }
 }
 
 /// What a QP is created with.
@@ -194,6 +202,12 @@ pub trait UserMw: Send + Sync {
     /// The window's key as of the latest bind posted through the uVP (at first the key
     /// the device gave it): its index in the upper 24 bits, the key byte in the lower 8.
     fn rkey(&self) -> u32;
+}
+
+/// An address handle; dropping it destroys it.
+pub trait UserAh: Send + Sync {
+    /// The number a UD Send names ([`Wqe::with_ud`]), unique in its PD.
+    fn num(&self) -> u32;
 }
 
 pub trait UserCq: Send + Sync {

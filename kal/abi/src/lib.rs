@@ -160,6 +160,8 @@ pub const MIRROR_MR: u32 = 5;
 pub const MIRROR_LISTENER: u32 = 6;
 /// A memory window (type 2); destroyed with `DEALLOC_MW`.
 pub const MIRROR_MW: u32 = 7;
+/// An address handle; destroyed with `DESTROY_AH`.
+pub const MIRROR_AH: u32 = 8;
 
 pub const MAX_GIDS: usize = 8;
 

@@ -6,8 +6,8 @@
 use crate::sys::{self, ibv_qp_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
 use rdma_mummy_sys as ffi;
 use rnicpi::{
-    send_flags, wc_flags, Access, Cqe, QpAttr, QpAttrMask, QpCaps, QpState, Result, VerbsError,
-    WcOpcode, WcStatus, Wqe, WrOpcode, MAX_SGE,
+    send_flags, wc_flags, Access, AhAttr, Cqe, QpAttr, QpAttrMask, QpCaps, QpState, Result,
+    VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode, MAX_SGE,
 };
 
 /// `Access` → `IBV_ACCESS_*`.
@@ -78,6 +78,31 @@ pub fn state_from_ibv(s: u32) -> QpState {
 /// The port every address vector and INIT transition names (the devices here have one).
 pub const PORT: u8 = 1;
 
+/// An address vector → `ibv_ah_attr`: always with a GRH (RoCE needs it; on native IB the
+/// GID routes too), from port 1.
+pub fn ah_attr_to_ibv(a: &AhAttr) -> ffi::ibv_ah_attr {
+    let mut o: ffi::ibv_ah_attr = sys::zeroed();
+    o.is_global = 1;
+    o.grh.dgid = ffi::ibv_gid { raw: a.dgid };
+    o.grh.sgid_index = a.sgid_index;
+    o.grh.hop_limit = a.hop_limit;
+    o.grh.traffic_class = a.traffic_class;
+    o.grh.flow_label = a.flow_label;
+    o.port_num = PORT;
+    o
+}
+
+/// Address `wr` (a Send of a UD QP, converted from `w`) through address handle `ah`, to
+/// the QP and with the Q_Key `w` names. `ah` must stay valid until the request is posted.
+pub fn set_ud(wr: &mut ibv_send_wr, w: &Wqe, ah: *mut ffi::ibv_ah) {
+    let d = w.ud_dest();
+    wr.wr.ud = ffi::ud_t {
+        ah,
+        remote_qpn: d.qpn,
+        remote_qkey: d.qkey,
+    };
+}
+
 /// `QpAttr` + mask → `ibv_qp_attr` + `IBV_QP_*` mask. Every field is filled in and the
 /// mask says which ones count (libibverbs and the kernel read only those). The address
 /// vector always carries a GRH (RoCE needs it; on native IB the GID routes too), from port
@@ -102,11 +127,12 @@ pub fn qp_attr_to_ibv(a: &QpAttr, mask: QpAttrMask) -> Result<(ibv_qp_attr, u32)
     o.min_rnr_timer = a.min_rnr_timer;
     o.pkey_index = a.pkey_index;
     o.qkey = a.qkey;
-    o.ah_attr.is_global = 1;
-    o.ah_attr.grh.dgid = ffi::ibv_gid { raw: a.dgid };
-    o.ah_attr.grh.sgid_index = a.sgid_index;
-    o.ah_attr.grh.hop_limit = a.hop_limit;
-    o.ah_attr.port_num = PORT;
+    o.ah_attr = ah_attr_to_ibv(&AhAttr {
+        dgid: a.dgid,
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        ..AhAttr::default()
+    });
     let mut om = 0u32;
     for (ours, theirs) in [
         (QpAttrMask::STATE, m::IBV_QP_STATE),
@@ -381,6 +407,10 @@ pub fn wc_to_cqe(wc: &ibv_wc) -> Cqe {
     if wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
         flags |= wc_flags::WITH_INV;
     }
+    let carries_word = flags != 0;
+    if wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0 {
+        flags |= wc_flags::GRH;
+    }
     Cqe {
         wr_id: wc.wr_id,
         status: status as u8,
@@ -389,7 +419,7 @@ pub fn wc_to_cqe(wc: &ibv_wc) -> Cqe {
         _reserved: 0,
         byte_len: wc.byte_len,
         qp_num: wc.qp_num,
-        imm_or_inv: if flags != 0 { sys::wc_imm(wc) } else { 0 },
+        imm_or_inv: if carries_word { sys::wc_imm(wc) } else { 0 },
         src_qp: wc.src_qp,
         vendor_err: wc.vendor_err,
     }
@@ -560,6 +590,54 @@ mod tests {
         ] {
             assert_eq!(state_from_ibv(state_to_ibv(s)), s);
         }
+    }
+
+    #[test]
+    fn datagram_sends_and_receives() {
+        let gid = std::net::Ipv4Addr::new(10, 77, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
+        let a = ah_attr_to_ibv(&AhAttr {
+            dgid: gid,
+            sgid_index: 1,
+            flow_label: 0x1234,
+            ..AhAttr::default()
+        });
+        assert_eq!((a.is_global, a.port_num), (1, 1));
+        assert_eq!(
+            (a.grh.sgid_index, a.grh.hop_limit, a.grh.flow_label),
+            (1, 64, 0x1234)
+        );
+        // SAFETY: the GID union's byte view.
+        assert_eq!(unsafe { a.grh.dgid.raw }, gid);
+
+        let sge = Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 0x55,
+        };
+        let w = Wqe::new(1, WrOpcode::SendWithImm, &[sge])
+            .with_imm(7)
+            .with_ud(3, 0x12_3456, 0x1111_1111);
+        let op = validate_send(&w, &caps()).unwrap();
+        let mut chain = send_chain(std::slice::from_ref(&w), &[op]);
+        let ah = 0x5000 as *mut ffi::ibv_ah;
+        set_ud(&mut chain.wrs[0], &w, ah);
+        // SAFETY: the union member `set_ud` wrote.
+        let ud = unsafe { chain.wrs[0].wr.ud };
+        assert_eq!(
+            (ud.ah, ud.remote_qpn, ud.remote_qkey),
+            (ah, 0x12_3456, 0x1111_1111)
+        );
+
+        let mut wc: ibv_wc = sys::zeroed();
+        wc.opcode = ffi::ibv_wc_opcode::IBV_WC_RECV;
+        wc.byte_len = 40 + 64;
+        wc.src_qp = 0x12_3456;
+        wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_GRH.0;
+        let c = wc_to_cqe(&wc);
+        assert_eq!(c.flags, wc_flags::GRH);
+        assert_eq!((c.byte_len, c.src_qp, c.imm_or_inv), (104, 0x12_3456, 0));
     }
 
     #[test]

@@ -75,8 +75,7 @@ impl IbvKernelDevice {
             max_ord: pos(a.max_qp_init_rd_atom),
             atomics: a.atomic_cap != rdma_mummy_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
             memory_windows: type2_windows(a.device_cap_flags, a.max_mw),
-            // UD sends are not converted yet (`UserQp::post_send` refuses them).
-            max_ah: 0,
+            max_ah: pos(a.max_ah),
             phys_port_cnt: a.phys_port_cnt,
             private_data: if iwarp {
                 IWARP_PRIVATE_DATA

@@ -102,6 +102,8 @@ unsafe impl Zeroed for ffi::ibv_sge {}
 // SAFETY: as above.
 unsafe impl Zeroed for ffi::ibv_wc {}
 // SAFETY: as above.
+unsafe impl Zeroed for ffi::ibv_ah_attr {}
+// SAFETY: as above.
 unsafe impl Zeroed for ffi::ibv_device_attr {}
 // SAFETY: as above.
 unsafe impl Zeroed for ffi::ibv_port_attr {}
@@ -422,6 +424,35 @@ impl Pd {
             libc::EOPNOTSUPP | libc::ENOSYS => VerbsError::Unsupported,
             e => err_from_errno(e),
         })?))
+    }
+
+    /// An address handle for UD Sends to `attr`'s destination.
+    pub fn create_ah(&self, attr: &mut ffi::ibv_ah_attr) -> Result<Ah> {
+        // SAFETY: live PD; `attr` is a valid attribute struct the call only reads.
+        Ok(Ah(nonnull(unsafe {
+            ffi::ibv_create_ah(self.0.as_ptr(), attr)
+        })?))
+    }
+}
+
+/// An address handle.
+pub struct Ah(NonNull<ffi::ibv_ah>);
+// SAFETY: verbs address handles may be used and destroyed from any thread.
+unsafe impl Send for Ah {}
+// SAFETY: as above (posting only reads it).
+unsafe impl Sync for Ah {}
+
+impl Ah {
+    pub fn as_ptr(&self) -> *mut ffi::ibv_ah {
+        self.0.as_ptr()
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once; no Send naming it is being posted (the owner holds an
+        // `Arc` of it across each post).
+        unsafe { ffi::ibv_destroy_ah(self.0.as_ptr()) };
     }
 }
 

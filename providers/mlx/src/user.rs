@@ -9,12 +9,12 @@ use crate::conv;
 use crate::sys::{self, AsyncElement, CompChannel, Context, EventChannel, Wake};
 use parking_lot::Mutex;
 use rnicpi::user::{
-    UserCq, UserDevice, UserListener, UserMr, UserMw, UserPd, UserProvider, UserQp, UserQpInit,
-    UserSrq,
+    UserAh, UserCq, UserDevice, UserListener, UserMr, UserMw, UserPd, UserProvider, UserQp,
+    UserQpInit, UserSrq,
 };
 use rnicpi::{
-    Access, ConnParam, Cqe, Event, EventKind, EventSink, QpAttr, QpAttrMask, QpCaps, QpState,
-    QpType, Result, SrqAttr, VerbsError, Wqe, WrOpcode,
+    Access, AhAttr, ConnParam, Cqe, Event, EventKind, EventSink, QpAttr, QpAttrMask, QpCaps,
+    QpState, QpType, Result, SrqAttr, VerbsError, Wqe, WrOpcode,
 };
 use std::any::Any;
 use std::collections::HashMap;
@@ -240,6 +240,7 @@ impl UserDevice for IbvDevice {
             pd,
             mrs: Mutex::new(HashMap::new()),
             mws: Mutex::new(HashMap::new()),
+            ahs: Mutex::new((1, HashMap::new())),
             dev: self.shared.clone(),
         }))))
     }
@@ -284,6 +285,8 @@ pub(crate) struct PdInner {
     /// a bind names both by key, libibverbs wants the objects.
     mrs: Mutex<HashMap<u32, Weak<sys::Mr>>>,
     mws: Mutex<HashMap<u32, Weak<MwInner>>>,
+    /// Its address handles by the number UD Sends name them with, and the next number.
+    ahs: Mutex<(u32, HashMap<u32, Weak<sys::Ah>>)>,
     dev: Arc<Shared>,
 }
 
@@ -305,6 +308,20 @@ impl PdInner {
 }
 
 impl PdInner {
+    /// The address handles the UD Sends `wqes` name, held while they are posted
+    /// (`Invalid` for a number that is not this PD's).
+    fn address_handles(&self, wqes: &[Wqe]) -> Result<Vec<Arc<sys::Ah>>> {
+        let ahs = self.ahs.lock();
+        wqes.iter()
+            .map(|w| {
+                ahs.1
+                    .get(&w.ud_dest().ah)
+                    .and_then(Weak::upgrade)
+                    .ok_or(VerbsError::Invalid)
+            })
+            .collect()
+    }
+
     /// `wqes` with each unbind (a bind of length 0, how krdma's consumers unbind a window
     /// — IT-API's RMR unlink) turned into what unbinds a type-2 window on a verbs device:
     /// a Local Invalidate of the window's current key (IB o10-37.2.40). The window must be
@@ -370,6 +387,23 @@ impl UserPd for IbvPd {
         Ok(Box::new(IbvMw {
             inner: mw,
             index,
+            pd: self.0.clone(),
+        }))
+    }
+
+    fn create_ah(&self, attr: &AhAttr) -> Result<Box<dyn UserAh>> {
+        if attr.port != 1 {
+            return Err(VerbsError::Invalid);
+        }
+        let ah = Arc::new(self.0.pd.create_ah(&mut conv::ah_attr_to_ibv(attr))?);
+        let mut ahs = self.0.ahs.lock();
+        let (next, map) = &mut *ahs;
+        let num = rnicpi::ids::next_free(next, map.len(), |n| map.contains_key(&n))
+            .ok_or(VerbsError::Exhausted)?;
+        map.insert(num, Arc::downgrade(&ah));
+        Ok(Box::new(IbvAh {
+            _ah: ah,
+            num,
             pd: self.0.clone(),
         }))
     }
@@ -455,6 +489,26 @@ pub struct IbvMr {
 impl Drop for IbvMr {
     fn drop(&mut self) {
         self.pd.mrs.lock().remove(&self.mr.lkey());
+    }
+}
+
+/// An address handle.
+pub struct IbvAh {
+    /// Shared with a UD Send being posted (which names it by number).
+    _ah: Arc<sys::Ah>,
+    num: u32,
+    pd: Arc<PdInner>,
+}
+
+impl UserAh for IbvAh {
+    fn num(&self) -> u32 {
+        self.num
+    }
+}
+
+impl Drop for IbvAh {
+    fn drop(&mut self) {
+        self.pd.ahs.lock().1.remove(&self.num);
     }
 }
 
@@ -703,6 +757,23 @@ impl QpInner {
         Ok(())
     }
 
+    /// Post the Sends of a UD QP, each through the address handle it names.
+    fn post_datagrams(&self, wqes: &[Wqe]) -> Result<()> {
+        let ops = wqes
+            .iter()
+            .map(|w| match w.opcode() {
+                Some(WrOpcode::Send | WrOpcode::SendWithImm) => conv::validate_send(w, &self.caps),
+                _ => Err(VerbsError::Invalid),
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        let ahs = self.pd.address_handles(wqes)?;
+        let mut chain = conv::send_chain(wqes, &ops);
+        for ((wr, w), ah) in chain.wrs.iter_mut().zip(wqes).zip(&ahs) {
+            conv::set_ud(wr, w, ah.as_ptr());
+        }
+        self.qp.post_send(&mut chain.wrs[0])
+    }
+
     pub(crate) fn weak(self: &Arc<Self>) -> Weak<QpInner> {
         Arc::downgrade(self)
     }
@@ -720,8 +791,7 @@ impl UserQp for IbvQp {
             return Ok(());
         }
         if self.0.qp_type == QpType::Ud {
-            // A UD send needs an address handle, which a Wqe does not carry.
-            return Err(VerbsError::Unsupported);
+            return self.0.post_datagrams(wqes);
         }
         let unbinding;
         let wqes = match wqes.iter().any(conv::is_unbind) {

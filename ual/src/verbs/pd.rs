@@ -46,10 +46,21 @@ impl Drop for Pd {
 impl Context {
     /// An address handle in `pd` for UD Sends to `attr`'s destination: name it in each
     /// Send with [`Ah::num`] and [`rnicpi::Wqe::with_ud`]. `Unsupported` on devices
-    /// without UD QPs (`max_ah` 0).
+    /// without UD QPs (`max_ah` 0). On a device whose fast path is this process's, the uVP
+    /// makes it after the kAL has recorded it.
     pub fn create_ah(self: &Arc<Self>, pd: &Arc<Pd>, attr: &rnicpi::AhAttr) -> Result<Arc<Ah>> {
-        if pd.user.is_some() {
-            return Err(VerbsError::Unsupported);
+        if let Some((_, upd)) = &pd.user {
+            let (handle, ah) =
+                self.mirrored(pd.dev, abi::MIRROR_AH, [pd.handle, 0, 0, 0], (0, 0), |_| {
+                    upd.create_ah(attr)
+                })?;
+            return Ok(Arc::new(Ah {
+                ctx: self.clone(),
+                handle,
+                num: ah.num(),
+                device: Some(ah),
+                _pd: pd.clone(),
+            }));
         }
         let mut a = abi::CreateAh::encode(pd.handle, attr);
         self.call(cmd::CREATE_AH, &mut a)?;
@@ -57,6 +68,7 @@ impl Context {
             ctx: self.clone(),
             handle: a.handle,
             num: a.ah_num,
+            device: None,
             _pd: pd.clone(),
         }))
     }
@@ -67,6 +79,9 @@ pub struct Ah {
     ctx: Arc<Context>,
     pub handle: u32,
     num: u32,
+    /// The uVP's handle, on a device whose fast path is the consumer's; destroyed after
+    /// the kAL's record.
+    device: Option<Box<dyn user_half::UserAh>>,
     _pd: Arc<Pd>,
 }
 
@@ -80,5 +95,6 @@ impl Ah {
 impl Drop for Ah {
     fn drop(&mut self) {
         self.ctx.destroy(cmd::DESTROY_AH, self.handle);
+        self.ctx.keep_in_fork_child(self.device.take());
     }
 }
