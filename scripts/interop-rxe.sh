@@ -4,8 +4,8 @@
 # and the capture checked: tshark decodes InfiniBand over UDP 4791 with no malformed frames,
 # and every RoCEv2 ICRC is recomputed and must match (../shared/interop/icrc-check.py).
 # The guest's IPv4 GID is index 1 (0 is its IPv6 link-local); krdma's is index 0.
-# Four tool sets: ibv_rc_pingpong (`krdma pingpong`), ibv_ud_pingpong (`krdma ud-pingpong`),
-# rping (`krdma rping`), and perftest
+# Five tool sets: ibv_rc_pingpong (`krdma pingpong`), ibv_ud_pingpong (`krdma ud-pingpong`),
+# udaddy (`krdma udaddy`), rping (`krdma rping`), and perftest
 # 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat against
 # `krdma perf`) with and without -R.
 #
@@ -33,6 +33,11 @@ record "ud-pingpong-guest-server" 2 "" "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS" 
     "ud-pingpong -n $ITERS -g 0 $GUEST" guest-first
 record "ud-pingpong-host-server" 2 "" "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS $HOST" \
     "ud-pingpong -n $ITERS -g 0" host-first daemon
+# udaddy: rdma_cm's UDP port space — a SIDR_REQ/SIDR_REP on QP1 resolves the server's UD
+# QP and Q_Key, then UD Sends with immediate data each way (the server answers the source
+# address in the GRH of the first datagram).
+record "udaddy-guest-server" 2 "" "udaddy -b $GUEST" "udaddy -s $GUEST" guest-first
+record "udaddy-host-server" 2 "" "udaddy -s $HOST" "udaddy -b $HOST" host-first daemon
 # rping: rdma_cm over the IB CM (REQ/REP/RTU/DREQ/DREP MADs on QP1), Sends, RDMA Read/Write.
 record "rping-guest-server" 2 "" "rping -s -a $GUEST -v -C 10" \
     "rping -c -a $GUEST -C 10 -v -V --device rxe0" guest-first

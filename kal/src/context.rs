@@ -386,6 +386,11 @@ impl Context {
 /// its outcome arrives. The QP's event sink holds it too, so what a provider still runs
 /// for a destroyed QP (a connect thread waiting for its peer) stays charged until the
 /// provider lets go of the QP.
+///
+/// A UD QP has no connection: each CONNECT is a resolution of a peer's service (SIDR),
+/// many may be under way at once, and each holds a half-open charge until its outcome
+/// (`Established`, `Rejected`, `Unreachable`) arrives; an ACCEPT answers at once and
+/// holds nothing.
 #[derive(Debug, Default)]
 pub struct ConnAccount(Mutex<ConnCharges>);
 
@@ -393,9 +398,38 @@ pub struct ConnAccount(Mutex<ConnCharges>);
 struct ConnCharges {
     half_open: Option<Charges>,
     connection: Option<Charges>,
+    /// A UD QP's: the half-open charges of its resolutions under way.
+    resolving: Option<Vec<Charges>>,
 }
 
 impl ConnAccount {
+    /// The account of a UD QP.
+    pub fn datagram() -> ConnAccount {
+        ConnAccount(Mutex::new(ConnCharges {
+            resolving: Some(Vec::new()),
+            ..ConnCharges::default()
+        }))
+    }
+
+    /// Whether the QP is a UD QP (its CONNECTs are resolutions).
+    pub fn is_datagram(&self) -> bool {
+        self.0.lock().resolving.is_some()
+    }
+
+    /// A UD QP starts one more resolution, holding `half_open` until its outcome.
+    pub fn begin_resolution(&self, half_open: Charges) {
+        if let Some(r) = self.0.lock().resolving.as_mut() {
+            r.push(half_open);
+        }
+    }
+
+    /// The resolution started last never started (the provider refused it).
+    pub fn abandon_resolution(&self) {
+        if let Some(r) = self.0.lock().resolving.as_mut() {
+            r.pop();
+        }
+    }
+
     /// Hold a new connection's charges; `Busy` while the QP already has one (a second
     /// CONNECT on a QP would otherwise cost the provider another thread each time).
     pub fn begin(&self, connection: Charges, half_open: Option<Charges>) -> Result<()> {
@@ -416,6 +450,15 @@ impl ConnAccount {
     /// What a connection event means for the charges.
     fn on_event(&self, kind: EventKind) {
         let mut c = self.0.lock();
+        if let Some(r) = c.resolving.as_mut() {
+            if matches!(
+                kind,
+                EventKind::Established | EventKind::Rejected | EventKind::Unreachable
+            ) {
+                r.pop();
+            }
+            return;
+        }
         match kind {
             EventKind::Established => c.half_open = None,
             EventKind::Rejected

@@ -221,8 +221,15 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
                 ord: a.ord,
             };
             let half_open = charge(kal, c, None, &[(Resource::HalfOpen, 1)])?;
-            conn.begin(connection(kal, c, dev)?, Some(half_open))?;
             let peer = rnicpi::sockaddr_from_parts(a.addr, a.port);
+            if conn.is_datagram() {
+                conn.begin_resolution(half_open);
+                return kal
+                    .device(dev)?
+                    .connect(&qp, peer, param)
+                    .inspect_err(|_| conn.abandon_resolution());
+            }
+            conn.begin(connection(kal, c, dev)?, Some(half_open))?;
             kal.device(dev)?
                 .connect(&qp, peer, param)
                 .inspect_err(|_| conn.abandon())
@@ -242,6 +249,9 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
                 ird: a.ird,
                 ord: a.ord,
             };
+            if conn.is_datagram() {
+                return l.accept(a.conn_id, &qp, param);
+            }
             conn.begin(connection(kal, c, qdev)?, None)?;
             l.accept(a.conn_id, &qp, param)
                 .inspect_err(|_| conn.abandon())
@@ -370,7 +380,10 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
     let sq = Ring::attach(mem.clone(), layout.sq_offset, layout.sq_depth)?.consumer();
     let rq = Ring::attach(mem, layout.rq_offset, layout.rq_depth)?.consumer();
     let h = objs.next_handle()?;
-    let conn = Arc::new(ConnAccount::default());
+    let conn = Arc::new(match qp_type {
+        QpType::Ud => ConnAccount::datagram(),
+        QpType::Rc => ConnAccount::default(),
+    });
     let init = QpInit {
         qp_type,
         pd,

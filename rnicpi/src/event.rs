@@ -90,6 +90,17 @@ pub struct Event {
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
     pub private_data: Vec<u8>,
+    /// A UD "connection" (IB SIDR, rdma_cm's UDP port space): on a `ConnectRequest`, the
+    /// request wants a UD QP (the requester's QP is not known yet: 0); on `Established`,
+    /// the QP and Q_Key the peer's service answers on — what rdma_cm's `param.ud` holds.
+    pub ud: Option<UdPeer>,
+}
+
+/// The far end of a UD "connection".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdPeer {
+    pub qpn: u32,
+    pub qkey: u32,
 }
 
 impl Event {
@@ -104,6 +115,7 @@ impl Event {
             local: None,
             peer: None,
             private_data: Vec::new(),
+            ud: None,
         }
     }
     pub fn with_status(mut self, status: i32) -> Self {
@@ -117,6 +129,10 @@ impl Event {
     pub fn with_addrs(mut self, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Self {
         self.local = local;
         self.peer = peer;
+        self
+    }
+    pub fn with_ud(mut self, ud: UdPeer) -> Self {
+        self.ud = Some(ud);
         self
     }
     pub fn with_param(mut self, p: &crate::ConnParam) -> Self {

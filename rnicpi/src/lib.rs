@@ -91,7 +91,7 @@ pub mod wire;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
-pub use event::{Event, EventKind, EventSink, NullSink};
+pub use event::{Event, EventKind, EventSink, NullSink, UdPeer};
 pub use fastpath::{Doorbell, EngineCq, EngineSrq, RingStats, UserCq, UserQp, UserSrq};
 pub use ids::IdAllocator;
 pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region, Sgl};

@@ -339,3 +339,168 @@ fn ud_pingpong_runs_both_sides() {
         assert!(text.contains("iters in"), "{text}");
     });
 }
+
+/// rdma_cm's Q_Key for its UDP port space: what a UD service's QP answers on.
+const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+#[test]
+fn a_ud_service_is_resolved_through_sidr() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let (server, client) = (UdEnd::new(&a, RDMA_UDP_QKEY), UdEnd::new(&b, RDMA_UDP_QKEY));
+        let dev = a.device("rxe0").unwrap().index;
+        let ip = tools::perf::loopback_of(&a, dev).unwrap();
+        let listener = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
+        let service = std::net::SocketAddr::new(ip, listener.port);
+        let param = |pd: &[u8]| ual::ConnParam {
+            private_data: pd.to_vec(),
+            ..Default::default()
+        };
+
+        // Accepted: the client learns the QP and Q_Key that serve the port.
+        client.qp.connect(service, &param(b"who")).unwrap();
+        let req = listener.get_request(T).unwrap();
+        assert_eq!(req.ud, Some(ual::UdPeer::default()), "a UD request");
+        assert_eq!(&req.private_data[..3], b"who");
+        listener
+            .accept(req.conn_id, &server.qp, &param(b"me"))
+            .unwrap();
+        let ev = client.qp.next_event(T).unwrap();
+        assert_eq!(ev.kind, ual::EventKind::Established);
+        let peer = ev.ud.expect("the serving QP");
+        assert_eq!((peer.qpn, peer.qkey), (server.qp.qp_num, RDMA_UDP_QKEY));
+        assert_eq!(&ev.private_data[..2], b"me");
+        assert_eq!(ev.peer.map(|p| p.ip()), Some(ip));
+        assert_eq!(client.qp.state().unwrap(), QpState::Rts, "no QP moves");
+        assert_eq!(server.qp.state().unwrap(), QpState::Rts);
+
+        // What it learnt addresses a datagram.
+        let ah = client.ah_to(&server);
+        server
+            .qp
+            .post_recv(&Wqe::recv(1, &[server.mr.sge(0, 4096)]))
+            .unwrap();
+        client.buf.write(0, b"datagram");
+        let send = Wqe::new(2, WrOpcode::Send, &[client.mr.sge(0, 8)]).with_ud(
+            ah.num(),
+            peer.qpn,
+            peer.qkey,
+        );
+        client.qp.post_send(&send).unwrap();
+        let rc = server.cq.wait(1, T).unwrap();
+        assert!(rc[0].is_ok());
+        assert_eq!(rc[0].src_qp, client.qp.qp_num);
+        client.cq.wait(1, T).unwrap();
+
+        // One QP resolves several services at once; a reject carries private data;
+        // a port nobody serves is unreachable. Every outcome leaves the QP as it was.
+        client.qp.connect(service, &param(b"1")).unwrap();
+        client.qp.connect(service, &param(b"2")).unwrap();
+        let (r1, r2) = (
+            listener.get_request(T).unwrap(),
+            listener.get_request(T).unwrap(),
+        );
+        listener.reject(r1.conn_id, b"no").unwrap();
+        listener
+            .accept(r2.conn_id, &server.qp, &param(b""))
+            .unwrap();
+        let mut kinds = [
+            client.qp.next_event(T).unwrap(),
+            client.qp.next_event(T).unwrap(),
+        ];
+        kinds.sort_by_key(|e| e.kind as u16);
+        assert_eq!(kinds[0].kind, ual::EventKind::Established);
+        assert_eq!(kinds[1].kind, ual::EventKind::Rejected);
+        assert_eq!(&kinds[1].private_data[..2], b"no");
+        drop(listener);
+        client.qp.connect(service, &param(b"")).unwrap();
+        let ev = client.qp.next_event(T).unwrap();
+        assert_eq!(ev.kind, ual::EventKind::Unreachable);
+        assert_eq!(client.qp.state().unwrap(), QpState::Rts);
+    });
+}
+
+#[test]
+fn sidr_requests_want_ud_qps_and_rc_requests_rc_qps() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let server = UdEnd::new(&a, RDMA_UDP_QKEY);
+        let client = UdEnd::new(&b, RDMA_UDP_QKEY);
+        let dev = a.device("rxe0").unwrap().index;
+        let ip = tools::perf::loopback_of(&a, dev).unwrap();
+        let listener = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
+        let service = std::net::SocketAddr::new(ip, listener.port);
+        // An RC QP cannot answer a SIDR request; the request still waits for a UD QP.
+        client.qp.connect(service, &Default::default()).unwrap();
+        let req = listener.get_request(T).unwrap();
+        let rc = tools::perf::new_endpoint(&a, dev, 4096, 4).unwrap();
+        assert_eq!(
+            listener.accept(req.conn_id, &rc.qp, &Default::default()),
+            Err(VerbsError::Invalid)
+        );
+        listener
+            .accept(req.conn_id, &server.qp, &Default::default())
+            .unwrap();
+        assert_eq!(
+            client.qp.next_event(T).unwrap().kind,
+            ual::EventKind::Established
+        );
+        // A UD QP resolves only once it is ready (RTS).
+        let cq = b.create_cq(b.device("rxe0").unwrap().index, 4).unwrap();
+        let fresh = b
+            .create_qp(
+                &client.pd,
+                &cq,
+                &cq,
+                QpConfig {
+                    qp_type: QpType::Ud,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            fresh.connect(service, &Default::default()),
+            Err(VerbsError::BadState)
+        );
+    });
+}
+
+#[test]
+fn udaddy_runs_both_sides() {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let dev = a.device("rxe0").unwrap().index;
+        let ip = tools::perf::loopback_of(&a, dev).unwrap();
+        let port = 17000 + std::process::id() as u16 % 1000;
+        let opts = |server| tools::udaddy::Options {
+            server,
+            bind: Some(ip),
+            port,
+            count: 20,
+            size: 200,
+            ..Default::default()
+        };
+        let so = opts(None);
+        let srv = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            tools::udaddy::run(&a, &so, &mut out).map(|n| (n, out))
+        });
+        let mut out = Vec::new();
+        let mut tries = 0;
+        let got = loop {
+            match tools::udaddy::run(&b, &opts(Some(ip)), &mut out) {
+                // Resolved before the server listened: nobody served the port yet.
+                Err(VerbsError::Refused) if tries < 200 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r.expect("client"),
+            }
+        };
+        assert_eq!(got, 20);
+        let (n, text) = srv.join().unwrap().expect("server");
+        assert_eq!(n, 20);
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("data transfers complete"), "{text}");
+    });
+}

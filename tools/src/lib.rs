@@ -6,7 +6,8 @@
 //! * [`perf`] — bandwidth and latency between two uAL endpoints, against raw TCP/UDP;
 //! * [`perftest`] — `ib_write_bw`/`ib_send_lat`/... compatible with rdma-core's perftest,
 //!   both roles, its TCP and rdma_cm control connections;
-//! * [`rping`] and [`pingpong`] — rdma-core's `rping` and `ibv_rc_pingpong` on the wire;
+//! * [`rping`], [`pingpong`] and [`udaddy`] — rdma-core's `rping`, `ibv_rc_pingpong`
+//!   (and `ibv_ud_pingpong`) and `udaddy` on the wire;
 //! * [`datconf`] — the `dat.conf` lines that register krdma's DAT provider.
 
 pub mod datconf;
@@ -14,3 +15,4 @@ pub mod perf;
 pub mod perftest;
 pub mod pingpong;
 pub mod rping;
+pub mod udaddy;

@@ -41,5 +41,5 @@ pub use verbs::{Ah, Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp,
 pub use abi;
 pub use rnicpi::{
     send_flags, wc_flags, Access, ConnParam, Cqe, Event, EventKind, QpAttr, QpAttrMask, QpCaps,
-    QpState, QpType, Result, Sge, Transport, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
+    QpState, QpType, Result, Sge, Transport, UdPeer, VerbsError, WcOpcode, WcStatus, Wqe, WrOpcode,
 };

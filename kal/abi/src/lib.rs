@@ -502,7 +502,9 @@ pub struct StatDevice {
 pub struct EventRecord {
     /// [`rnicpi::EventKind`] value.
     pub kind: u16,
-    pub _pad0: u16,
+    /// [`EVENT_UD`]: a UD connection event, whose `ird` and `ord` carry the peer's QP
+    /// and Q_Key instead (`rnicpi::Event::ud`, rdma_cm's `param.ud`).
+    pub flags: u16,
     /// Handle of the affiliated object (0 when unaffiliated).
     pub handle: u32,
     pub conn_id: u64,
@@ -518,6 +520,9 @@ pub struct EventRecord {
     pub pdata: [u8; MAX_PDATA],
 }
 
+/// [`EventRecord::flags`]: a UD connection event.
+pub const EVENT_UD: u16 = 1;
+
 impl EventRecord {
     pub fn from_event(ev: &rnicpi::Event) -> Self {
         let mut r = EventRecord::zeroed();
@@ -525,8 +530,13 @@ impl EventRecord {
         r.handle = ev.handle;
         r.conn_id = ev.conn_id;
         r.status = ev.status;
-        r.ird = ev.ird;
-        r.ord = ev.ord;
+        (r.ird, r.ord) = match ev.ud {
+            Some(u) => {
+                r.flags = EVENT_UD;
+                (u.qpn, u.qkey)
+            }
+            None => (ev.ird, ev.ord),
+        };
         if let Some(a) = ev.local {
             (r.local_addr, r.local_port) = rnicpi::sockaddr_to_parts(a);
         }
@@ -545,16 +555,26 @@ impl EventRecord {
         let addr = |a: [u8; 16], p: u16| {
             (a != [0; 16] || p != 0).then(|| rnicpi::sockaddr_from_parts(a, p))
         };
+        let ud = (self.flags & EVENT_UD != 0).then_some(rnicpi::UdPeer {
+            qpn: self.ird,
+            qkey: self.ord,
+        });
+        let (ird, ord) = if ud.is_some() {
+            (0, 0)
+        } else {
+            (self.ird, self.ord)
+        };
         Some(rnicpi::Event {
             kind,
             handle: self.handle,
             conn_id: self.conn_id,
             status: self.status,
-            ird: self.ird,
-            ord: self.ord,
+            ird,
+            ord,
             local: addr(self.local_addr, self.local_port),
             peer: addr(self.peer_addr, self.peer_port),
             private_data: self.pdata[..(self.pdata_len as usize).min(MAX_PDATA)].to_vec(),
+            ud,
         })
     }
 }
@@ -691,6 +711,17 @@ mod tests {
             assert!(seen.insert(*c), "{n} duplicated");
         }
         assert_eq!(EVENT_SIZE % 8, 0);
+    }
+
+    #[test]
+    fn ud_event_record_round_trip() {
+        let ev = rnicpi::Event::new(rnicpi::EventKind::Established).with_ud(rnicpi::UdPeer {
+            qpn: 0x12_3456,
+            qkey: 0x0123_4567,
+        });
+        let r = EventRecord::from_event(&ev);
+        assert_eq!((r.flags, r.ird, r.ord), (EVENT_UD, 0x12_3456, 0x0123_4567));
+        assert_eq!(r.to_event().unwrap(), ev);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! ib_send_lat and ib_write_bw; Debian 12, kernel 6.1, from the project's shared reference
 //! set), of a guest's rping sending CM REQs to a host with no RDMA stack, and of a
 //! guest's ibv_ud_pingpong over kernel rxe facing `krdma ud-pingpong` (UD datagrams both
-//! ways; `scripts/interop-rxe.sh`, 2026-11-27). Every frame
+//! ways) and of librdmacm's udaddy facing `krdma udaddy` in both roles (SIDR, then
+//! datagrams; `scripts/interop-rxe.sh`, 2026-11-27). Every frame
 //! to UDP port 4791 is taken apart: Ethernet, IPv4/IPv6, UDP, then the RoCEv2 packet. Its
 //! ICRC is verified, it is parsed, and its `Repr` is emitted again and must reproduce the
 //! original bytes exactly, ICRC included. The opcode counts are those tshark 4.0 reports
@@ -621,6 +622,8 @@ fn corpus() -> &'static Vec<Vec<u8>> {
             "write_bw_rxe_first400.pcap",
             "host_peer.pcap",
             "ud_pingpong_rxe_krdma.pcap",
+            "udaddy_guest_server.pcap",
+            "udaddy_host_server.pcap",
         ] {
             let frames = roce_frames(name);
             // Keep the corpus varied: every packet of the small captures, a sample of the
@@ -777,5 +780,69 @@ fn write_fuzz_seeds() {
             let stem = name.trim_end_matches(".pcap");
             std::fs::write(engine.join(format!("{stem}-to-{to}")), seed).unwrap();
         }
+    }
+}
+
+/// librdmacm's udaddy between kernel rdma_cm (10.77.0.11) and `krdma udaddy` (10.77.0.1),
+/// each as the server once: the SIDR_REQ for port 7174 in rdma_cm's UDP port space and
+/// its SIDR_REP (kernel-made in one capture, krdma-made in the other) re-emit byte for
+/// byte; the REP names the QP the datagrams then go to and rdma_cm's UDP Q_Key, and each
+/// datagram carries its sender's QP number as immediate data.
+#[test]
+fn udaddy_sidr_kernel_and_krdma() {
+    let host = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 1));
+    for (name, server) in [
+        ("udaddy_guest_server.pcap", VM1),
+        ("udaddy_host_server.pcap", host),
+    ] {
+        let (t, frames) = check_capture(name);
+        let client = if server == VM1 { host } else { VM1 };
+        let (mut req, mut rep) = (None, None);
+        for (src, m) in &t.mads {
+            match m.message {
+                CmMessage::SidrReq(r) if *src == client => req = Some(r),
+                CmMessage::SidrRep(r) if *src == server => rep = Some(r),
+                ref other => panic!("{name}: unexpected {other:?}"),
+            }
+        }
+        let (req, rep) = (req.expect("a SIDR_REQ"), rep.expect("a SIDR_REP"));
+        assert_eq!(
+            cma::parse_service_id(req.service_id),
+            Some((cma::RDMA_PS_UDP, 7174))
+        );
+        let hdr = req.cma_header().expect("an rdma_cm header");
+        assert_eq!((hdr.src, hdr.dst), (client, server), "{name}");
+        assert_eq!(rep.request_id, req.request_id);
+        assert_eq!(
+            (rep.status, rep.qkey),
+            (cm::sidr_status::SUCCESS, 0x0123_4567)
+        );
+        assert_eq!(rep.service_id, req.service_id);
+        let mut data = 0;
+        for f in frames.iter().filter(|f| f.src() == client) {
+            let r = RoceRepr::parse_bytes(f.roce()).unwrap();
+            if r.bth.dest_qp == GSI_QPN {
+                continue;
+            }
+            assert_eq!(
+                r.bth.opcode,
+                Opcode::UdSendOnlyImm,
+                "{name}: frame {}",
+                f.number
+            );
+            assert_eq!(
+                r.bth.dest_qp, rep.qpn,
+                "{name}: to the QP the SIDR_REP named"
+            );
+            let deth = r.deth.unwrap();
+            assert_eq!(deth.qkey, 0x0123_4567);
+            let imm = r.immdt.unwrap().imm;
+            assert_eq!(
+                imm, deth.src_qp,
+                "{name}: the sender's QPN as immediate data"
+            );
+            data += 1;
+        }
+        assert_eq!(data, 10, "{name}: udaddy's 10 messages");
     }
 }

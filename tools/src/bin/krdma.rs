@@ -52,6 +52,9 @@ enum Cmd {
     Pingpong(PingpongArgs),
     /// UD ping-pong, interoperable with rdma-core's ibv_ud_pingpong (IB/RoCE devices).
     UdPingpong(UdPingpongArgs),
+    /// UD service resolution and datagrams, interoperable with librdmacm's udaddy (rdma_cm
+    /// UDP port space over the IB CM's SIDR; IB/RoCE devices).
+    Udaddy(UdaddyArgs),
     /// perftest, wire-compatible with `ib_write_bw` and friends (perftest 4.5): with -R over
     /// rdma_cm (siw0, rxe0), without it over a TCP socket and Modify QP (rxe0).
     #[command(subcommand)]
@@ -132,6 +135,28 @@ struct UdPingpongArgs {
     /// Message size (at most the port's MTU).
     #[arg(short = 's', long = "size", default_value_t = 1024)]
     size: u32,
+}
+
+/// The options of librdmacm's `udaddy`, same letters.
+#[derive(clap::Args)]
+struct UdaddyArgs {
+    /// The server to connect to (none: be the server).
+    #[arg(short = 's')]
+    server: Option<std::net::IpAddr>,
+    /// The server's address to listen on.
+    #[arg(short = 'b')]
+    bind: Option<std::net::IpAddr>,
+    #[arg(short = 'p', default_value_t = tools::udaddy::DEFAULT_PORT)]
+    port: u16,
+    /// Messages each way.
+    #[arg(short = 'C', default_value_t = 10)]
+    count: u32,
+    /// Message size.
+    #[arg(short = 'S', default_value_t = 100)]
+    size: u32,
+    /// Device.
+    #[arg(long, default_value = "rxe0")]
+    device: String,
 }
 
 /// The perftest programs, each with perftest's option letters.
@@ -329,6 +354,19 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             };
             let ctx = Context::open_target(target)?;
             tools::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
+            Ok(())
+        }
+        Cmd::Udaddy(a) => {
+            let o = tools::udaddy::Options {
+                server: a.server,
+                bind: a.bind,
+                port: a.port,
+                device: a.device,
+                count: a.count,
+                size: a.size,
+            };
+            let ctx = Context::open_target(target)?;
+            tools::udaddy::run(&ctx, &o, &mut std::io::stdout())?;
             Ok(())
         }
         Cmd::Perf(t) => perftest(target, t),

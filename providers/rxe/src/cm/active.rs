@@ -42,12 +42,7 @@ impl Machine {
         }
         let local_id = self.new_id()?;
         let rq_psn = self.rng.psn()?;
-        let src_port = 0xc000 | (self.rng.u32()? as u16 & 0x3fff);
-        let mut pdata = [0u8; cm::REQ_PRIVATE_DATA_LEN];
-        let hdr = cma::CmaHdr { src_port, src, dst };
-        hdr.emit(&mut pdata).map_err(|_| VerbsError::Invalid)?;
-        pdata[cma::HEADER_LEN..cma::HEADER_LEN + r.param.private_data.len()]
-            .copy_from_slice(&r.param.private_data);
+        let pdata = self.cma_private_data((src, dst), &r.param.private_data)?;
         let config = self.config;
         let req = cm::Req {
             local_comm_id: local_id,

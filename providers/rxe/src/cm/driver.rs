@@ -82,7 +82,9 @@ impl Cm {
     }
 }
 
-/// Active connect of `qp` to `peer` (its IP address and rdma_cm TCP port).
+/// Active connect of `qp` to `peer` (its IP address and rdma_cm port): an RC QP's
+/// connection (TCP port space), or a UD QP's resolution of the peer's UD service (UDP
+/// port space, SIDR).
 pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
     let peer = SocketAddr::new(canonical(peer.ip()), peer.port());
     let request = Connect {
@@ -93,7 +95,13 @@ pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnPa
         param,
         mtu: s.active_mtu(),
     };
-    let actions = s.cm.machine.lock().connect(request, s.clock.now())?;
+    let mut m = s.cm.machine.lock();
+    let actions = if qp.is_ud() {
+        m.resolve(request, s.clock.now())?
+    } else {
+        m.connect(request, s.clock.now())?
+    };
+    drop(m);
     perform(s, actions);
     Ok(())
 }
@@ -146,6 +154,16 @@ impl ProviderListener for RxeListener {
         let s = self.shared.upgrade().ok_or(VerbsError::BadState)?;
         // A QP of this very device (the connection manager finds its QPs in its table).
         let rqp = RxeQp::of(qp, &s)?;
+        if rqp.is_ud() {
+            // A SIDR request: the reply names the QP and its Q_Key; the QP stays as it is.
+            let us = (rqp.cm_ref(), rqp.query().qkey);
+            let actions =
+                s.cm.machine
+                    .lock()
+                    .accept_ud(self.id, conn_id, us, &param.private_data)?;
+            perform(&s, actions);
+            return Ok(());
+        }
         let mtu = s.active_mtu();
         let mut m = s.cm.machine.lock();
         let accept = m.accept(self.id, conn_id, rqp.cm_ref(), &param, mtu)?;

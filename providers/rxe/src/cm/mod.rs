@@ -7,6 +7,8 @@
 //! Passive side ([`passive`]): a REQ for a listened port becomes a `ConnectRequest` of
 //! that listener; accept moves the QP to RTS and sends REP (private data up to 196
 //! bytes); RTU gives `Established`; reject sends REJ (reason 28, consumer-defined).
+//! UD resolution ([`sidr`]): SIDR_REQ → SIDR_REP with the serving QP's number and
+//! Q_Key, for rdma_cm's UDP port space.
 //! Disconnect ([`close`]): DREQ/DREP; either side's QP goes to Error and reports
 //! `Disconnected`. MADs are datagrams: REQ, REP and DREQ are retried until answered;
 //! duplicates are answered again (REP → RTU again; DREQ → DREP even when the connection
@@ -30,6 +32,7 @@ mod active;
 mod close;
 mod driver;
 mod passive;
+mod sidr;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -73,6 +76,8 @@ enum Phase {
     Draining,
     /// DREQ sent, waiting for DREP.
     DreqSent,
+    /// Active UD resolution: SIDR_REQ sent, waiting for the SIDR_REP.
+    SidrSent,
 }
 
 /// A QP as the connection manager knows it: its number, and the serial the device gave
@@ -235,6 +240,26 @@ impl Machine {
         }
     }
 
+    /// A request's private data as rdma_cm lays it out: its header (a random source port,
+    /// our `src`, the peer's `dst`), then the consumer's bytes (which the caller checked
+    /// fit).
+    fn cma_private_data<const N: usize>(
+        &mut self,
+        (src, dst): (IpAddr, IpAddr),
+        consumer: &[u8],
+    ) -> Result<[u8; N]> {
+        let src_port = 0xc000 | (self.rng.u32()? as u16 & 0x3fff);
+        let mut pdata = [0u8; N];
+        let hdr = crate::wire::cma::CmaHdr { src_port, src, dst };
+        hdr.emit(&mut pdata).map_err(|_| VerbsError::Invalid)?;
+        let end = crate::wire::cma::HEADER_LEN + consumer.len();
+        pdata
+            .get_mut(crate::wire::cma::HEADER_LEN..end)
+            .ok_or(VerbsError::Invalid)?
+            .copy_from_slice(consumer);
+        Ok(pdata)
+    }
+
     /// A MAD with a fresh random transaction ID.
     fn mad(&mut self, msg: CmMessage) -> Result<Box<Mad>> {
         Ok(Box::new(CmMad::new(self.rng.u64()?, msg).to_bytes()))
@@ -289,6 +314,11 @@ impl Machine {
             CmMessage::Dreq(dreq) => self.on_dreq(&mut out, src, dst, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(&mut out, src, drep),
             CmMessage::Mra(mra) => self.on_mra(src, mra),
+            CmMessage::SidrReq(req) => {
+                self.on_sidr_req(&mut out, (src, dst), tid, req, now);
+                true
+            }
+            CmMessage::SidrRep(rep) => self.on_sidr_rep(&mut out, src, rep),
         };
         if !matched {
             tracing::debug!(%src, "rxe CM: message of no connection of that peer");
@@ -396,6 +426,7 @@ impl Machine {
         tracing::debug!(conn = id, phase = ?c.phase, "rxe CM: no answer, giving up");
         match (c.phase, c.qp()) {
             (Phase::ReqSent, qp) => self.gave_up(&mut out, &c, qp),
+            (Phase::SidrSent, _) => self.resolve_gave_up(&mut out, &c),
             (Phase::DreqSent, Some(qp)) => out.push(Action::Closed {
                 qp,
                 kind: EventKind::Disconnected,

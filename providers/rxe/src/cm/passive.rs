@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 /// Connection requests the device holds for consumers at most, over all listeners.
 pub const MAX_PENDING: usize = 4096;
 /// The least and the most time a request waits for its consumer.
-const REQUEST_TTL_MIN: Duration = Duration::from_secs(2);
+pub(super) const REQUEST_TTL_MIN: Duration = Duration::from_secs(2);
 const REQUEST_TTL_MAX: Duration = Duration::from_secs(60);
 /// How often expired requests are looked for while any wait, and how many one look
 /// refuses at most (the rest wait for the next look, [`SWEEP_AGAIN`] later).
@@ -44,6 +44,14 @@ const SWEEP_AGAIN: Duration = Duration::from_millis(10);
 fn request_ttl(req: &cm::Req) -> Duration {
     let per_try = Duration::from_nanos(4096u64 << req.remote_cm_response_timeout.min(31));
     (per_try * (req.max_cm_retries as u32 + 1)).clamp(REQUEST_TTL_MIN, REQUEST_TTL_MAX)
+}
+
+/// Why a connection request could not be offered to a consumer.
+pub(super) enum Unoffered {
+    /// Nobody listens on its port at that address.
+    NoListener,
+    /// No communication ID could be drawn.
+    NoResources,
 }
 
 /// An accept the machine has checked: the QP comes up over `link`, then
@@ -96,7 +104,7 @@ impl Machine {
     }
 
     /// The request `conn_id` if it was delivered to `listener` and still waits.
-    fn request(&self, listener: u64, conn_id: u64) -> Result<u32> {
+    pub(super) fn request(&self, listener: u64, conn_id: u64) -> Result<u32> {
         let id = u32::try_from(conn_id).map_err(|_| VerbsError::NoSuchResource)?;
         match self.conns.get(id) {
             Some(c) if c.listener() == Some(listener) => match c.phase {
@@ -128,7 +136,8 @@ impl Machine {
         }
         let rq_psn = self.rng.psn()?;
         let c = self.conns.get(id).ok_or(VerbsError::NoSuchResource)?;
-        let req = c.req.ok_or(VerbsError::BadState)?;
+        // A SIDR request wants a UD QP (`accept_ud`).
+        let req = c.req.ok_or(VerbsError::Invalid)?;
         let mtu = cm::mtu_bytes(req.path_mtu)
             .map(|m| m as u32)
             .unwrap_or(1024)
@@ -194,6 +203,11 @@ impl Machine {
     ) -> Result<Vec<Action>> {
         let id = self.request(listener, conn_id)?;
         let c = self.conns.remove(id).ok_or(VerbsError::NoSuchResource)?;
+        let mut out = Vec::new();
+        if c.sidr.is_some() {
+            self.sidr_rep(&mut out, &c, cm::sidr_status::REJECT, (0, 0), private_data);
+            return Ok(out);
+        }
         let ids = (c.local_id, c.remote_id());
         let mad = self.rej(
             ids,
@@ -201,11 +215,22 @@ impl Machine {
             rej_reason::CONSUMER_DEFINED,
             private_data,
         )?;
-        Ok(vec![Action::Send {
+        out.push(Action::Send {
             src: c.local,
             dst: c.peer,
             mad,
-        }])
+        });
+        Ok(out)
+    }
+
+    /// Refuse waiting request `c` (out of time, pushed out, its listener gone): a REJ
+    /// with `reason`, or a SIDR_REP that rejects it.
+    fn refuse_request(&mut self, out: &mut Vec<Action>, c: &Conn, reason: u16) {
+        if c.sidr.is_some() {
+            return self.sidr_rep(out, c, cm::sidr_status::REJECT, (0, 0), &[]);
+        }
+        let ids = (c.local_id, c.remote_id());
+        self.send_rej(out, (c.local, c.peer), ids, msg_ref::REQ, reason);
     }
 
     /// `listener` closes: the requests nobody will answer now are refused.
@@ -222,9 +247,7 @@ impl Machine {
             .collect();
         let mut out = Vec::new();
         for c in refused {
-            let ids = (c.local_id, c.remote_id());
-            let reason = rej_reason::CONSUMER_DEFINED;
-            self.send_rej(&mut out, (c.local, c.peer), ids, msg_ref::REQ, reason);
+            self.refuse_request(&mut out, &c, rej_reason::CONSUMER_DEFINED);
         }
         out
     }
@@ -262,20 +285,50 @@ impl Machine {
             Some((cma::RDMA_PS_TCP, port)) => port,
             _ => return self.refuse(out, src, dst, &req, rej_reason::INVALID_SERVICE_ID),
         };
+        let peer_port = req.cma_header().map(|h| h.src_port).unwrap_or(0);
+        let event = Event::new(EventKind::ConnectRequest)
+            .with_addrs(sockaddr(dst, port), sockaddr(src, peer_port))
+            .with_param(&ConnParam {
+                private_data: req.private_data[cma::HEADER_LEN..].to_vec(),
+                ird: req.responder_resources as u32,
+                ord: req.initiator_depth as u32,
+            });
+        let request = |id, listener, expires| Conn::request(id, (dst, src), req, listener, expires);
+        match self.offer(out, (dst, port), request_ttl(&req), now, request, event) {
+            Ok(()) => {}
+            Err(Unoffered::NoListener) => {
+                self.refuse(out, src, dst, &req, rej_reason::INVALID_SERVICE_ID)
+            }
+            Err(Unoffered::NoResources) => {
+                out.push(Action::Count(Count::ReqRefused));
+                self.refuse(out, src, dst, &req, rej_reason::NO_RESOURCES)
+            }
+        }
+    }
+
+    /// Offer a connection request for `port` at our `dst` to the listener there: a new
+    /// ID, room among the waiting requests (the oldest pushed out when the listener's
+    /// backlog or the device's bound is full), the request `make` builds (from the ID,
+    /// the listener and when it expires, `ttl` from now) kept until its consumer
+    /// answers, and `event` (its `conn_id` filled in) offered to the consumer.
+    pub(super) fn offer(
+        &mut self,
+        out: &mut Vec<Action>,
+        (dst, port): (IpAddr, u16),
+        ttl: Duration,
+        now: Instant,
+        make: impl FnOnce(u32, u64, Instant) -> Conn,
+        event: Event,
+    ) -> Result<(), Unoffered> {
         let listener = self.listeners.get(&port).and_then(|v| {
             v.iter()
                 .find(|e| e.addr.is_none() || e.addr == Some(dst))
                 .map(|e| (e.id, e.backlog, e.sink.clone()))
         });
         let Some((listener, backlog, sink)) = listener else {
-            return self.refuse(out, src, dst, &req, rej_reason::INVALID_SERVICE_ID);
+            return Err(Unoffered::NoListener);
         };
-        let Ok(local_id) = self.new_id() else {
-            out.push(Action::Count(Count::ReqRefused));
-            return self.refuse(out, src, dst, &req, rej_reason::NO_RESOURCES);
-        };
-        // Room for it: push out the oldest request of this listener (its backlog is
-        // full) or of the device (all listeners together are at the device's bound).
+        let local_id = self.new_id().map_err(|_| Unoffered::NoResources)?;
         let crowded = if self.conns.pending_of(listener) >= backlog {
             Some(Scope::Listener(listener))
         } else if self.conns.pending() >= MAX_PENDING {
@@ -286,40 +339,32 @@ impl Machine {
         let evicted = crowded
             .and_then(|scope| self.conns.oldest_pending(scope))
             .and_then(|old| self.conns.remove(old));
-        let expires = now + request_ttl(&req);
-        self.conns
-            .insert(Conn::request(local_id, (dst, src), req, listener, expires));
+        self.conns.insert(make(local_id, listener, now + ttl));
         if self.sweep.is_none() {
             out.push(self.arm_sweep(SWEEP_EVERY, now));
         }
         if let Some(old) = evicted {
             out.push(Action::Count(Count::ReqEvicted));
             tracing::debug!(conn = old.local_id, peer = %old.peer, "rxe CM: request pushed out");
-            let ids = (old.local_id, old.remote_id());
-            let reason = rej_reason::NO_RESOURCES;
-            self.send_rej(out, (old.local, old.peer), ids, msg_ref::REQ, reason);
+            self.refuse_request(out, &old, rej_reason::NO_RESOURCES);
         }
-        let peer_port = req.cma_header().map(|h| h.src_port).unwrap_or(0);
-        let event = Event::new(EventKind::ConnectRequest)
-            .with_conn(local_id as u64)
-            .with_addrs(sockaddr(dst, port), sockaddr(src, peer_port))
-            .with_param(&ConnParam {
-                private_data: req.private_data[cma::HEADER_LEN..].to_vec(),
-                ird: req.responder_resources as u32,
-                ord: req.initiator_depth as u32,
-            });
-        tracing::info!(conn = local_id, peer = %src, port, "rxe CM: connect request");
+        tracing::info!(conn = local_id, peer = ?event.peer, port, "rxe CM: connect request");
         out.push(Action::Offer {
             sink: Sink(sink),
             id: local_id,
-            event,
+            event: event.with_conn(local_id as u64),
         });
+        Ok(())
     }
 
     /// The consumer's event queue had no room for request `id`: refuse it.
     pub fn offer_refused(&mut self, id: u32) -> Vec<Action> {
         let mut out = vec![Action::Count(Count::ReqRefused)];
         if let Some(c) = self.conns.remove(id) {
+            if c.sidr.is_some() {
+                self.sidr_rep(&mut out, &c, cm::sidr_status::REJECT, (0, 0), &[]);
+                return out;
+            }
             let ids = (0, c.remote_id());
             let reason = rej_reason::NO_RESOURCES;
             self.send_rej(&mut out, (c.local, c.peer), ids, msg_ref::REQ, reason);
@@ -377,9 +422,7 @@ impl Machine {
         for c in expired {
             out.push(Action::Count(Count::ReqExpired));
             tracing::debug!(conn = c.local_id, peer = %c.peer, "rxe CM: request expired unanswered");
-            let ids = (c.local_id, c.remote_id());
-            let reason = rej_reason::CONSUMER_DEFINED;
-            self.send_rej(&mut out, (c.local, c.peer), ids, msg_ref::REQ, reason);
+            self.refuse_request(&mut out, &c, rej_reason::CONSUMER_DEFINED);
         }
         out
     }

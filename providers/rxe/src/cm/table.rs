@@ -29,6 +29,14 @@ pub(super) struct Conn {
     pub remote_qpn: u32,
     /// Passive side: the REQ.
     pub req: Option<cm::Req>,
+    /// Passive side of a UD resolution: the SIDR_REQ, and its transaction ID (the
+    /// SIDR_REP carries it back).
+    pub sidr: Option<cm::SidrReq>,
+    pub tid: u64,
+    /// Active side of a UD resolution: the UD QP that asked (not the connection's QP:
+    /// a UD QP may resolve many services at once) and the port it asked for.
+    pub resolver: Option<QpRef>,
+    pub port: u16,
     /// Passive side: the listener the request was delivered to; only that listener may
     /// accept or reject it.
     listener: Option<u64>,
@@ -66,6 +74,10 @@ impl Conn {
             qp: Some(qp),
             remote_qpn: 0,
             req: None,
+            sidr: None,
+            tid: 0,
+            resolver: None,
+            port: 0,
             listener: None,
             expires: None,
             retry: Some(retry),
@@ -87,14 +99,81 @@ impl Conn {
         expires: Instant,
     ) -> Conn {
         Conn {
+            remote_qpn: req.local_qpn,
+            req: Some(req),
+            ..Conn::waiting(
+                local_id,
+                (local, peer),
+                req.local_comm_id,
+                listener,
+                expires,
+            )
+        }
+    }
+
+    /// A UD resolution of `qp`'s: the SIDR_REQ `retry` for `port` from `local` to `peer`
+    /// is about to be sent.
+    pub fn resolving(
+        request_id: u32,
+        (local, peer): (IpAddr, IpAddr),
+        qp: QpRef,
+        port: u16,
+        retry: Mad,
+    ) -> Conn {
+        Conn {
+            phase: Phase::SidrSent,
+            qp: None,
+            resolver: Some(qp),
+            port,
+            ..Conn::active(
+                request_id,
+                (local, peer),
+                qp,
+                0,
+                ConnParam::default(),
+                0,
+                retry,
+            )
+        }
+    }
+
+    /// A SIDR request (`req`, transaction `tid`) from `peer` to our `local` delivered to
+    /// `listener`, waiting until `expires`.
+    pub fn sidr_request(
+        local_id: u32,
+        (local, peer): (IpAddr, IpAddr),
+        (tid, req): (u64, cm::SidrReq),
+        listener: u64,
+        expires: Instant,
+    ) -> Conn {
+        Conn {
+            sidr: Some(req),
+            tid,
+            ..Conn::waiting(local_id, (local, peer), req.request_id, listener, expires)
+        }
+    }
+
+    /// A request of the peer's (its ID `remote_id`) waiting for `listener`'s consumer.
+    fn waiting(
+        local_id: u32,
+        (local, peer): (IpAddr, IpAddr),
+        remote_id: u32,
+        listener: u64,
+        expires: Instant,
+    ) -> Conn {
+        Conn {
             phase: Phase::ReqRcvd,
             local_id,
-            remote_id: req.local_comm_id,
+            remote_id,
             local,
             peer,
             qp: None,
-            remote_qpn: req.local_qpn,
-            req: Some(req),
+            remote_qpn: 0,
+            req: None,
+            sidr: None,
+            tid: 0,
+            resolver: None,
+            port: 0,
             listener: Some(listener),
             expires: Some(expires),
             retry: None,

@@ -824,3 +824,172 @@ fn listeners_share_no_address() {
     let (_, picked) = m.listen(None, 0, 1, sink()).unwrap();
     assert!(picked & 0xc000 == 0x8000, "{picked:#x}");
 }
+
+/// A's UD QP `qa` (in RTS) resolving B's UD service on `port`.
+fn resolve_at(qa: QpRef, port: u16) -> Connect {
+    Connect {
+        state: QpState::Rts,
+        param: param(b"ud"),
+        ..connect_to(qa, port)
+    }
+}
+
+/// The one event `actions` deliver to a QP.
+fn delivered(actions: &[Action]) -> (QpRef, Event) {
+    match &actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Deliver { qp, event } => Some((*qp, event.clone())),
+            _ => None,
+        })
+        .collect::<Vec<_>>()[..]
+    {
+        [d] => d.clone(),
+        other => panic!("one event expected: {other:?} in {actions:?}"),
+    }
+}
+
+#[test]
+fn sidr_resolves_a_ud_service() {
+    let mut p = pair();
+    let (qa, qb) = (qp(0x11), qp(0x22));
+    // Only a QP in RTS resolves; the REQ carries the UDP port space's service ID.
+    let not_ready = Connect {
+        state: QpState::Init,
+        ..resolve_at(qa, PORT)
+    };
+    assert_eq!(
+        p.a.resolve(not_ready, p.now).err(),
+        Some(VerbsError::BadState)
+    );
+    let req = p.a.resolve(resolve_at(qa, PORT), p.now).unwrap();
+    let (_, _, mad) = sent(&req)[0];
+    let CmMessage::SidrReq(r) = mad.message else {
+        panic!("a SIDR_REQ")
+    };
+    assert_eq!(r.service_id, cma::service_id_udp(PORT));
+    assert_eq!(&r.private_data[cma::HEADER_LEN..cma::HEADER_LEN + 2], b"ud");
+    // B offers it as a UD request; a retry meanwhile is not offered twice.
+    let offered = carry(&req, &mut p.b, p.now);
+    let Some((id, event)) = offered.iter().find_map(|a| match a {
+        Action::Offer { id, event, .. } => Some((*id, event.clone())),
+        _ => None,
+    }) else {
+        panic!("offered: {offered:?}")
+    };
+    assert_eq!(event.ud, Some(UdPeer::default()));
+    assert_eq!(&event.private_data[..2], b"ud");
+    assert!(carry(&req, &mut p.b, p.now).is_empty());
+    // An RC accept is refused; the UD accept answers with the QP and Q_Key, in the
+    // request's transaction.
+    assert!(p
+        .b
+        .accept(p.listener, id.into(), qb, &param(b""), 4096)
+        .is_err());
+    let rep =
+        p.b.accept_ud(p.listener, id.into(), (qb, 0x0123_4567), b"ok")
+            .unwrap();
+    let (_, _, rep_mad) = sent(&rep)[0];
+    assert_eq!(rep_mad.transaction_id, mad.transaction_id);
+    let at_a = carry(&rep, &mut p.a, p.now);
+    let (to, ev) = delivered(&at_a);
+    assert_eq!(to, qa);
+    assert_eq!(ev.kind, EventKind::Established);
+    assert_eq!(
+        ev.ud,
+        Some(UdPeer {
+            qpn: 0x22,
+            qkey: 0x0123_4567
+        })
+    );
+    assert_eq!(&ev.private_data[..2], b"ok");
+    // The answer ended both sides' state: a repeated SIDR_REP is of nothing.
+    assert!(counts(&carry(&rep, &mut p.a, p.now)).contains(&Count::Unmatched));
+    assert_eq!(p.a.sizes(), (0, 0));
+    assert_eq!(p.b.sizes(), (0, 0));
+}
+
+#[test]
+fn sidr_refusals() {
+    let mut p = pair();
+    let qa = qp(0x11);
+    // Nobody serves the port: answered at once, Unreachable.
+    let req = p.a.resolve(resolve_at(qa, PORT + 1), p.now).unwrap();
+    let rep = carry(&req, &mut p.b, p.now);
+    let CmMessage::SidrRep(r) = one_sent(&rep) else {
+        panic!("a SIDR_REP")
+    };
+    assert_eq!(r.status, cm::sidr_status::UNSUPPORTED);
+    let (_, ev) = delivered(&carry(&rep, &mut p.a, p.now));
+    assert_eq!(ev.kind, EventKind::Unreachable);
+    // The consumer rejects, with private data.
+    let req = p.a.resolve(resolve_at(qa, PORT), p.now).unwrap();
+    let id = carry(&req, &mut p.b, p.now)
+        .iter()
+        .find_map(|a| match a {
+            Action::Offer { id, .. } => Some(*id),
+            _ => None,
+        })
+        .unwrap();
+    let rej = p.b.reject(p.listener, id.into(), b"busy").unwrap();
+    let (_, ev) = delivered(&carry(&rej, &mut p.a, p.now));
+    assert_eq!(ev.kind, EventKind::Rejected);
+    assert_eq!(&ev.private_data[..4], b"busy");
+    // Nobody answers: retried, then Unreachable (ETIMEDOUT); the QP is not failed.
+    let mut out = p.a.resolve(resolve_at(qa, PORT), p.now).unwrap();
+    let mut sends = 0;
+    loop {
+        sends += sent(&out).len();
+        if out.iter().any(|a| matches!(a, Action::Deliver { .. })) {
+            break;
+        }
+        let (gen, now) = timer(&out);
+        let Some(Action::Timer {
+            target: Target::Cm(id),
+            ..
+        }) = out.iter().find(|a| matches!(a, Action::Timer { .. }))
+        else {
+            panic!("a timer")
+        };
+        out = p.a.on_timer(*id, gen, false, now);
+    }
+    assert_eq!(sends as u32, MAD_RETRIES + 1);
+    let (to, ev) = delivered(&out);
+    assert_eq!(
+        (to, ev.kind, ev.status),
+        (qa, EventKind::Unreachable, libc::ETIMEDOUT)
+    );
+    assert!(!out
+        .iter()
+        .any(|a| matches!(a, Action::Fail { .. } | Action::QpError(_))));
+}
+
+#[test]
+fn a_waiting_sidr_request_expires_with_a_reject() {
+    let mut p = pair();
+    let req = p.a.resolve(resolve_at(qp(0x11), PORT), p.now).unwrap();
+    let offered = carry(&req, &mut p.b, p.now);
+    let Some(Action::Timer {
+        target: Target::CmSweep,
+        gen,
+        ..
+    }) = offered.iter().find(|a| {
+        matches!(
+            a,
+            Action::Timer {
+                target: Target::CmSweep,
+                ..
+            }
+        )
+    })
+    else {
+        panic!("a sweep armed: {offered:?}")
+    };
+    let later = p.now + Duration::from_secs(11);
+    let swept = p.b.on_sweep(*gen, later);
+    assert!(counts(&swept).contains(&Count::ReqExpired));
+    let CmMessage::SidrRep(r) = one_sent(&swept) else {
+        panic!("a SIDR_REP")
+    };
+    assert_eq!(r.status, cm::sidr_status::REJECT);
+}

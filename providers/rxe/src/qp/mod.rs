@@ -377,6 +377,11 @@ impl RxeQp {
         self.st.lock().qp
     }
 
+    /// An unreliable-datagram QP.
+    pub(crate) fn is_ud(&self) -> bool {
+        self.st.lock().ud
+    }
+
     /// Send-queue work is posted or in flight, or responder output (Read responses, an
     /// acknowledgement) is still queued: an orderly close waits for both. (Datagrams
     /// already produced go out ahead of the DREQ anyway: [`Caller::Close`].)

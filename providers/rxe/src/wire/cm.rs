@@ -25,6 +25,8 @@ pub const ATTR_REP: u16 = 0x0013;
 pub const ATTR_RTU: u16 = 0x0014;
 pub const ATTR_DREQ: u16 = 0x0015;
 pub const ATTR_DREP: u16 = 0x0016;
+pub const ATTR_SIDR_REQ: u16 = 0x0017;
+pub const ATTR_SIDR_REP: u16 = 0x0018;
 
 /// Private data sizes.
 pub const REQ_PRIVATE_DATA_LEN: usize = 92;
@@ -35,6 +37,21 @@ pub const REP_PRIVATE_DATA_LEN: usize = 196;
 pub const RTU_PRIVATE_DATA_LEN: usize = 224;
 pub const DREQ_PRIVATE_DATA_LEN: usize = 220;
 pub const DREP_PRIVATE_DATA_LEN: usize = 224;
+pub const SIDR_REQ_PRIVATE_DATA_LEN: usize = 216;
+pub const SIDR_REP_PRIVATE_DATA_LEN: usize = 136;
+pub const SIDR_REP_INFO_LEN: usize = 72;
+
+/// SIDR_REP status values (IBTA table 121).
+pub mod sidr_status {
+    pub const SUCCESS: u8 = 0;
+    /// No service with that ID here.
+    pub const UNSUPPORTED: u8 = 1;
+    /// The consumer refused.
+    pub const REJECT: u8 = 2;
+    pub const NO_QP: u8 = 3;
+    pub const REDIRECT: u8 = 4;
+    pub const UNSUPPORTED_VERSION: u8 = 5;
+}
 
 /// Which message an MRA or REJ refers to (2-bit field).
 pub mod msg_ref {
@@ -411,6 +428,82 @@ pub struct Drep {
     pub private_data: [u8; DREP_PRIVATE_DATA_LEN],
 }
 
+/// Service ID Resolution Request (IBTA 12.11): which UD QP serves a service ID? The
+/// UD "connection" of rdma_cm's UDP port space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SidrReq {
+    /// The requester's ID for this resolution (echoed in the reply).
+    pub request_id: u32,
+    pub pkey: u16,
+    pub service_id: u64,
+    pub private_data: [u8; SIDR_REQ_PRIVATE_DATA_LEN],
+}
+
+impl SidrReq {
+    fn parse(b: &[u8]) -> SidrReq {
+        SidrReq {
+            request_id: rd32(b, 0),
+            pkey: rd16(b, 4),
+            service_id: rd64(b, 8),
+            private_data: arr(b, 16),
+        }
+    }
+
+    fn emit(&self, b: &mut [u8]) {
+        wr32(b, 0, self.request_id);
+        wr16(b, 4, self.pkey);
+        wr64(b, 8, self.service_id);
+        b[16..].copy_from_slice(&self.private_data);
+    }
+
+    /// The rdma_cm header rdma_cm puts at the start of the private data.
+    pub fn cma_header(&self) -> Result<CmaHdr> {
+        CmaHdr::parse(&self.private_data)
+    }
+}
+
+/// Service ID Resolution Response: the QP and Q_Key that serve the service, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SidrRep {
+    /// The requester's ID from the SIDR_REQ.
+    pub request_id: u32,
+    /// [`sidr_status`].
+    pub status: u8,
+    pub additional_info_length: u8,
+    /// 24 bits.
+    pub qpn: u32,
+    pub service_id: u64,
+    pub qkey: u32,
+    pub additional_info: [u8; SIDR_REP_INFO_LEN],
+    pub private_data: [u8; SIDR_REP_PRIVATE_DATA_LEN],
+}
+
+impl SidrRep {
+    fn parse(b: &[u8]) -> SidrRep {
+        SidrRep {
+            request_id: rd32(b, 0),
+            status: b[4],
+            additional_info_length: b[5],
+            qpn: rd24(b, 8),
+            service_id: rd64(b, 12),
+            qkey: rd32(b, 20),
+            additional_info: arr(b, 24),
+            private_data: arr(b, 96),
+        }
+    }
+
+    fn emit(&self, b: &mut [u8]) {
+        wr32(b, 0, self.request_id);
+        b[4] = self.status;
+        b[5] = self.additional_info_length;
+        wr24(b, 8, self.qpn);
+        wr64(b, 12, self.service_id);
+        wr32(b, 20, self.qkey);
+        b[24..96].copy_from_slice(&self.additional_info);
+        b[96..].copy_from_slice(&self.private_data);
+    }
+}
+
 /// One CM message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CmMessage {
@@ -421,6 +514,8 @@ pub enum CmMessage {
     Rtu(Rtu),
     Dreq(Dreq),
     Drep(Drep),
+    SidrReq(SidrReq),
+    SidrRep(SidrRep),
 }
 
 impl CmMessage {
@@ -434,10 +529,13 @@ impl CmMessage {
             CmMessage::Rtu(_) => ATTR_RTU,
             CmMessage::Dreq(_) => ATTR_DREQ,
             CmMessage::Drep(_) => ATTR_DREP,
+            CmMessage::SidrReq(_) => ATTR_SIDR_REQ,
+            CmMessage::SidrRep(_) => ATTR_SIDR_REP,
         }
     }
 
-    /// The sender's communication ID (every message has one).
+    /// The sender's communication ID (every message has one; for the SIDR messages,
+    /// the requester's request ID).
     pub fn local_comm_id(&self) -> u32 {
         match self {
             CmMessage::Req(m) => m.local_comm_id,
@@ -447,6 +545,8 @@ impl CmMessage {
             CmMessage::Rtu(m) => m.local_comm_id,
             CmMessage::Dreq(m) => m.local_comm_id,
             CmMessage::Drep(m) => m.local_comm_id,
+            CmMessage::SidrReq(m) => m.request_id,
+            CmMessage::SidrRep(m) => m.request_id,
         }
     }
 
@@ -475,6 +575,8 @@ impl CmMessage {
                 remote_comm_id: rd32(b, 4),
                 private_data: arr(b, 8),
             }),
+            ATTR_SIDR_REQ => CmMessage::SidrReq(SidrReq::parse(b)),
+            ATTR_SIDR_REP => CmMessage::SidrRep(SidrRep::parse(b)),
             other => return Err(Error::UnknownCmAttribute(other)),
         })
     }
@@ -505,6 +607,8 @@ impl CmMessage {
                 wr32(b, 4, m.remote_comm_id);
                 b[8..].copy_from_slice(&m.private_data);
             }
+            CmMessage::SidrReq(m) => m.emit(b),
+            CmMessage::SidrRep(m) => m.emit(b),
         }
         Ok(())
     }
@@ -826,6 +930,34 @@ mod tests {
                     private_data: pd,
                 })
             }),
+            (
+                any::<(u32, u16, u64)>(),
+                bytes::<SIDR_REQ_PRIVATE_DATA_LEN>()
+            )
+                .prop_map(|((id, pkey, sid), pd)| CmMessage::SidrReq(SidrReq {
+                    request_id: id,
+                    pkey,
+                    service_id: sid,
+                    private_data: pd,
+                })),
+            (
+                any::<(u32, u8, u8, u64, u32)>(),
+                Q24,
+                bytes::<SIDR_REP_INFO_LEN>(),
+                bytes::<SIDR_REP_PRIVATE_DATA_LEN>()
+            )
+                .prop_map(|((id, st, n, sid, qkey), qpn, info, pd)| {
+                    CmMessage::SidrRep(SidrRep {
+                        request_id: id,
+                        status: st,
+                        additional_info_length: n,
+                        qpn,
+                        service_id: sid,
+                        qkey,
+                        additional_info: info,
+                        private_data: pd,
+                    })
+                }),
         ]
     }
 

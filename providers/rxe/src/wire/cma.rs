@@ -39,6 +39,11 @@ pub const fn service_id_tcp(port: u16) -> u64 {
     service_id(RDMA_PS_TCP, port)
 }
 
+/// The service ID of `port` in rdma_cm's UDP port space (SIDR: UD QPs).
+pub const fn service_id_udp(port: u16) -> u64 {
+    service_id(RDMA_PS_UDP, port)
+}
+
 /// Split an rdma_cm IP service ID into (port space, port); `None` if the top 32 bits are
 /// not zero or the port space is not one rdma_cm uses.
 pub fn parse_service_id(sid: u64) -> Option<(u16, u16)> {

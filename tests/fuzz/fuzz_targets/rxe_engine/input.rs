@@ -157,6 +157,9 @@ pub enum MadKind {
     Rtu,
     Dreq,
     Drep,
+    /// UD service resolution (the request's ID is `local_id`, the reply's `remote_id`).
+    SidrReq,
+    SidrRep,
 }
 
 /// A communication ID in a MAD.

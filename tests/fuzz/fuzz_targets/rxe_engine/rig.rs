@@ -151,6 +151,21 @@ pub struct World {
     ah: u32,
 }
 
+/// A request's private data filled with `fill`, with an rdma_cm header from `src` to
+/// `dst` at its start when `fill` is even.
+fn cma_private_data<const N: usize>(fill: u8, src: Ipv4Addr, dst: Ipv4Addr) -> [u8; N] {
+    let mut pdata = [fill; N];
+    let hdr = cma::CmaHdr {
+        src_port: 0xc001,
+        src: src.into(),
+        dst: dst.into(),
+    };
+    if fill & 1 == 0 {
+        let _ = hdr.emit(&mut pdata);
+    }
+    pdata
+}
+
 fn ring<T: bytemuck::Pod>(mem: &Arc<SharedMem>, offset: usize, cap: u32) -> Ring<T> {
     Ring::attach(mem.clone(), offset, cap).expect("ring")
 }
@@ -625,15 +640,7 @@ impl World {
         let (src, dst) = (self.rig.peer, self.rig.ip);
         let message = match m.kind {
             MadKind::Req => {
-                let mut private_data = [m.pdata; cm::REQ_PRIVATE_DATA_LEN];
-                let hdr = cma::CmaHdr {
-                    src_port: 0xc001,
-                    src: src.into(),
-                    dst: dst.into(),
-                };
-                if m.pdata & 1 == 0 {
-                    let _ = hdr.emit(&mut private_data);
-                }
+                let private_data = cma_private_data(m.pdata, src, dst);
                 CmMessage::Req(cm::Req {
                     local_comm_id: local,
                     service_id: cma::service_id_tcp(m.port.unwrap_or(self.port)),
@@ -718,6 +725,22 @@ impl World {
                 local_comm_id: local,
                 remote_comm_id: remote,
                 private_data: [m.pdata; cm::DREP_PRIVATE_DATA_LEN],
+            }),
+            MadKind::SidrReq => CmMessage::SidrReq(cm::SidrReq {
+                request_id: local,
+                pkey: 0xffff,
+                service_id: cma::service_id_udp(m.port.unwrap_or(self.port)),
+                private_data: cma_private_data(m.pdata, src, dst),
+            }),
+            MadKind::SidrRep => CmMessage::SidrRep(cm::SidrRep {
+                request_id: remote,
+                status: m.which,
+                additional_info_length: 0,
+                qpn,
+                service_id: cma::service_id_udp(m.port.unwrap_or(self.port)),
+                qkey: UD_QKEY,
+                additional_info: [0; cm::SIDR_REP_INFO_LEN],
+                private_data: [m.pdata; cm::SIDR_REP_PRIVATE_DATA_LEN],
             }),
         };
         let bytes = CmMad::new(m.psn as u64, message).to_bytes();
@@ -823,6 +846,8 @@ impl World {
                         CmMessage::Rtu(x) => x.local_comm_id,
                         CmMessage::Dreq(x) => x.local_comm_id,
                         CmMessage::Drep(x) => x.local_comm_id,
+                        CmMessage::SidrReq(x) => x.request_id,
+                        CmMessage::SidrRep(x) => x.request_id,
                     };
                     if id != 0 && !self.seen_ids.contains(&id) {
                         if self.seen_ids.len() == 16 {
