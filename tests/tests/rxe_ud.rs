@@ -504,3 +504,31 @@ fn udaddy_runs_both_sides() {
         assert!(text.contains("data transfers complete"), "{text}");
     });
 }
+
+/// An IT-API listener (whose endpoints are RC) refuses a UD resolution at once: the
+/// requester hears `Rejected`, the listener's consumer nothing.
+#[test]
+fn an_rc_only_listener_rejects_ud_requests() {
+    use krdma_itapi::{EvdFlags, EventStream};
+    each_front_door(|door| {
+        let ia = krdma_itapi::Ia::open_on(&door.target(), "rxe0").unwrap();
+        let evd =
+            krdma_itapi::Evd::create(&ia, EventStream::CmRequest, EvdFlags::empty(), 8, 0, None)
+                .unwrap();
+        let listener = krdma_itapi::Listener::create(&ia, 0, &evd, 0).unwrap();
+        let b = door.open();
+        let client = UdEnd::new(&b, RDMA_UDP_QKEY);
+        let dev = b.device("rxe0").unwrap().index;
+        let ip = tools::perf::loopback_of(&b, dev).unwrap();
+        let at = std::net::SocketAddr::new(ip, listener.port());
+        client.qp.connect(at, &Default::default()).unwrap();
+        assert_eq!(
+            client.qp.next_event(T).unwrap().kind,
+            ual::EventKind::Rejected
+        );
+        assert!(
+            evd.dequeue().is_err(),
+            "no request reached the IT-API consumer"
+        );
+    });
+}

@@ -177,6 +177,13 @@ impl ListenInner {
         if ev.kind != EventKind::ConnectRequest {
             return;
         }
+        if ev.ud.is_some() {
+            // A UD service resolution (SIDR): IT-API endpoints here are RC, so the
+            // requester hears "rejected" at once rather than waiting out its retries.
+            tracing::debug!(listener = self.common.id, peer = ?ev.peer, "UD request refused");
+            let _ = self.listener.reject(ev.conn_id, &[]);
+            return;
+        }
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = CnEstId(NEXT.fetch_add(1, Ordering::Relaxed));
         {
