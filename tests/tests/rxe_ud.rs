@@ -532,3 +532,103 @@ fn an_rc_only_listener_rejects_ud_requests() {
         );
     });
 }
+
+/// IT-API UD endpoints: a listener that takes UD requests, a resolution accepted by a UD
+/// endpoint (an RC endpoint cannot, and the request still waits), datagrams through what
+/// the client resolved, each received behind the GRH.
+#[test]
+fn itapi_ud_endpoints_resolve_and_send() {
+    use krdma_itapi::{
+        ConnEventKind, DtoFlags, Endpoint, EpAttributes, EvdFlags, Event, EventStream, Ia,
+        Listener, Lmr, MemPriv, Pz,
+    };
+    each_front_door(|door| {
+        let side = || {
+            let ia = Ia::open_on(&door.target(), "rxe0").unwrap();
+            let pz = Pz::create(&ia).unwrap();
+            let evd = |s| krdma_itapi::Evd::create(&ia, s, EvdFlags::empty(), 64, 1, None).unwrap();
+            let (dto, cm) = (evd(EventStream::Dto), evd(EventStream::CmMessage));
+            let ep =
+                Endpoint::create_ud(&pz, &dto, &dto, &cm, EpAttributes::default(), None).unwrap();
+            let lmr = Lmr::create(&pz, RegBuf::new(4096).unwrap(), MemPriv::LOCAL_WRITE).unwrap();
+            (ia, pz, dto, cm, ep, lmr)
+        };
+        let (sia, spz, sdto, scm, sep, slmr) = side();
+        let (_cia, _cpz, cdto, ccm, cep, clmr) = side();
+        let requests =
+            krdma_itapi::Evd::create(&sia, EventStream::CmRequest, EvdFlags::empty(), 8, 1, None)
+                .unwrap();
+        let listener = Listener::create(&sia, 0, &requests, 0).unwrap();
+        listener.take_ud_requests();
+        let dev = door.open();
+        let ip = tools::perf::loopback_of(&dev, dev.device("rxe0").unwrap().index).unwrap();
+        let at = std::net::SocketAddr::new(ip, listener.port());
+        let t = Some(T);
+
+        cep.connect(at, b"hi").unwrap();
+        let (Event::ConnRequest(req), _) = requests.wait(t).unwrap() else {
+            panic!("a request")
+        };
+        assert!(req.ud);
+        let rc_dto =
+            krdma_itapi::Evd::create(&sia, EventStream::Dto, EvdFlags::empty(), 8, 1, None)
+                .unwrap();
+        let rc_cm =
+            krdma_itapi::Evd::create(&sia, EventStream::CmMessage, EvdFlags::empty(), 8, 1, None)
+                .unwrap();
+        let rc = Endpoint::create_rc(
+            &spz,
+            &rc_dto,
+            &rc_dto,
+            &rc_cm,
+            EpAttributes::default(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            rc.accept(req.cn_est_id, b"").err(),
+            Some(krdma_itapi::Error::InvalidEpType)
+        );
+        sep.post_recv(&[slmr.segment(0, 4096).unwrap()], 7, DtoFlags::COMPLETION)
+            .unwrap();
+        sep.accept(req.cn_est_id, b"yo").unwrap();
+        let (Event::Connection(passive), _) = scm.wait(t).unwrap() else {
+            panic!("the passive resolution")
+        };
+        assert_eq!(passive.kind, ConnEventKind::Established);
+        assert!(passive.ud.as_ref().unwrap().passive);
+        let (Event::Connection(active), _) = ccm.wait(t).unwrap() else {
+            panic!("the resolution")
+        };
+        assert_eq!(active.kind, ConnEventKind::Established);
+        assert_eq!(&active.private_data[..2], b"yo");
+        let remote = active.ud.expect("resolved");
+        assert_eq!((remote.qpn, remote.qkey), (sep.qp_num(), 0x0123_4567));
+
+        clmr.buffer().unwrap().write(0, b"datagram");
+        assert_eq!(
+            cep.post_send(&[clmr.segment(0, 8).unwrap()], 1, DtoFlags::COMPLETION)
+                .err(),
+            Some(krdma_itapi::Error::InvalidEpType),
+            "a datagram needs a destination"
+        );
+        cep.post_sendto(
+            &[clmr.segment(0, 8).unwrap()],
+            2,
+            DtoFlags::COMPLETION,
+            &remote,
+        )
+        .unwrap();
+        let (Event::Dto(sent), _) = cdto.wait(t).unwrap() else {
+            panic!("the send")
+        };
+        assert_eq!(sent.cookie, 2);
+        let (Event::Dto(got), _) = sdto.wait(t).unwrap() else {
+            panic!("the receive")
+        };
+        assert_eq!((got.cookie, got.transferred_length), (7, 40 + 8));
+        let mut b = [0u8; 8];
+        slmr.buffer().unwrap().read(40, &mut b);
+        assert_eq!(&b, b"datagram");
+    });
+}

@@ -245,6 +245,8 @@ pub struct ConnRequestEvent {
     pub ird: u32,
     pub ord: u32,
     pub private_data: Vec<u8>,
+    /// A UD service resolution (accept it with a UD endpoint), not an RC connection.
+    pub ud: bool,
 }
 
 /// What happened to a connection.
@@ -301,6 +303,31 @@ pub struct ConnectionEvent {
     /// a peer reject); empty when none.
     pub private_data: Vec<u8>,
     pub reject_reason: RejectReason,
+    /// A UD endpoint's resolution: where its datagrams to the peer's service go.
+    pub ud: Option<UdRemote>,
+}
+
+/// The far end a UD endpoint resolved: the serving QP, its Q_Key, and an address handle
+/// to its address in the endpoint's PZ (held by every copy of the event). On the passive
+/// side (an accepted resolution) the requester's QP is not known: `qpn` is 0.
+#[derive(Clone)]
+pub struct UdRemote {
+    pub qpn: u32,
+    pub qkey: u32,
+    pub ah: std::sync::Arc<ual::Ah>,
+    /// This side accepted the resolution (rather than asked for it).
+    pub passive: bool,
+}
+
+impl std::fmt::Debug for UdRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdRemote")
+            .field("qpn", &self.qpn)
+            .field("qkey", &self.qkey)
+            .field("ah", &self.ah.num())
+            .field("passive", &self.passive)
+            .finish()
+    }
 }
 
 /// What an affiliated asynchronous event concerns.

@@ -83,12 +83,14 @@ mod rmr;
 mod srq;
 mod status;
 
-pub use ep::{AtomicOp, DtoFlags, Endpoint, EpAttributes, EpChange, EpParams, EpState};
+pub use ep::{
+    AtomicOp, DtoFlags, Endpoint, EpAttributes, EpChange, EpParams, EpState, RDMA_UDP_QKEY,
+};
 pub use evd::{Aevd, Callback, Evd, EvdFlags, EvdParams, MAX_QUEUE_SIZE};
 pub use event::{
     AevdNotification, AffiliatedCause, AffiliatedEvent, ConnEventKind, ConnRequestEvent,
     ConnectionEvent, DtoEvent, DtoKind, DtoStatus, EpRef, EvdRef, Event, EventNumber, EventStream,
-    Immediate, ObjRef, RejectReason, SoftwareEvent, UnaffiliatedEvent, EVENT_STREAM_MASK,
+    Immediate, ObjRef, RejectReason, SoftwareEvent, UdRemote, UnaffiliatedEvent, EVENT_STREAM_MASK,
 };
 pub use ia::{
     interface_list, interface_list_on, Ia, IaInfo, Interface, Limits, SpigotInfo, Transport,

@@ -48,6 +48,7 @@ struct Pending {
     conn_id: u64,
     peer: Option<SocketAddr>,
     since: Instant,
+    ud: bool,
 }
 
 /// A taken request: what accept and reject need.
@@ -66,10 +67,24 @@ fn pending() -> &'static Mutex<HashMap<u64, Pending>> {
 /// Take the request `id` (`InvalidCnEstId` when unknown, answered, expired, or its
 /// listener is gone).
 pub(crate) fn take(id: CnEstId) -> Result<Taken> {
-    let p = pending()
-        .lock()
-        .remove(&id.0)
-        .ok_or(Error::InvalidCnEstId)?;
+    take_if(id, |_| true)
+}
+
+/// Take the request `id` if it is a UD resolution (`ud`) or an RC connection request
+/// (`!ud`); else `InvalidEpType`, and it still waits.
+pub(crate) fn take_for(id: CnEstId, ud: bool) -> Result<Taken> {
+    take_if(id, |p| p.ud == ud)
+}
+
+fn take_if(id: CnEstId, fits: impl FnOnce(&Pending) -> bool) -> Result<Taken> {
+    let p = {
+        let mut all = pending().lock();
+        let p = all.get(&id.0).ok_or(Error::InvalidCnEstId)?;
+        if !fits(p) {
+            return Err(Error::InvalidEpType);
+        }
+        all.remove(&id.0).ok_or(Error::InvalidCnEstId)?
+    };
     let l = p.listener.upgrade().ok_or(Error::InvalidCnEstId)?;
     if p.since.elapsed() > PENDING_TTL {
         return Err(Error::InvalidCnEstId);
@@ -107,6 +122,8 @@ pub struct ListenInner {
     evd: Evd,
     listener: Arc<ual::Listener>,
     spigot_id: usize,
+    /// Its consumer takes UD service resolutions too ([`Listener::take_ud_requests`]).
+    takes_ud: std::sync::atomic::AtomicBool,
     _evd_use: UseGuard,
     /// Last: dropped after everything else (see `Common`).
     pub(crate) common: Common,
@@ -142,6 +159,7 @@ impl Listener {
             evd: evd.clone(),
             listener,
             spigot_id,
+            takes_ud: std::sync::atomic::AtomicBool::new(false),
             _evd_use: evd.0.common.use_guard(),
         });
         ia.route_events(inner.listener.handle, &inner, ListenInner::on_event);
@@ -155,6 +173,13 @@ impl Listener {
 
     pub fn ia(&self) -> &Ia {
         &self.0.ia
+    }
+
+    /// From now on, hand UD service resolutions to the consumer too (marked
+    /// [`ConnRequestEvent::ud`](crate::event::ConnRequestEvent::ud); accepted with a UD
+    /// endpoint). Until then they are refused at once: an RC-only consumer never sees them.
+    pub fn take_ud_requests(&self) {
+        self.0.takes_ud.store(true, Ordering::Relaxed);
     }
 
     /// The port listened on.
@@ -177,9 +202,11 @@ impl ListenInner {
         if ev.kind != EventKind::ConnectRequest {
             return;
         }
-        if ev.ud.is_some() {
-            // A UD service resolution (SIDR): IT-API endpoints here are RC, so the
-            // requester hears "rejected" at once rather than waiting out its retries.
+        let ud = ev.ud.is_some();
+        if ud && !self.takes_ud.load(Ordering::Relaxed) {
+            // A UD service resolution (SIDR) at a listener whose consumer takes RC
+            // connections only: the requester hears "rejected" at once rather than
+            // waiting out its retries.
             tracing::debug!(listener = self.common.id, peer = ?ev.peer, "UD request refused");
             let _ = self.listener.reject(ev.conn_id, &[]);
             return;
@@ -197,6 +224,7 @@ impl ListenInner {
                     conn_id: ev.conn_id,
                     peer: ev.peer,
                     since: Instant::now(),
+                    ud,
                 },
             );
         }
@@ -210,6 +238,7 @@ impl ListenInner {
             ird: ev.ird,
             ord: ev.ord,
             private_data: ev.private_data,
+            ud,
         });
         if !self.evd.0.push(request, true) {
             // Nobody will ever see it: refuse it rather than leave the peer waiting.

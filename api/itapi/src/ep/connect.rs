@@ -25,6 +25,13 @@ impl Endpoint {
         if private_data.len() > ia.private_data_limits().0 {
             return Err(Error::InvalidPdataLength);
         }
+        if self.0.ud {
+            // A resolution of the peer's UD service; the endpoint stays as it is, and
+            // may resolve others meanwhile.
+            tracing::info!(ep = self.id(), %peer, "resolving a UD service");
+            let param = self.0.conn_param(private_data);
+            return self.0.qp.connect(peer, &param).it(Error::InvalidAddress);
+        }
         self.0.begin(EpState::Active1ConnectionPending)?;
         self.0.conn.lock().peer = Some(peer);
         let param = self.0.conn_param(private_data);
@@ -46,7 +53,10 @@ impl Endpoint {
         if private_data.len() > ia.private_data_limits().1 {
             return Err(Error::InvalidPdataLength);
         }
-        let pending = listen::take(cn_est_id)?;
+        let pending = listen::take_for(cn_est_id, self.0.ud)?;
+        if self.0.ud {
+            return self.0.accept_ud(cn_est_id, pending, private_data);
+        }
         self.0.begin(EpState::PassiveConnectionPending)?;
         self.0.conn.lock().peer = pending.peer;
         let param = self.0.conn_param(private_data);
@@ -106,6 +116,82 @@ impl Endpoint {
 }
 
 impl EpInner {
+    /// Answer a UD resolution with this endpoint's QP; the requester's QP is not known
+    /// (the SIDR_REQ does not say), so the passive `Established` names only its address.
+    fn accept_ud(
+        self: &Arc<Self>,
+        cn_est_id: CnEstId,
+        pending: listen::Taken,
+        private_data: &[u8],
+    ) -> Result<()> {
+        tracing::info!(
+            ep = self.common.id,
+            cn_est_id = cn_est_id.0,
+            "accepting a UD resolution"
+        );
+        let param = self.conn_param(private_data);
+        pending
+            .listener
+            .accept(pending.conn_id, &self.qp, &param)
+            .it(Error::InvalidCnEstId)?;
+        let mut ev = rnicpi::Event::new(EventKind::Established).with_ud(rnicpi::UdPeer {
+            qpn: 0,
+            qkey: super::RDMA_UDP_QKEY,
+        });
+        ev.peer = pending.peer;
+        self.post_ud_resolution(&ev, true);
+        Ok(())
+    }
+
+    /// A UD endpoint's resolution ended: `Established` with an address handle to the
+    /// peer (`passive`: this side accepted it), or the refusal. The endpoint's state
+    /// never changes.
+    fn post_ud_resolution(self: &Arc<Self>, ev: &rnicpi::Event, passive: bool) {
+        let (kind, ud) = match (ev.kind, ev.ud, ev.peer) {
+            (EventKind::Established, Some(u), Some(peer)) => {
+                let attr = rnicpi::AhAttr {
+                    dgid: rnicpi::ip_to_gid(peer.ip()),
+                    ..Default::default()
+                };
+                match self.ia().0.ctx.create_ah(&self.pz.0.pd, &attr) {
+                    Ok(ah) => {
+                        let remote = crate::event::UdRemote {
+                            qpn: u.qpn,
+                            qkey: u.qkey,
+                            ah,
+                            passive,
+                        };
+                        (ConnEventKind::Established, Some(remote))
+                    }
+                    Err(e) => {
+                        tracing::warn!(ep = self.common.id, error = %e, "no address handle");
+                        (ConnEventKind::NonPeerReject, None)
+                    }
+                }
+            }
+            (EventKind::Rejected, ..) => (ConnEventKind::PeerReject, None),
+            _ => (ConnEventKind::NonPeerReject, None),
+        };
+        tracing::info!(ep = self.common.id, ?kind, peer = ?ev.peer, "UD resolution");
+        let private_data = if passive {
+            Vec::new()
+        } else {
+            ev.private_data.clone()
+        };
+        let event = Event::Connection(ConnectionEvent {
+            kind,
+            evd: self.connect_evd.0.obj_ref(),
+            ep: EpRef::new(self.common.id, self),
+            ird: 0,
+            ord: 0,
+            peer: ev.peer,
+            private_data,
+            reject_reason: reject_reason(kind, ev.status),
+            ud,
+        });
+        self.connect_evd.0.push(event, true);
+    }
+
     /// Move from Unconnected to `to` (`InvalidEpState` from any other state).
     fn begin(&self, to: EpState) -> Result<()> {
         let mut c = self.conn.lock();
@@ -171,6 +257,14 @@ impl EpInner {
 
     fn on_qp_event(self: &Arc<Self>, ev: rnicpi::Event) {
         let conn = |kind| self.post_connection(kind, &ev);
+        if self.ud
+            && matches!(
+                ev.kind,
+                EventKind::Established | EventKind::Rejected | EventKind::Unreachable
+            )
+        {
+            return self.post_ud_resolution(&ev, false);
+        }
         match ev.kind {
             EventKind::Established => {
                 let mut c = self.conn.lock();
@@ -269,6 +363,7 @@ impl EpInner {
             peer: self.conn.lock().peer.or(ev.peer),
             private_data,
             reject_reason: reject_reason(kind, ev.status),
+            ud: None,
         });
         self.connect_evd.0.push(event, true);
     }

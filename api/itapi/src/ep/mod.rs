@@ -25,6 +25,10 @@ use std::sync::Arc;
 use wr_table::queue_of;
 pub(crate) use wr_table::{Queue, WrTable};
 
+/// rdma_cm's Q_Key for UD services (`RDMA_UDP_QKEY`): a UD endpoint's, and what a Linux
+/// peer insists on.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
 /// Connection state of an RC endpoint (`it_ep_state_rc_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -135,6 +139,8 @@ pub struct EpInner {
     connect_evd: Evd,
     srq: Option<Srq>,
     attrs: Mutex<EpAttributes>,
+    /// An unreliable-datagram endpoint: no connection, datagrams to what it resolved.
+    pub(crate) ud: bool,
     conn: Mutex<ConnState>,
     sends: Mutex<WrTable>,
     recvs: Mutex<WrTable>,
@@ -196,6 +202,36 @@ impl Endpoint {
         attrs: EpAttributes,
         srq: Option<&Srq>,
     ) -> Result<Endpoint> {
+        Self::create(pz, (request_evd, recv_evd, connect_evd), attrs, srq, false)
+    }
+
+    /// Create an unreliable-datagram endpoint (devices with address handles: rxe0), as
+    /// [`create_rc`](Self::create_rc) for its SEVDs. It is ready at once, with rdma_cm's
+    /// Q_Key for UD services ([`RDMA_UDP_QKEY`]); [`connect`](Self::connect) resolves a
+    /// peer's UD service (the resolution, with an address handle to it, arrives as
+    /// `Established` on the connection SEVD, [`ConnectionEvent::ud`]), and
+    /// [`post_sendto`](Self::post_sendto) sends datagrams to what it resolved. Each
+    /// receive gets the 40-byte GRH before the message.
+    ///
+    /// [`ConnectionEvent::ud`]: crate::event::ConnectionEvent::ud
+    pub fn create_ud(
+        pz: &Pz,
+        request_evd: &Evd,
+        recv_evd: &Evd,
+        connect_evd: &Evd,
+        attrs: EpAttributes,
+        srq: Option<&Srq>,
+    ) -> Result<Endpoint> {
+        Self::create(pz, (request_evd, recv_evd, connect_evd), attrs, srq, true)
+    }
+
+    fn create(
+        pz: &Pz,
+        (request_evd, recv_evd, connect_evd): (&Evd, &Evd, &Evd),
+        attrs: EpAttributes,
+        srq: Option<&Srq>,
+        ud: bool,
+    ) -> Result<Endpoint> {
         let ia = &pz.0.ia;
         ia.check_alive()?;
         check_evd(pz, request_evd, EventStream::Dto, Error::InvalidReqEvd)?;
@@ -220,12 +256,24 @@ impl Endpoint {
                     &dto_cq(request_evd),
                     &dto_cq(recv_evd),
                     ual::QpConfig {
-                        qp_type: rnicpi::QpType::Rc,
+                        qp_type: if ud {
+                            rnicpi::QpType::Ud
+                        } else {
+                            rnicpi::QpType::Rc
+                        },
                         caps,
                         srq: srq.map(|s| s.0.srq.clone()),
                     },
                 )
-                .it(Error::InvalidEpAttr)?;
+                .it(if ud {
+                    Error::InvalidEpType
+                } else {
+                    Error::InvalidEpAttr
+                })?;
+        if ud {
+            let psn = ual::oob::random_psn(qp.qp_num);
+            ual::oob::ud_to_rts(&qp, RDMA_UDP_QKEY, psn).it(Error::InvalidEpType)?;
+        }
         let mut uses = vec![
             pz.0.common.use_guard(),
             request_evd.0.common.use_guard(),
@@ -242,6 +290,7 @@ impl Endpoint {
             connect_evd: connect_evd.clone(),
             srq: srq.cloned(),
             attrs: Mutex::new(attrs),
+            ud,
             conn: Mutex::new(ConnState {
                 state: EpState::Unconnected,
                 peer: None,
@@ -264,7 +313,8 @@ impl Endpoint {
         tracing::debug!(
             id = inner.common.id,
             qpn = inner.qp.qp_num,
-            "RC endpoint created"
+            ud,
+            "endpoint created"
         );
         Ok(Endpoint(inner))
     }

@@ -134,6 +134,24 @@ impl Endpoint {
         self.0.post_sq(wqe, DtoKind::Send, cookie, flags, total)
     }
 
+    /// Send the bytes of `segs` as one datagram from this UD endpoint to `to` (what a
+    /// resolution reported: its address handle, QP and Q_Key). At most the path MTU.
+    pub fn post_sendto(
+        &self,
+        segs: &[Segment],
+        cookie: u64,
+        flags: DtoFlags,
+        to: &crate::event::UdRemote,
+    ) -> Result<()> {
+        if !self.0.ud {
+            return Err(Error::InvalidEpType);
+        }
+        let max = self.0.attrs.lock().max_send_segments;
+        let (list, total) = sges(segs, max)?;
+        let wqe = Wqe::new(0, WrOpcode::Send, &list).with_ud(to.ah.num(), to.qpn, to.qkey);
+        self.0.post_sq(wqe, DtoKind::Send, cookie, flags, total)
+    }
+
     /// Send `data`, copied into the work request now (the buffer is free again on
     /// return; no LMR needed). At most the IA's `max_inline` bytes (`PayloadSize`).
     pub fn post_send_inline(&self, data: &[u8], cookie: u64, flags: DtoFlags) -> Result<()> {
@@ -326,8 +344,17 @@ impl EpInner {
         check_flags(flags, DtoFlags::SEND_SIDE)?;
         self.ia().check_alive()?;
         let state = self.conn.lock().state;
-        if !matches!(state, EpState::Connected | EpState::NonOperational) {
-            return Err(Error::InvalidEpState);
+        // A UD endpoint is ready from its creation; only datagrams go on its queue.
+        let ready = match self.ud {
+            true => wqe.ud_dest().ah != 0 && kind == DtoKind::Send,
+            false => matches!(state, EpState::Connected | EpState::NonOperational),
+        };
+        if !ready {
+            return Err(if self.ud {
+                Error::InvalidEpType
+            } else {
+                Error::InvalidEpState
+            });
         }
         // Unsignaled on the wire when the consumer wants no completion, except one in
         // every `max_request_dtos` (see `WrTable::must_signal`); its completion is
