@@ -4,7 +4,8 @@
 //! Read test runs because the provider reports `DAT_IB_RDMA_READ`), `dtestcm -c 1000`
 //! (its connection rate reported), `dtestsrq` (with and without SRQ), and `dapltest`
 //! (a server, transaction clients with several threads and endpoints, performance RW
-//! and RR, limit and quit), `dtestx` (the IB extension: rxe0 runs it, siw0 refuses it)
+//! and RR, limit and quit), `dtestx` (the IB extension — immediate data, atomics, and
+//! UD with `-u`/`-U`: rxe0 runs it, siw0 refuses it)
 //! — over siw0 and rxe0, each through the embedded kAL and a private `krdmad`.
 //!
 //! The programs are not optional: `scripts/test.sh` installs `dapl2-utils`, and a
@@ -120,6 +121,15 @@ impl Case {
             ("siw0", _) => "127.0.0.1".into(),
             (_, Some(d)) => d.rxe_addr.to_string(),
             (_, None) => private_loopback(200).to_string(),
+        }
+    }
+
+    /// The client's address (where a dtestx UD server resolves the client's service).
+    fn client_addr(&self) -> String {
+        match (self.dev, &self.daemon) {
+            ("siw0", _) => "127.0.0.1".into(),
+            (_, Some(d)) => d.rxe_addr.to_string(),
+            (_, None) => private_loopback(201).to_string(),
         }
     }
 
@@ -339,11 +349,24 @@ fn try_server_client(
     server_done: &str,
     early_failure: Option<&str>,
 ) -> Result<(String, String), String> {
+    let outcome = (done, server_done, early_failure);
+    try_server_client_with(case, prog, (args, &[], &[]), ready, outcome)
+}
+
+/// [`try_server_client`] with `server_args` given to the server only, `client_args` to
+/// the client only.
+fn try_server_client_with(
+    case: &Case,
+    prog: &str,
+    (args, server_args, client_args): (&[&str], &[&str], &[&str]),
+    ready: Ready,
+    (done, server_done, early_failure): (&str, &str, Option<&str>),
+) -> Result<(String, String), String> {
     let p = case.provider();
     let mut server = Running::start(
         {
             let mut c = case.command(prog, 0);
-            c.args(["-P", &p, "-s"]).args(args);
+            c.args(["-P", &p, "-s"]).args(args).args(server_args);
             c
         },
         format!("{prog} server {args:?}"),
@@ -355,7 +378,9 @@ fn try_server_client(
     let client = Running::start(
         {
             let mut c = case.command(prog, 1);
-            c.args(["-P", &p, "-h", &case.server_addr()]).args(args);
+            c.args(["-P", &p, "-h", &case.server_addr()])
+                .args(args)
+                .args(client_args);
             c
         },
         format!("{prog} client {args:?}"),
@@ -519,6 +544,52 @@ fn dtestx(case: &Case) {
         line(&sout, "received immed_data"),
         line(&cout, "received immed_data")
     );
+}
+
+/// dtestx's UD mode (`-u`, and `-U 3 -m`: three endpoints each side): each side
+/// resolves the other's UD service (`dat_ep_connect` on a UD endpoint: the server is
+/// given the client's address too) and accepts the other's resolution, then they
+/// exchange their RMR messages as datagrams (`dat_ib_post_send_ud`), each received
+/// behind its GRH. rxe0 only: siw0 has no IB extension (see [`dtestx`]).
+fn dtestx_ud(case: &Case) {
+    if case.dev == "siw0" {
+        return; // dtestx refuses a provider without the IB extension (checked above)
+    }
+    const RACE: &str = "!conn established: 0x4003";
+    for mode in [&["-u"][..], &["-U", "3", "-m"][..]] {
+        let client = case.client_addr();
+        let server_args = ["-h", client.as_str()];
+        let mut tries = 0;
+        let (cout, sout) = loop {
+            tries += 1;
+            let done = "UD test PASSED";
+            match try_server_client_with(
+                case,
+                "dtestx",
+                // In UD mode both are given an address; `-c` says which is the client.
+                (mode, &server_args, &["-c"]),
+                Ready::Listening(15828),
+                (done, done, Some(RACE)),
+            ) {
+                Ok(outs) => break outs,
+                Err(e) if tries < 3 && e.contains(RACE) => {
+                    eprintln!(
+                        "dtestx {mode:?}: the client connected before the server listened; again"
+                    )
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        for out in [&cout, &sout] {
+            assert!(out.contains("Recv RMR message"), "{mode:?}:\n{out}");
+        }
+        eprintln!(
+            "dtestx {mode:?} over rxe0 through {}: {} | {}",
+            case.door(),
+            line(&sout, "Connected!"),
+            line(&cout, "Connected!")
+        );
+    }
 }
 
 /// A server started by hand (dapltest's): its stdout read line by line, its stderr
@@ -714,5 +785,6 @@ per_device! {
     dapl_dtestcm => dtestcm;
     dapl_dtestsrq => dtestsrq;
     dapl_dtestx => dtestx;
+    dapl_dtestx_ud => dtestx_ud;
     dapl_dapltest => dapltest;
 }

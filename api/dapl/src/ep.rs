@@ -69,6 +69,9 @@ pub struct EpAttr {
     pub max_rdma_read_out: u32,
     pub max_rdma_read_iov: u32,
     pub max_rdma_write_iov: u32,
+    /// An unreliable-datagram endpoint (`DAT_IB_SERVICE_TYPE_UD`, devices with UD: rxe0)
+    /// instead of a reliable-connected one.
+    pub ud: bool,
 }
 
 impl Default for EpAttr {
@@ -84,6 +87,7 @@ impl Default for EpAttr {
             max_rdma_read_out: 8,
             max_rdma_read_iov: 4,
             max_rdma_write_iov: 4,
+            ud: false,
         }
     }
 }
@@ -229,7 +233,12 @@ impl Ep {
         attr: &EpAttr,
         srq: Option<&Srq>,
     ) -> Result<it::Endpoint> {
-        it::Endpoint::create_rc(
+        let create = if attr.ud {
+            it::Endpoint::create_ud
+        } else {
+            it::Endpoint::create_rc
+        };
+        create(
             &pz.0.it,
             dto_core(request_evd, Minor::HandleEvdRequest)?,
             dto_core(recv_evd, Minor::HandleEvdRecv)?,
@@ -259,6 +268,11 @@ impl Ep {
 
     pub fn pz(&self) -> &Pz {
         &self.0.pz
+    }
+
+    /// An unreliable-datagram endpoint.
+    pub fn is_ud(&self) -> bool {
+        self.0.attr.ud
     }
 
     pub fn recv_evd(&self) -> &Evd {
@@ -405,6 +419,21 @@ impl Ep {
         let segs = segments(&self.0.pz, iov)?;
         self.core()
             .post_send(&segs, cookie, flags.core())
+            .map_err(post_error)
+    }
+
+    /// Send the bytes of `iov` as one datagram from this UD endpoint to `to`, what a
+    /// resolution reported (IB extension `dat_ib_post_send_ud`).
+    pub fn post_send_ud(
+        &self,
+        iov: &[LmrTriplet],
+        to: &it::UdRemote,
+        cookie: u64,
+        flags: Completion,
+    ) -> Result<()> {
+        let segs = segments(&self.0.pz, iov)?;
+        self.core()
+            .post_sendto(&segs, cookie, flags.core(), to)
             .map_err(post_error)
     }
 

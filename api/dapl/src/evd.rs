@@ -343,6 +343,7 @@ impl EvdInner {
                     kind,
                     ep,
                     private_data: c.private_data,
+                    ud: c.ud,
                 }))
             }
             it::Event::Affiliated(a) => {

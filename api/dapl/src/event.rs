@@ -120,6 +120,8 @@ pub struct ConnectionEvent {
     /// reject's. Over InfiniBand it is the CM message's whole field (the data, then
     /// zeros: the IB CM carries no length).
     pub private_data: Vec<u8>,
+    /// A UD endpoint's resolution (IB extension): where its datagrams to the peer go.
+    pub ud: Option<krdma_itapi::UdRemote>,
 }
 
 /// Asynchronous errors (`DAT_ASYNC_ERROR_*`).

@@ -14,7 +14,7 @@
 //! | public / reserved service point, connection request | [`Psp`], [`Rsp`], [`Cr`] |
 //! | LMR, RMR, triplets | [`Lmr`], [`Rmr`], [`LmrTriplet`], [`RmrTriplet`] |
 //! | shared receive queue | [`Srq`] |
-//! | IB extensions (`dat_ib_extensions.h`): atomics | [`Ep::post_atomic`] |
+//! | IB extensions (`dat_ib_extensions.h`): atomics, UD | [`Ep::post_atomic`], [`EpAttr::ud`], [`Ep::post_send_ud`] |
 //! | `DAT_RETURN` | [`Error`] ([`Major`], [`Minor`]) |
 //!
 //! ## One core under two APIs

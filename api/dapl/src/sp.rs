@@ -62,6 +62,9 @@ fn listen(ia: &Ia, conn_qual: u64, evd: &Evd, ep: Option<&Ep>) -> Result<Arc<SpI
         it::Error::InvalidConnQual | it::Error::ConnQualBusy => Error::of(Major::ConnQualInUse),
         other => other.into(),
     })?;
+    // DAT consumers tell UD requests by their event number (IB extension) and answer
+    // them with UD endpoints.
+    listener.take_ud_requests();
     let inner = Arc::new(SpInner {
         id: next_id(),
         ia: ia.clone(),
@@ -181,6 +184,8 @@ pub struct CrInner {
     /// The RSP's endpoint.
     rsp_ep: Option<Ep>,
     answered: AtomicBool,
+    /// A UD service resolution (IB extension), for a UD endpoint.
+    ud: bool,
 }
 
 impl Cr {
@@ -207,6 +212,7 @@ impl Cr {
             psp: sp.ep.is_none(),
             rsp_ep: sp.ep.clone(),
             answered: AtomicBool::new(false),
+            ud: r.ud,
         })))
     }
 
@@ -231,6 +237,11 @@ impl Cr {
     /// then zeros).
     pub fn private_data(&self) -> &[u8] {
         &self.0.private_data
+    }
+
+    /// A UD service resolution (answer it with a UD endpoint), not an RC connection.
+    pub fn is_ud(&self) -> bool {
+        self.0.ud
     }
 
     /// The service point's id, and whether it is a PSP (else an RSP).
@@ -265,6 +276,9 @@ impl Cr {
         let limit = self.0.ia.query().max_private_data.1;
         if private_data.len() > limit {
             return Err(Error::arg(3));
+        }
+        if ep.is_ud() != self.0.ud {
+            return Err(Error::handle(Minor::HandleEp));
         }
         self.answer()?;
         ep.core()

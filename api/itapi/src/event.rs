@@ -315,6 +315,8 @@ pub struct UdRemote {
     pub qpn: u32,
     pub qkey: u32,
     pub ah: std::sync::Arc<ual::Ah>,
+    /// The address `ah` points to.
+    pub peer: Option<std::net::SocketAddr>,
     /// This side accepted the resolution (rather than asked for it).
     pub passive: bool,
 }
@@ -325,6 +327,7 @@ impl std::fmt::Debug for UdRemote {
             .field("qpn", &self.qpn)
             .field("qkey", &self.qkey)
             .field("ah", &self.ah.num())
+            .field("peer", &self.peer)
             .field("passive", &self.passive)
             .finish()
     }

@@ -9,9 +9,11 @@ use krdma_dapl::{Error, Major, Minor};
 use std::ffi::c_void;
 
 fn attr_from_c(a: &DAT_EP_ATTR) -> dapl::Result<dapl::EpAttr> {
-    if a.service_type != 0 {
-        return Err(Error::of(Major::ModelNotSupported));
-    }
+    let ud = match a.service_type {
+        DAT_SERVICE_TYPE_RC => false,
+        DAT_IB_SERVICE_TYPE_UD => true,
+        _ => return Err(Error::of(Major::ModelNotSupported)),
+    };
     let n = |v: DAT_COUNT, arg| u32::try_from(v).map_err(|_| crate::boundary::arg_error(arg));
     Ok(dapl::EpAttr {
         max_message_size: a.max_message_size,
@@ -24,12 +26,17 @@ fn attr_from_c(a: &DAT_EP_ATTR) -> dapl::Result<dapl::EpAttr> {
         max_rdma_read_out: n(a.max_rdma_read_out, 6)?,
         max_rdma_read_iov: n(a.max_rdma_read_iov, 6)?.max(1),
         max_rdma_write_iov: n(a.max_rdma_write_iov, 6)?.max(1),
+        ud,
     })
 }
 
 fn attr_to_c(a: &dapl::EpAttr) -> DAT_EP_ATTR {
     DAT_EP_ATTR {
-        service_type: 0,
+        service_type: if a.ud {
+            DAT_IB_SERVICE_TYPE_UD
+        } else {
+            DAT_SERVICE_TYPE_RC
+        },
         max_message_size: a.max_message_size,
         max_rdma_size: a.max_rdma_size,
         qos: 0,
@@ -432,7 +439,8 @@ pub unsafe extern "C" fn ep_get_status(
 
 pub unsafe extern "C" fn ep_free(h: DAT_HANDLE) -> DAT_RETURN {
     call("ep_free", || {
-        handles::ep(h)?;
+        let (_, ep) = handles::ep(h)?;
+        crate::ud::forget_ep(ep.id());
         handles::remove(h);
         Ok(())
     })

@@ -99,7 +99,12 @@ fn to_c(
                     None => std::ptr::null_mut(),
                 }
             };
-            c.event_number = DAT_CONNECTION_REQUEST_EVENT;
+            c.event_number = if cr.is_ud() {
+                c.event_extension_data[0] = u64::from(DAT_IB_UD_CONNECT_REQUEST);
+                DAT_IB_UD_CONNECTION_REQUEST_EVENT
+            } else {
+                DAT_CONNECTION_REQUEST_EVENT
+            };
             c.event_data.cr = DAT_CR_ARRIVAL_EVENT_DATA {
                 sp_handle: handles::handle_of(sp_id),
                 local_ia_address_ptr: local,
@@ -140,6 +145,43 @@ fn to_c(
                 private_data_size: size,
                 private_data: data,
             };
+            if ce.ep.is_ud() {
+                // A UD endpoint's resolution: the IB extension's events, the address
+                // handle in the extension data.
+                let (number, kind, ah, qpn, peer) = match (ce.kind, &ce.ud) {
+                    (dapl::ConnEvent::Established, Some(u)) => {
+                        let kind = if u.passive {
+                            DAT_IB_UD_PASSIVE_REMOTE_AH
+                        } else {
+                            DAT_IB_UD_REMOTE_AH
+                        };
+                        let ah = crate::ud::keep(ce.ep.id(), u);
+                        (
+                            DAT_IB_UD_CONNECTION_EVENT_ESTABLISHED,
+                            kind,
+                            ah,
+                            u.qpn,
+                            u.peer,
+                        )
+                    }
+                    (dapl::ConnEvent::PeerRejected, _) => (
+                        DAT_IB_UD_CONNECTION_REJECT_EVENT,
+                        DAT_IB_UD_CONNECT_REJECT,
+                        0,
+                        0,
+                        None,
+                    ),
+                    _ => (
+                        DAT_IB_UD_CONNECTION_ERROR_EVENT,
+                        DAT_IB_UD_CONNECT_ERROR,
+                        0,
+                        0,
+                        None,
+                    ),
+                };
+                c.event_number = number;
+                c.event_extension_data = crate::ud::extension_data(kind, ah, qpn, peer);
+            }
         }
         dapl::Event::Async(a) => {
             c.event_number = match a.kind {

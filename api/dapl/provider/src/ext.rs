@@ -1,8 +1,9 @@
 //! The IB extension (`dat_ib_extensions.h`) through `dat_extension_op`: libdat2 hands
 //! the provider the operation and the rest of the caller's arguments as a `va_list`.
 //!
-//! Atomics (fetch-and-add, compare-and-swap) and RDMA Write with immediate data where
-//! the device has them (rxe0). UD and counters answer `DAT_NOT_IMPLEMENTED`.
+//! Atomics (fetch-and-add, compare-and-swap), RDMA Write with immediate data and UD
+//! datagrams (`ud`) where the device has them (rxe0). Counters answer
+//! `DAT_NOT_IMPLEMENTED`.
 
 use crate::boundary::call;
 use crate::ep::{flags, triplets};
@@ -117,6 +118,21 @@ pub unsafe extern "C" fn handle_extendedop(
                 let flags = flags(a.next()? as u32)?;
                 ep.post_rdma_write_immed(&iov, cookie, &rbuf, imm, flags)
             }
+            DAT_IB_UD_SEND_OP => {
+                let (_, ep) = handles::ep(h)?;
+                let n = a.next()? as DAT_COUNT;
+                let iov = triplets(a.next()? as usize as *const DAT_LMR_TRIPLET, n, 4)?;
+                let to = crate::ud::lookup(a.next()? as usize as *const DAT_IB_ADDR_HANDLE)?;
+                let cookie = a.next()?;
+                let flags = flags(a.next()? as u32)?;
+                ep.post_send_ud(&iov, &to, cookie, flags)
+            }
+            DAT_IB_UD_AH_FREE_OP => {
+                handles::ep(h)?;
+                crate::ud::free(a.next()? as usize as *const DAT_IB_ADDR_HANDLE)
+            }
+            // The connection manager's state of a resolution is gone once it answered.
+            DAT_IB_UD_CM_FREE_OP => handles::ep(h).map(|_| ()),
             _ => {
                 handles::get(h).ok_or(Error::of(dapl::Major::InvalidHandle))?;
                 Err(Error::not_implemented())

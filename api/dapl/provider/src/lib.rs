@@ -33,4 +33,5 @@ mod mem;
 pub mod registry;
 mod sp;
 pub mod sys;
+mod ud;
 mod vtable;

@@ -370,6 +370,15 @@ pub const DAT_ASYNC_ERROR_PROVIDER_INTERNAL_ERROR: u32 = 0x08005;
 pub const DAT_SOFTWARE_EVENT: u32 = 0x10001;
 /// `DAT_IB_EXTENSION_RANGE_BASE`: the IB extension's events (`DAT_IB_DTO_EVENT` = base).
 pub const DAT_IB_DTO_EVENT: u32 = 0x40000;
+pub const DAT_IB_UD_CONNECTION_REQUEST_EVENT: u32 = 0x40001;
+pub const DAT_IB_UD_CONNECTION_EVENT_ESTABLISHED: u32 = 0x40002;
+pub const DAT_IB_UD_CONNECTION_REJECT_EVENT: u32 = 0x40003;
+pub const DAT_IB_UD_CONNECTION_ERROR_EVENT: u32 = 0x40004;
+
+// `DAT_SERVICE_TYPE` (with the IB extension's).
+pub const DAT_SERVICE_TYPE_RC: u32 = 0;
+/// `DAT_IB_SERVICE_TYPE_UD` = `DAT_SERVICE_TYPE_EXTENSION_BASE`.
+pub const DAT_IB_SERVICE_TYPE_UD: u32 = 1;
 
 // `DAT_DTOS`.
 pub const DAT_DTO_SEND: u32 = 0;
@@ -410,12 +419,31 @@ pub const DAT_SRQ_STATE_OPERATIONAL: u32 = 1;
 pub const DAT_IB_FETCH_AND_ADD_OP: c_int = 0;
 pub const DAT_IB_CMP_AND_SWAP_OP: c_int = 1;
 pub const DAT_IB_RDMA_WRITE_IMMED_OP: c_int = 2;
+pub const DAT_IB_UD_SEND_OP: c_int = 3;
+pub const DAT_IB_UD_CM_FREE_OP: c_int = 28;
+pub const DAT_IB_UD_AH_FREE_OP: c_int = 29;
 // `DAT_IB_EXT_TYPE`: what an extension event's data holds.
 pub const DAT_IB_FETCH_AND_ADD: u32 = 0;
 pub const DAT_IB_CMP_AND_SWAP: u32 = 1;
 pub const DAT_IB_RDMA_WRITE_IMMED: u32 = 2;
 pub const DAT_IB_RDMA_WRITE_IMMED_DATA: u32 = 3;
 pub const DAT_IB_RECV_IMMED_DATA: u32 = 4;
+pub const DAT_IB_UD_CONNECT_REQUEST: u32 = 5;
+pub const DAT_IB_UD_REMOTE_AH: u32 = 6;
+pub const DAT_IB_UD_PASSIVE_REMOTE_AH: u32 = 7;
+pub const DAT_IB_UD_CONNECT_REJECT: u32 = 10;
+pub const DAT_IB_UD_CONNECT_ERROR: u32 = 11;
+
+/// `DAT_IB_ADDR_HANDLE`: a UD destination as the extension events report it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DAT_IB_ADDR_HANDLE {
+    /// `struct ibv_ah *` in OFA's provider; here the address of krdma's handle object.
+    pub ah: *mut c_void,
+    pub qpn: u32,
+    /// `DAT_SOCK_ADDR6` (`struct sockaddr_in6`).
+    pub ia_addr: [u8; 28],
+}
 // `DAT_IB_DTOS`: the operation of an extended DTO event.
 pub const DAT_IB_DTO_RDMA_WRITE_IMMED: u32 = DAT_DTO_EXTENSION_BASE;
 pub const DAT_IB_DTO_RECV_IMMED: u32 = DAT_DTO_EXTENSION_BASE + 1;

@@ -159,6 +159,7 @@ impl EpInner {
                             qpn: u.qpn,
                             qkey: u.qkey,
                             ah,
+                            peer: Some(peer),
                             passive,
                         };
                         (ConnEventKind::Established, Some(remote))
