@@ -157,10 +157,13 @@ impl ProviderListener for RxeListener {
         if rqp.is_ud() {
             // A SIDR request: the reply names the QP and its Q_Key; the QP stays as it is.
             let us = (rqp.cm_ref(), rqp.query().qkey);
-            let actions =
-                s.cm.machine
-                    .lock()
-                    .accept_ud(self.id, conn_id, us, &param.private_data)?;
+            let actions = s.cm.machine.lock().accept_ud(
+                self.id,
+                conn_id,
+                us,
+                &param.private_data,
+                s.clock.now(),
+            )?;
             perform(&s, actions);
             return Ok(());
         }

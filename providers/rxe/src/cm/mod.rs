@@ -78,6 +78,9 @@ enum Phase {
     DreqSent,
     /// Active UD resolution: SIDR_REQ sent, waiting for the SIDR_REP.
     SidrSent,
+    /// Passive UD resolution answered: the SIDR_REP is kept to answer a retry of the
+    /// SIDR_REQ the same way, until the requester has stopped retrying.
+    SidrAnswered,
 }
 
 /// A QP as the connection manager knows it: its number, and the serial the device gave
@@ -406,6 +409,10 @@ impl Machine {
         }
         if c.phase == Phase::Draining {
             self.drain_tick(&mut out, id, send_busy, now);
+            return out;
+        }
+        if c.phase == Phase::SidrAnswered {
+            self.conns.remove(id);
             return out;
         }
         let Some(mad) = c.retry else { return out };

@@ -22,6 +22,11 @@ use std::time::Instant;
 /// sender's patience; rdma_cm retries one for about a minute).
 const SIDR_REQUEST_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long an answered SIDR request is kept to answer its retries: as long as its
+/// requester retries (rdma_cm: 15 retries about 4 s apart would outlive it; ours stop
+/// after 15 × 500 ms).
+const SIDR_ANSWER_KEPT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Consumer private data a SIDR_REQ carries after the rdma_cm header.
 const SIDR_PDATA_MAX: usize = cm::SIDR_REQ_PRIVATE_DATA_LEN - cma::HEADER_LEN;
 
@@ -105,13 +110,15 @@ impl Machine {
     }
 
     /// `listener`'s consumer accepts SIDR request `conn_id` with UD QP `qp`, whose Q_Key
-    /// is `qkey`: the SIDR_REP names them.
+    /// is `qkey`: the SIDR_REP names them. The answer is kept a while: a retry of the
+    /// SIDR_REQ that crossed it gets the same answer, not a second request.
     pub fn accept_ud(
         &mut self,
         listener: u64,
         conn_id: u64,
         (qp, qkey): (QpRef, u32),
         private_data: &[u8],
+        now: Instant,
     ) -> Result<Vec<Action>> {
         if private_data.len() > cm::SIDR_REP_PRIVATE_DATA_LEN {
             return Err(VerbsError::Invalid);
@@ -130,6 +137,11 @@ impl Machine {
             (qp.qpn, qkey),
             private_data,
         );
+        if let Some(Action::Send { mad, .. }) = out.first() {
+            let mut kept = Conn::answered(c, **mad);
+            out.push(arm(&mut kept, SIDR_ANSWER_KEPT, now));
+            self.conns.insert(kept);
+        }
         Ok(out)
     }
 
@@ -172,8 +184,21 @@ impl Machine {
         req: cm::SidrReq,
         now: Instant,
     ) {
-        if self.conns.by_remote(src, req.request_id).is_some() {
-            return; // a retry of a request that waits for its consumer
+        if let Some(id) = self.conns.by_remote(src, req.request_id) {
+            // A retry: of a request answered (the same answer again) or one that still
+            // waits for its consumer (nothing yet).
+            let answered = self
+                .conns
+                .get(id)
+                .filter(|c| c.phase == Phase::SidrAnswered);
+            if let Some((c, mad)) = answered.and_then(|c| Some((c, c.retry?))) {
+                out.push(Action::Send {
+                    src: c.local,
+                    dst: c.peer,
+                    mad: Box::new(mad),
+                });
+            }
+            return;
         }
         let request = |id, listener, expires| {
             Conn::sidr_request(id, (dst, src), (tid, req), listener, expires)

@@ -153,6 +153,18 @@ impl Conn {
         }
     }
 
+    /// SIDR request `c`, answered with `rep`: kept (waiting for nobody) to answer its
+    /// retries the same way.
+    pub fn answered(c: Conn, rep: Mad) -> Conn {
+        Conn {
+            phase: Phase::SidrAnswered,
+            listener: None,
+            expires: None,
+            retry: Some(rep),
+            ..c
+        }
+    }
+
     /// A request of the peer's (its ID `remote_id`) waiting for `listener`'s consumer.
     fn waiting(
         local_id: u32,

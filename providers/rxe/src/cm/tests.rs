@@ -887,7 +887,7 @@ fn sidr_resolves_a_ud_service() {
         .accept(p.listener, id.into(), qb, &param(b""), 4096)
         .is_err());
     let rep =
-        p.b.accept_ud(p.listener, id.into(), (qb, 0x0123_4567), b"ok")
+        p.b.accept_ud(p.listener, id.into(), (qb, 0x0123_4567), b"ok", p.now)
             .unwrap();
     let (_, _, rep_mad) = sent(&rep)[0];
     assert_eq!(rep_mad.transaction_id, mad.transaction_id);
@@ -903,9 +903,24 @@ fn sidr_resolves_a_ud_service() {
         })
     );
     assert_eq!(&ev.private_data[..2], b"ok");
-    // The answer ended both sides' state: a repeated SIDR_REP is of nothing.
+    // The answer ended the requester's state: a repeated SIDR_REP is of nothing.
     assert!(counts(&carry(&rep, &mut p.a, p.now)).contains(&Count::Unmatched));
     assert_eq!(p.a.sizes(), (0, 0));
+    // A retry of the SIDR_REQ that crossed the answer gets the same answer, not a
+    // second request; the kept answer goes after a while.
+    let again = carry(&req, &mut p.b, p.now);
+    assert_eq!(sent(&again)[0].2, rep_mad, "the same SIDR_REP");
+    assert!(!again.iter().any(|a| matches!(a, Action::Offer { .. })));
+    assert_eq!(p.b.sizes(), (1, 0), "kept, waiting for nobody");
+    let (gen, at) = timer(&rep);
+    let Some(Action::Timer {
+        target: Target::Cm(kept),
+        ..
+    }) = rep.iter().find(|a| matches!(a, Action::Timer { .. }))
+    else {
+        panic!("a timer for the kept answer")
+    };
+    assert!(p.b.on_timer(*kept, gen, false, at).is_empty());
     assert_eq!(p.b.sizes(), (0, 0));
 }
 

@@ -132,15 +132,25 @@ impl Engine<'_> {
         else {
             return self.count(&self.counters.rx_malformed);
         };
+        let qpn = self.base.qpn;
         if !matches!(st.qp, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            tracing::debug!(qpn, state = ?st.qp, "rxe UD: datagram dropped (QP not ready)");
             return self.count(&self.counters.rx_dropped_state);
         }
         if deth.qkey != st.attr.qkey {
+            tracing::debug!(qpn, qkey = deth.qkey, "rxe UD: datagram dropped (Q_Key)");
             return self.count(&self.counters.rx_bad_qkey);
         }
         let wqe = match self.take_recv() {
             Ok(Some(w)) => w,
-            Ok(None) => return self.count(&self.counters.ud_dropped_no_recv),
+            Ok(None) => {
+                tracing::debug!(
+                    qpn,
+                    src_qp = deth.src_qp,
+                    "rxe UD: datagram dropped (no receive)"
+                );
+                return self.count(&self.counters.ud_dropped_no_recv);
+            }
             Err(RingCorrupt) => {
                 return self.fatal(st, EventKind::QpFatal, "receive ring indices corrupt")
             }
