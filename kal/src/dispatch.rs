@@ -138,46 +138,19 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
             Ok(())
         }
         Command::AllocMw(a) => {
-            let mut objs = c.objects.lock();
-            let (dev_no, pd) = objs.pd(a.pd)?;
-            let dev = kal.device(dev_no)?;
-            objs.check_limit(Kind::Mw, &kal.config.limits)?;
-            let charges = charge(kal, c, Some(dev_no), &[(Resource::Mw, 1)])?;
-            let h = objs.next_handle()?;
-            let key = dev.alloc_mw(pd)?;
-            objs.insert(
-                h,
-                Object::Mw {
-                    dev: dev_no,
-                    pd: a.pd,
-                    key,
-                },
-                charges,
-            );
-            (a.handle, a.rkey) = (h, key);
+            let pd = a.pd;
+            (a.handle, a.rkey) = pd_child(kal, c, (pd, Kind::Mw, Resource::Mw), |d, n, p| {
+                let key = d.alloc_mw(p)?;
+                Ok((key, Object::Mw { dev: n, pd, key }))
+            })?;
             Ok(())
         }
         Command::CreateAh(a) => {
-            let mut objs = c.objects.lock();
-            let (dev_no, pd) = objs.pd(a.pd)?;
-            let dev = kal.device(dev_no)?;
-            if dev.attr().max_ah == 0 {
-                return Err(VerbsError::Unsupported);
-            }
-            objs.check_limit(Kind::Ah, &kal.config.limits)?;
-            let charges = charge(kal, c, Some(dev_no), &[(Resource::Ah, 1)])?;
-            let h = objs.next_handle()?;
-            let ah = dev.create_ah(pd, &a.decode())?;
-            objs.insert(
-                h,
-                Object::Ah {
-                    dev: dev_no,
-                    pd: a.pd,
-                    ah,
-                },
-                charges,
-            );
-            (a.handle, a.ah_num) = (h, ah);
+            let (pd, attr) = (a.pd, a.decode());
+            (a.handle, a.ah_num) = pd_child(kal, c, (pd, Kind::Ah, Resource::Ah), |d, n, p| {
+                let ah = d.create_ah(p, &attr)?;
+                Ok((ah, Object::Ah { dev: n, pd, ah }))
+            })?;
             Ok(())
         }
         Command::DeallocPd(a) => destroy(kal, c, a.handle, Kind::Pd),
@@ -557,6 +530,40 @@ fn reg_mr(kal: &Kal, c: &Arc<Context>, a: &mut abi::RegMr) -> Result<()> {
     Ok(())
 }
 
+/// Whether a device has objects of `kind` at all (windows, address handles are optional).
+fn offers(attr: &rnicpi::DeviceAttr, kind: Kind) -> bool {
+    match kind {
+        Kind::Mw => attr.memory_windows,
+        Kind::Ah => attr.max_ah > 0,
+        _ => true,
+    }
+}
+
+/// Make a child of PD handle `pd` that its provider names by a number (a window's key,
+/// an address handle's number): `Unsupported` where the device has no such objects, the
+/// context's limit and the quotas checked, then `make` — given the device, its number
+/// and the provider's PD number — gives the number and the object. The new handle and
+/// the number.
+fn pd_child(
+    kal: &Kal,
+    c: &Context,
+    (pd, kind, resource): (u32, Kind, Resource),
+    make: impl FnOnce(&dyn rnicpi::Provider, u32, u32) -> Result<(u32, Object)>,
+) -> Result<(u32, u32)> {
+    let mut objs = c.objects.lock();
+    let (dev_no, provider_pd) = objs.pd(pd)?;
+    let dev = kal.device(dev_no)?;
+    if !offers(dev.attr(), kind) {
+        return Err(VerbsError::Unsupported);
+    }
+    objs.check_limit(kind, &kal.config.limits)?;
+    let charges = charge(kal, c, Some(dev_no), &[(resource, 1)])?;
+    let h = objs.next_handle()?;
+    let (num, obj) = make(&*dev, dev_no, provider_pd)?;
+    objs.insert(h, obj, charges);
+    Ok((h, num))
+}
+
 /// Record an object the consumer created on a device whose fast path is its own: the same
 /// limits, quotas and pin allowance as for an object the kAL creates, and a place in the
 /// tree (children before parents on teardown).
@@ -591,9 +598,7 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
             None => return Err(VerbsError::Invalid),
         }
     }
-    if (kind == Kind::Mw && !dev.attr().memory_windows)
-        || (kind == Kind::Ah && dev.attr().max_ah == 0)
-    {
+    if !offers(dev.attr(), kind) {
         return Err(VerbsError::Unsupported);
     }
     objs.check_limit(kind, &kal.config.limits)?;

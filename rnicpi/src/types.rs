@@ -324,6 +324,10 @@ impl Default for QpAttr {
     }
 }
 
+/// rdma_cm's Q_Key for UD services in its UDP port space (`RDMA_UDP_QKEY`): what a Linux
+/// rdma_cm peer insists on in a SIDR reply, and what UD QPs serving it are given.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
 /// An address handle's address vector (verbs `ibv_ah_attr` with its GRH): where a UD
 /// send goes. RoCEv2 always routes by GID (an IPv4 address in IPv4-mapped form), so
 /// there is no LID; the source address is the GID at `sgid_index` in the port's table.

@@ -353,6 +353,10 @@ impl WcOpcode {
     }
 }
 
+/// Bytes of the global route header a UD receive starts with ([`wc_flags::GRH`]), ahead
+/// of the message.
+pub const GRH_LEN: usize = 40;
+
 /// Completion flags.
 pub mod wc_flags {
     /// `imm_or_inv` holds immediate data.
@@ -361,7 +365,8 @@ pub mod wc_flags {
     pub const WITH_INV: u8 = 2;
     /// The message carried the solicited-event bit.
     pub const SOLICITED: u8 = 4;
-    /// A UD receive: the buffer starts with the 40-byte GRH (as `IBV_WC_GRH`), and
+    /// A UD receive: the buffer starts with the 40-byte GRH ([`super::GRH_LEN`], as
+    /// `IBV_WC_GRH`), and
     /// `src_qp` names the sender's QP.
     pub const GRH: u8 = 8;
 }

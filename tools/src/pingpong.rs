@@ -28,8 +28,6 @@ const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 /// The Q_Key `ibv_ud_pingpong` gives its QPs and sends with.
 const UD_QKEY: u32 = 0x1111_1111;
-/// The GRH in front of every UD receive.
-const GRH_LEN: u32 = 40;
 /// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
 const MSG_LEN: usize = 52;
 
@@ -127,7 +125,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
         return Err(VerbsError::Invalid);
     }
     // A UD receive starts with the GRH; the Send's bytes follow it in the buffer.
-    let grh = if o.ud { GRH_LEN } else { 0 };
+    let grh = if o.ud { rnicpi::GRH_LEN as u32 } else { 0 };
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, o.rx_depth + 1)?;
     let caps = QpCaps {

@@ -8,7 +8,9 @@
 //! the source address in its GRH, the QP number in its immediate data. Both QPs use
 //! rdma_cm's Q_Key for the UDP port space, which a Linux peer insists on.
 
-use rnicpi::{AhAttr, Cqe, QpCaps, QpType, Result, VerbsError, Wqe, WrOpcode};
+use rnicpi::{
+    AhAttr, Cqe, QpCaps, QpType, Result, VerbsError, Wqe, WrOpcode, GRH_LEN, RDMA_UDP_QKEY,
+};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -17,10 +19,6 @@ use ual::{Context, QpConfig, RegBuf};
 
 /// udaddy's port.
 pub const DEFAULT_PORT: u16 = 7174;
-/// rdma_cm's Q_Key for its UDP port space (`RDMA_UDP_QKEY`).
-pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
-/// The GRH in front of every UD receive.
-const GRH_LEN: usize = 40;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The options of `udaddy` this tool takes.

@@ -27,14 +27,19 @@ pub fn keep(ep: u64, remote: &UdRemote) -> usize {
     key
 }
 
-/// The resolution the consumer's `DAT_IB_ADDR_HANDLE` names.
-pub fn lookup(h: *const DAT_IB_ADDR_HANDLE) -> dapl::Result<UdRemote> {
+/// The consumer's `DAT_IB_ADDR_HANDLE` (argument `arg` of its call).
+fn read(h: *const DAT_IB_ADDR_HANDLE, arg: u32) -> dapl::Result<DAT_IB_ADDR_HANDLE> {
     if h.is_null() {
-        return Err(crate::boundary::arg_error(5));
+        return Err(crate::boundary::arg_error(arg));
     }
     // SAFETY: the consumer passes the address handle of an extension event it got (or a
     // copy of one); it is read, never kept.
-    let h = unsafe { h.read_unaligned() };
+    Ok(unsafe { h.read_unaligned() })
+}
+
+/// The resolution the consumer's `DAT_IB_ADDR_HANDLE` names.
+pub fn lookup(h: *const DAT_IB_ADDR_HANDLE) -> dapl::Result<UdRemote> {
+    let h = read(h, 5)?;
     let (_, remote) = table()
         .lock()
         .get(&(h.ah as usize))
@@ -49,11 +54,7 @@ pub fn lookup(h: *const DAT_IB_ADDR_HANDLE) -> dapl::Result<UdRemote> {
 
 /// The consumer is done with the address handle `h` names.
 pub fn free(h: *const DAT_IB_ADDR_HANDLE) -> dapl::Result<()> {
-    if h.is_null() {
-        return Err(crate::boundary::arg_error(3));
-    }
-    // SAFETY: as in `lookup`.
-    let h = unsafe { h.read_unaligned() };
+    let h = read(h, 3)?;
     table().lock().remove(&(h.ah as usize));
     Ok(())
 }

@@ -25,9 +25,7 @@ use std::sync::Arc;
 use wr_table::queue_of;
 pub(crate) use wr_table::{Queue, WrTable};
 
-/// rdma_cm's Q_Key for UD services (`RDMA_UDP_QKEY`): a UD endpoint's, and what a Linux
-/// peer insists on.
-pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+pub use rnicpi::RDMA_UDP_QKEY;
 
 /// Connection state of an RC endpoint (`it_ep_state_rc_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

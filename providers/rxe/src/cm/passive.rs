@@ -268,18 +268,7 @@ impl Machine {
     ) {
         // A retry of a REQ we already know: answer again if we have answered.
         if let Some(id) = self.conns.by_remote(src, req.local_comm_id) {
-            let answered = self
-                .conns
-                .get(id)
-                .filter(|c| matches!(c.phase, Phase::RepSent | Phase::Established));
-            if let Some((c, mad)) = answered.and_then(|c| Some((c, c.retry?))) {
-                out.push(Action::Send {
-                    src: c.local,
-                    dst: c.peer,
-                    mad: Box::new(mad),
-                });
-            }
-            return;
+            return self.answer_again(out, id, &[Phase::RepSent, Phase::Established]);
         }
         let port = match cma::parse_service_id(req.service_id) {
             Some((cma::RDMA_PS_TCP, port)) => port,
@@ -355,6 +344,19 @@ impl Machine {
             event: event.with_conn(local_id as u64),
         });
         Ok(())
+    }
+
+    /// A retry of the request of connection `id`: send the answer kept for it again if
+    /// the connection is in one of `answered` (else it still waits: nothing yet).
+    pub(super) fn answer_again(&self, out: &mut Vec<Action>, id: u32, answered: &[Phase]) {
+        let kept = self.conns.get(id).filter(|c| answered.contains(&c.phase));
+        if let Some((c, mad)) = kept.and_then(|c| Some((c, c.retry?))) {
+            out.push(Action::Send {
+                src: c.local,
+                dst: c.peer,
+                mad: Box::new(mad),
+            });
+        }
     }
 
     /// The consumer's event queue had no room for request `id`: refuse it.

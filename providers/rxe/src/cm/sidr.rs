@@ -185,20 +185,8 @@ impl Machine {
         now: Instant,
     ) {
         if let Some(id) = self.conns.by_remote(src, req.request_id) {
-            // A retry: of a request answered (the same answer again) or one that still
-            // waits for its consumer (nothing yet).
-            let answered = self
-                .conns
-                .get(id)
-                .filter(|c| c.phase == Phase::SidrAnswered);
-            if let Some((c, mad)) = answered.and_then(|c| Some((c, c.retry?))) {
-                out.push(Action::Send {
-                    src: c.local,
-                    dst: c.peer,
-                    mad: Box::new(mad),
-                });
-            }
-            return;
+            // A retry of a request answered (the same answer again) or waiting.
+            return self.answer_again(out, id, &[Phase::SidrAnswered]);
         }
         let request = |id, listener, expires| {
             Conn::sidr_request(id, (dst, src), (tid, req), listener, expires)

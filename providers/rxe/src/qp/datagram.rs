@@ -12,9 +12,6 @@ use crate::wire::{self, DethRepr, ImmDtRepr, Opcode, RoceRepr};
 use rnicpi::*;
 use std::net::IpAddr;
 
-/// Size of the global route header a UD receive starts with.
-pub(crate) const GRH_LEN: usize = 40;
-
 impl Engine<'_> {
     /// Send what the send ring holds, a packet per request; true when the budget ran
     /// out with requests left.
