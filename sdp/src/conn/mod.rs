@@ -106,6 +106,7 @@ pub fn io_error(e: &ConnError) -> io::Error {
             io::Error::new(io::ErrorKind::ConnectionReset, e.to_string())
         }
         ConnError::Aborted => io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string()),
+        ConnError::WriteShutdown => io::Error::new(io::ErrorKind::BrokenPipe, e.to_string()),
     }
 }
 
@@ -148,13 +149,19 @@ pub struct State {
     staged: usize,
     /// The outcome of connecting or accepting, once known.
     established: Option<Result<(), io::ErrorKind>>,
+    /// The transport ended (its disconnect or failure event came).
     transport_closed: bool,
+    /// This end asked the transport to close (gracefully; it has closed once its event
+    /// comes: until then the endpoint lives, or aborting it would reset the peer before
+    /// it has read our last messages).
+    transport_closing: bool,
     pub readiness: Readiness,
     face_gone: bool,
     /// Kept alive until the face is closed ([`Conn::keep_until_face_closed`]).
     detached: bool,
-    /// Callers asleep in [`Conn::sleep`] (the progress thread leaves events to them).
-    waiters: u32,
+    /// Callers asleep in [`Conn::sleep`], by their threads' wake-up descriptors (the
+    /// progress thread leaves events to them).
+    sleepers: Vec<Arc<EventFd>>,
     /// The reset was reported once; later writes say EPIPE as TCP's do.
     reset_reported: bool,
     /// The face carries the data ([`Conn::relay`]).
@@ -175,9 +182,6 @@ pub struct Conn {
     tx_slot: usize,
     pub(crate) st: Mutex<State>,
     reg: Mutex<Option<Registration>>,
-    /// Wakes callers asleep in [`Conn::sleep`] when another caller took the events they
-    /// were waiting for (a semaphore: one unit per sleeper woken).
-    kick: EventFd,
     pub local: SocketAddr,
     pub peer: SocketAddr,
 }
@@ -223,11 +227,7 @@ impl Conn {
         let tx_buf = RegBuf::new(tx_slot * TX_SLOTS as usize)?;
         let tx = Lmr::create(&dev.pz, tx_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
         let (face, readiness) = Readiness::new()?;
-        let kick = EventFd::from_flags(
-            EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
-        )?;
         let conn = Arc::new(Conn {
-            kick,
             dev,
             ep,
             dto,
@@ -249,10 +249,11 @@ impl Conn {
                 staged: 0,
                 established: None,
                 transport_closed: false,
+                transport_closing: false,
                 readiness,
                 face_gone: false,
                 detached: false,
-                waiters: 0,
+                sleepers: Vec::new(),
                 reset_reported: false,
                 relay: None,
             }),
@@ -402,6 +403,30 @@ impl Conn {
 
     /// Take every completion and connection event, then send what the protocol has.
     pub(crate) fn progress(&self, st: &mut State) {
+        let mut took = self.take_completions(st);
+        while let Ok(ev) = self.cm.dequeue() {
+            took = true;
+            // The transport queues a message's completion before the connection event that
+            // follows it on the wire (the peer's DisConn, then its transport's close): take
+            // the completions that arrived since the queue was last emptied first, or an
+            // orderly close would read as a reset.
+            self.take_completions(st);
+            if let Event::Connection(c) = ev {
+                self.on_cm(st, c.kind, &c.private_data);
+            }
+        }
+        self.flush(st);
+        if took {
+            // Callers asleep were waiting on these very events (a reader and a writer of
+            // one socket sleep on the same queues): wake each to look again.
+            for s in &st.sleepers {
+                let _ = s.write(1);
+            }
+        }
+    }
+
+    /// Handle every completion queued; whether there was any.
+    fn take_completions(&self, st: &mut State) -> bool {
         let mut took = false;
         loop {
             match self.dto.dequeue() {
@@ -410,20 +435,8 @@ impl Conn {
                     self.on_dto(st, d.kind, d.cookie, d.status, d.transferred_length)
                 }
                 Ok(_) => took = true,
-                Err(_) => break,
+                Err(_) => return took,
             }
-        }
-        while let Ok(ev) = self.cm.dequeue() {
-            took = true;
-            if let Event::Connection(c) = ev {
-                self.on_cm(st, c.kind, &c.private_data);
-            }
-        }
-        self.flush(st);
-        if took && st.waiters > 0 {
-            // Callers asleep were waiting on these very events (a reader and a writer of
-            // one socket sleep on the same queues): wake them to look again.
-            let _ = self.kick.write(u64::from(st.waiters));
         }
     }
 
@@ -524,7 +537,7 @@ impl Conn {
                     if let Some(z) = &st.zc {
                         z.src_buf.read(read, &mut rest);
                     }
-                    let _ = st.proto.send(&rest);
+                    let _ = st.proto.send_revoked_rest(&rest);
                 }
             }
             st.staged = 0;
@@ -555,8 +568,12 @@ impl Conn {
                 break;
             }
         }
-        if st.proto.transport_done() && !st.transport_closed && st.established.is_some() {
-            st.transport_closed = true;
+        if st.proto.transport_done()
+            && !st.transport_closed
+            && !st.transport_closing
+            && st.established.is_some()
+        {
+            st.transport_closing = true;
             let _ = self.ep.disconnect();
         }
         self.show(st);
@@ -683,11 +700,13 @@ impl Conn {
 
     /// Sleep until something may have changed: the face shows `want`, or an event
     /// arrived. While a caller sleeps here the progress thread leaves the events to it
-    /// (`waiters`), so an event can never be taken by the one and missed by the other;
+    /// (`sleepers`), so an event can never be taken by the one and missed by the other;
     /// the caller makes progress itself when it wakes. Two callers of one socket (a
-    /// reader and a writer thread) sleep on the same event queues: the one that wakes and
-    /// takes the events kicks the other (`kick`), which would otherwise sleep on with its
-    /// condition met (seen as a writer waiting for an empty queue forever).
+    /// reader and a writer thread) sleep on the same event queues: the one that takes
+    /// the events wakes the other through its thread's own descriptor ([`waker`]), which
+    /// would otherwise sleep on with its condition met. (A wake-up shared by all sleepers
+    /// could be taken twice by one of them, going back to sleep, and leave the other
+    /// asleep for ever: seen as a writer waiting, its queue long empty.)
     fn sleep(
         &self,
         mut st: MutexGuard<'_, State>,
@@ -712,11 +731,12 @@ impl Conn {
                     .unwrap_or(PollTimeout::MAX)
             }
         };
-        st.waiters += 1;
+        let me = waker()?;
+        st.sleepers.push(me.clone());
         drop(st);
         let dto = self.dto.fd().expect("DTO EVD has a descriptor");
         let mut p = [
-            PollFd::new(self.kick.as_fd(), PollFlags::POLLIN),
+            PollFd::new(me.as_fd(), PollFlags::POLLIN),
             PollFd::new(dto, PollFlags::POLLIN),
             PollFd::new(
                 self.cm.fd().expect("CM EVD has a descriptor"),
@@ -726,15 +746,11 @@ impl Conn {
         ];
         let n = if face.is_some() { 4 } else { 3 };
         let r = poll(&mut p[..n], timeout);
-        if p[0]
-            .revents()
-            .is_some_and(|r| r.contains(PollFlags::POLLIN))
-        {
-            // This sleeper's unit (another may have taken it first: then nothing).
-            let _ = self.kick.read();
-        }
         let mut st = self.lock();
-        st.waiters -= 1;
+        st.sleepers.retain(|s| !Arc::ptr_eq(s, &me));
+        // No kick can come any more: take the one that may have (the next sleep, on
+        // whatever socket, starts clean).
+        let _ = me.read();
         self.progress(&mut st);
         match r {
             Ok(_) => Ok(()),
@@ -1126,7 +1142,7 @@ impl Conn {
 impl Reactive for Conn {
     fn on_tick(&self) {
         let mut st = self.lock();
-        if st.waiters == 0 && st.proto.poll_timeout().is_some_and(|t| t <= Instant::now()) {
+        if st.sleepers.is_empty() && st.proto.poll_timeout().is_some_and(|t| t <= Instant::now()) {
             self.progress(&mut st);
         }
     }
@@ -1135,7 +1151,7 @@ impl Reactive for Conn {
         let mut st = self.lock();
         // A relayed face's events are the relay's alone (a caller asleep does not poll the
         // back).
-        if st.waiters > 0 && st.relay.is_none() {
+        if !st.sleepers.is_empty() && st.relay.is_none() {
             return;
         }
         self.progress(&mut st);
@@ -1223,4 +1239,21 @@ pub fn local_ip_for(dev: &Device, peer: IpAddr) -> IpAddr {
         } else {
             IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
         })
+}
+
+/// This thread's wake-up descriptor for [`Conn::sleep`] (an eventfd: written by whoever
+/// takes the events a sleeper waits for, read by the sleeper alone).
+fn waker() -> io::Result<Arc<EventFd>> {
+    thread_local! {
+        static WAKER: std::cell::OnceCell<Arc<EventFd>> = const { std::cell::OnceCell::new() };
+    }
+    WAKER.with(|w| {
+        if let Some(e) = w.get() {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(EventFd::from_flags(
+            EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
+        )?);
+        Ok(w.get_or_init(|| e).clone())
+    })
 }

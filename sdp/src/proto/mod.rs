@@ -14,10 +14,11 @@
 //! Every message goes into one of the receiver's posted receive buffers. Each message
 //! carries `bufs`, the sender's posted buffers, and `mseq_ack`, the last message it
 //! received; the receiver of it may send `bufs - (messages it sent after mseq_ack)` more
-//! messages (its credits). Data needs two credits, the last one is kept for a message that
-//! carries credits back (a credit update is an empty Data message), so two peers can never
-//! both be stuck without credits. A receive buffer holding data is posted again only once
-//! the reader has taken its bytes (one copy, from the buffer into the reader's memory).
+//! messages (its credits). Every message but one kind needs two credits: the last credit
+//! is kept for a credit update (an empty Data message), sent once it can give the peer at
+//! least half our buffers more. A side thus spends its last credit only on handing the
+//! peer many, and two peers are never both left without credits. A receive buffer holding data is posted again only once the reader has taken its bytes (one
+//! copy, from the buffer into the reader's memory).
 //! One extra buffer is posted and never advertised: a peer that sends beyond its credits
 //! lands there and is refused ([`ConnError::Protocol`], `CreditViolation`).
 //!
@@ -117,6 +118,9 @@ pub enum ConnError {
     /// Aborted locally.
     #[error("connection aborted")]
     Aborted,
+    /// A write after `shutdown(SHUT_WR)` (the connection itself is fine).
+    #[error("write after shutdown")]
+    WriteShutdown,
 }
 
 /// What a peer did wrong.
@@ -473,9 +477,16 @@ impl Connection {
         self.tx.len()
     }
 
-    /// Everything written has left (queue empty, no zero-copy send outstanding).
+    /// Everything written has left (queue empty, no zero-copy send outstanding, no
+    /// revoked one's rest still to be queued again).
     pub fn send_idle(&self) -> bool {
-        self.tx.is_empty() && self.source.is_none() && self.oob_out.is_none()
+        self.tx.is_empty()
+            && self.source.is_none()
+            && self.oob_out.is_none()
+            && !self
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::ZcopyRevoked { .. }))
     }
 
     fn check_open(&self) -> Result<(), ConnError> {
@@ -485,10 +496,29 @@ impl Connection {
         }
     }
 
+    fn check_writable(&self) -> Result<(), ConnError> {
+        self.check_open()?;
+        if self.fin_requested {
+            return Err(ConnError::WriteShutdown);
+        }
+        Ok(())
+    }
+
     /// Queue up to [`send_room`](Self::send_room) bytes of `data` for buffered copy;
     /// returns how many were taken.
     pub fn send(&mut self, data: &[u8]) -> Result<usize, ConnError> {
+        self.check_writable()?;
+        Ok(self.queue(data))
+    }
+
+    /// Queue the rest of a zero-copy send the peer declined or cancelled
+    /// ([`Event::ZcopyRevoked`]): written before any shutdown, it goes before the DisConn.
+    pub fn send_revoked_rest(&mut self, data: &[u8]) -> Result<usize, ConnError> {
         self.check_open()?;
+        Ok(self.queue(data))
+    }
+
+    fn queue(&mut self, data: &[u8]) -> usize {
         let n = data.len().min(self.send_room());
         self.tx.extend(&data[..n]);
         // Writes larger than the peer's buffers: ask it for larger ones (once).
@@ -500,12 +530,12 @@ impl Connection {
             self.control
                 .push_back(Control::ChRcvBuf(self.cfg.max_recv_size));
         }
-        Ok(n)
+        n
     }
 
     /// Send one byte of out-of-band data (`MSG_OOB`), after what is queued.
     pub fn send_oob(&mut self, byte: u8) -> Result<(), ConnError> {
-        self.check_open()?;
+        self.check_writable()?;
         self.oob_out = Some(byte);
         Ok(())
     }
@@ -540,7 +570,7 @@ impl Connection {
     /// Start a zero-copy send of the registered buffer `advert`; the result comes as an
     /// [`Event`].
     pub fn send_zcopy(&mut self, advert: Advert) -> Result<(), ConnError> {
-        self.check_open()?;
+        self.check_writable()?;
         debug_assert!(self.zcopy_fits(advert.size as usize));
         self.source = Some(Source {
             advert,
@@ -966,8 +996,9 @@ impl Connection {
         if self.phase != Phase::Open {
             return None;
         }
-        // Control messages first; each needs one credit.
-        if self.tx_credits >= 1 {
+        // Control messages first. Every message but a credit update leaves the last
+        // credit for one (see the module's notes on flow control).
+        if self.tx_credits >= 2 {
             if let Some(c) = self.control.pop_front() {
                 let body = match c {
                     Control::RdmaRdCompl(size) => Body::RdmaRdCompl { size },
@@ -1017,13 +1048,14 @@ impl Connection {
             }
         }
         // DisConn once everything has gone.
-        if self.fin_requested && !self.fin_sent && self.send_idle() && self.tx_credits >= 1 {
+        if self.fin_requested && !self.fin_sent && self.send_idle() && self.tx_credits >= 2 {
             self.fin_sent = true;
             let t = self.emit(now, 0, Body::DisConn, out);
             self.maybe_closed();
             return Some(t);
         }
-        // A credit update: the peer can be given at least half our buffers more.
+        // A credit update: the peer can be given at least half our buffers more (never
+        // for less: two sides at their last credit would trade updates for ever).
         let new_limit = self.last_rx_mseq.wrapping_add(u32::from(self.posted));
         let gain = new_limit.wrapping_sub(self.rx_limit) as i32;
         let threshold = i32::from(self.cfg.recv_bufs / 2).max(1);
@@ -1033,7 +1065,7 @@ impl Connection {
         }
         // Keep-alive after silence.
         if let Some(k) = self.cfg.keepalive {
-            if self.tx_credits >= 1 && now.saturating_duration_since(self.last_tx) >= k {
+            if self.tx_credits >= 2 && now.saturating_duration_since(self.last_tx) >= k {
                 self.counters.keepalives += 1;
                 return Some(self.emit(now, 0, Body::Data(&[]), out));
             }

@@ -145,6 +145,32 @@ impl Pair {
 
     /// Deliver one message from `from` to `to`; false when there was none.
     pub fn deliver(now: Instant, from: &mut Side, to: &mut Side) -> bool {
+        match Self::transmit(now, from, to) {
+            Some(msg) => {
+                Self::receive(now, to, msg);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One message from each side at once, each sent before the other's arrives (they
+    /// cross on the wire); false when neither had one.
+    pub fn cross(&mut self) -> bool {
+        let to_b = Self::transmit(self.now, &mut self.a, &mut self.b);
+        let to_a = Self::transmit(self.now, &mut self.b, &mut self.a);
+        let any = to_b.is_some() || to_a.is_some();
+        if let Some(m) = to_b {
+            Self::receive(self.now, &mut self.b, m);
+        }
+        if let Some(m) = to_a {
+            Self::receive(self.now, &mut self.a, m);
+        }
+        any
+    }
+
+    /// The next message `from` sends (its RDMA Write, if any, lands in `to` first).
+    fn transmit(now: Instant, from: &mut Side, to: &mut Side) -> Option<Vec<u8>> {
         let mut staged = vec![0u8; LANDING_SIZE];
         if let Some(w) = from.c.poll_rdma_write(&mut staged) {
             // The reader's device checks the key and the range, as for reads (an honest
@@ -159,34 +185,49 @@ impl Pair {
             }
         }
         let mut slot = vec![0u8; SLOT];
-        let Some(t) = from.c.poll_transmit(now, &mut slot) else {
-            return false;
-        };
+        let t = from.c.poll_transmit(now, &mut slot)?;
         from.sent.push(t.mid);
+        slot.truncate(t.len);
+        Some(slot)
+    }
+
+    /// A message arrives in one of `to`'s posted buffers.
+    fn receive(now: Instant, to: &mut Side, msg: Vec<u8>) {
         if to.c.phase() == Phase::Failed {
-            return true; // the transport is gone: dropped
+            return; // the transport is gone: dropped
         }
         let buf = to
             .posted
             .pop()
             .expect("a message arrived with no receive buffer posted: credits broken");
         let size = to.c.recv_size() as usize;
-        assert!(t.len <= size.max(to.c.config().max_recv_size as usize));
-        to.bufs.insert(buf, slot[..t.len].to_vec());
+        assert!(msg.len() <= size.max(to.c.config().max_recv_size as usize));
+        to.bufs.insert(buf, msg);
         let data = to.bufs[&buf].clone();
         if let Ok(true) = to.c.on_receive(now, buf, Received::whole(&data)) {
             to.posted.push(buf);
             to.c.on_reposted();
         }
-        true
     }
 
     /// Run until neither side has anything to send.
     pub fn settle(&mut self) {
+        self.settle_by(|p| {
+            let x = Self::deliver(p.now, &mut p.a, &mut p.b);
+            let y = Self::deliver(p.now, &mut p.b, &mut p.a);
+            x || y
+        })
+    }
+
+    /// Run until neither side has anything to send, the two sides' messages crossing
+    /// on the wire ([`cross`](Self::cross)).
+    pub fn settle_crossing(&mut self) {
+        self.settle_by(Self::cross)
+    }
+
+    fn settle_by(&mut self, mut step: impl FnMut(&mut Pair) -> bool) {
         for _ in 0..100_000 {
-            let x = Self::deliver(self.now, &mut self.a, &mut self.b);
-            let y = Self::deliver(self.now, &mut self.b, &mut self.a);
-            if !x && !y {
+            if !step(self) {
                 return;
             }
         }

@@ -80,6 +80,60 @@ fn credit_exhaustion_and_recovery() {
     assert!(p.b.c.counters.credit_updates > 0);
 }
 
+/// Two peers whose readers lag, each down to its last credit, each with a control
+/// message queued (here a request for larger buffers): neither spends its last credit on
+/// it, so once the readers catch up the credit updates flow and so does the data, both
+/// ways. (Spending it would leave both at zero credits and no message could ever move.)
+#[test]
+fn control_messages_never_take_the_last_credit() {
+    let cfg = Config {
+        recv_bufs: 4,
+        recv_size: 1024,
+        max_recv_size: 4096,
+        send_buffer: 64 * 1024,
+        ..Config::default()
+    };
+    let mut p = Pair::new(cfg, cfg);
+    let (da, db) = (pattern(40_000, 1), pattern(40_000, 2));
+    // Small writes (no resize asked) until both are down to their last credit; neither
+    // reader reads yet.
+    for at in [0, 2000] {
+        assert_eq!(p.a.c.send(&da[at..at + 2000]).unwrap(), 2000);
+        assert_eq!(p.b.c.send(&db[at..at + 2000]).unwrap(), 2000);
+    }
+    p.settle_crossing();
+    assert_eq!((p.a.c.credits(), p.b.c.credits()), (1, 1));
+    // Now a large write each: a request for larger buffers queued on both sides.
+    assert_eq!(p.a.c.send(&da[4000..]).unwrap(), da.len() - 4000);
+    assert_eq!(p.b.c.send(&db[4000..]).unwrap(), db.len() - 4000);
+    p.settle_crossing();
+    let (mut ga, mut gb) = (Vec::new(), Vec::new());
+    for _ in 0..10_000 {
+        if ga.len() == db.len() && gb.len() == da.len() {
+            break;
+        }
+        gb.extend(p.b.read(&p.a, 8192).unwrap());
+        ga.extend(p.a.read(&p.b, 8192).unwrap());
+        p.settle_crossing();
+    }
+    assert_eq!(
+        gb.len(),
+        da.len(),
+        "a to b stalled (credits a {} b {})",
+        p.a.c.credits(),
+        p.b.c.credits()
+    );
+    assert_eq!(
+        ga.len(),
+        db.len(),
+        "b to a stalled (credits a {} b {})",
+        p.a.c.credits(),
+        p.b.c.credits()
+    );
+    assert_eq!((ga, gb), (db, da));
+    assert!(p.a.sent.contains(&Mid::ChRcvBuf) && p.b.sent.contains(&Mid::ChRcvBufAck));
+}
+
 #[test]
 fn zcopy_read_mode_and_switches_back_and_forth() {
     let mut p = Pair::default();

@@ -21,6 +21,8 @@ enum Op {
     Read { a_reads: bool, max: u16 },
     Deliver { a_to_b: bool },
     Settle,
+    /// One message each way, crossing on the wire.
+    Cross,
     Cancel,
     Oob { byte: u8 },
     Shutdown { a: bool },
@@ -113,6 +115,9 @@ fuzz_target!(|input: Input| {
                 Pair::deliver(p.now, &mut p.b, &mut p.a);
             }
             Op::Settle => p.settle(),
+            Op::Cross => {
+                p.cross();
+            }
             Op::Cancel => p.a.c.cancel_zcopy(),
             Op::Oob { byte } => {
                 let _ = p.a.c.send_oob(byte);
@@ -144,22 +149,28 @@ fuzz_target!(|input: Input| {
                 }
             }
         }
-        // A zero-copy source region is free again once the advert is over. A revoked
-        // advert's unread rest goes by buffered copy, as `SdpStream` sends it (nothing
-        // else is queued meanwhile: the connection takes no write during zero copy).
-        while let Some(e) = p.a.c.poll_event() {
-            p.a.regions.clear();
-            if let (Event::ZcopyRevoked { read }, Some((at, d))) = (e, zcopy.take()) {
-                // After an abort or a failure nothing more goes: what the reader got is a
-                // prefix of what was written, as with a reset TCP connection.
-                if p.a.c.phase() == Phase::Open {
-                    let rest = &d[read.min(d.len())..];
-                    let sent = p.a.c.send(rest).unwrap_or(0);
-                    written.truncate(at + read.min(d.len()) + sent);
-                }
-            } else {
-                zcopy = None;
+        zcopy_outcomes(&mut p, &mut zcopy, &mut written);
+    }
+    // Liveness: between honest peers still open, everything written arrives once both
+    // readers keep reading (no pair of sides ever sits without credits).
+    let open = |p: &Pair| p.a.c.phase() != Phase::Failed && p.b.c.phase() != Phase::Failed;
+    if !forged && open(&p) {
+        let mut rounds = 0;
+        while open(&p) {
+            p.settle_crossing();
+            zcopy_outcomes(&mut p, &mut zcopy, &mut written);
+            if let Ok(d) = p.b.read(&p.a, 1 << 16) {
+                read.extend_from_slice(&d);
             }
+            let _ = p.a.read(&p.b, 1 << 16);
+            if read.len() >= written.len() && zcopy.is_none() && p.a.c.unsent() == 0 {
+                break;
+            }
+            rounds += 1;
+            assert!(rounds < 10_000, "the stream stalled");
+        }
+        if open(&p) {
+            assert_eq!(read.len(), written.len(), "the stream stalled");
         }
     }
     if !forged {
@@ -175,3 +186,23 @@ fuzz_target!(|input: Input| {
         }
     }
 });
+
+/// A zero-copy source region is free again once the advert is over. A revoked advert's
+/// unread rest goes by buffered copy, as `SdpStream` sends it (nothing else is queued
+/// meanwhile: the connection takes no write during zero copy).
+fn zcopy_outcomes(p: &mut Pair, zcopy: &mut Option<(usize, Vec<u8>)>, written: &mut Vec<u8>) {
+    while let Some(e) = p.a.c.poll_event() {
+        p.a.regions.clear();
+        if let (Event::ZcopyRevoked { read }, Some((at, d))) = (e, zcopy.take()) {
+            // After an abort or a failure nothing more goes: what the reader got is a
+            // prefix of what was written, as with a reset TCP connection.
+            if p.a.c.phase() == Phase::Open {
+                let rest = &d[read.min(d.len())..];
+                let sent = p.a.c.send_revoked_rest(rest).unwrap_or(0);
+                written.truncate(at + read.min(d.len()) + sent);
+            }
+        } else {
+            *zcopy = None;
+        }
+    }
+}
