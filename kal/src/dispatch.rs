@@ -116,6 +116,7 @@ fn execute(kal: &Kal, c: &Arc<Context>, who: &Requester, command: &mut Command) 
         Command::CreateCq(a) => create_cq(kal, c, a),
         Command::CreateQp(a) => create_qp(kal, c, a),
         Command::ModifyQp(a) => {
+            c.doorbells.serve_all();
             let (attr, mask) = a.decode().ok_or(VerbsError::Invalid)?;
             let (_, qp) = c.objects.lock().qp(a.handle)?;
             qp.modify(&attr, mask)
@@ -627,6 +628,8 @@ fn mirror(kal: &Kal, c: &Arc<Context>, a: &mut abi::Mirror) -> Result<()> {
 }
 
 fn destroy(kal: &Kal, c: &Arc<Context>, handle: u32, want: Kind) -> Result<()> {
+    // What was posted before goes first (see `Doorbells::serve_all`).
+    c.doorbells.serve_all();
     let (obj, charges) = {
         let mut objs = c.objects.lock();
         let o = objs.get(handle)?;

@@ -139,6 +139,28 @@ impl Doorbells {
         Ok(token)
     }
 
+    /// Serve every doorbell of the context now, on the caller's thread. Called before a
+    /// call that takes something away (a QP's state, the QP, an address handle, a
+    /// registration, a PD): work the consumer posted before it reaches the engine
+    /// first, whether or not the doorbell thread has got to it. Kernel rxe runs a user
+    /// QP's work within the posting call, and programs count on it: dtestx posts its
+    /// last datagrams unsignaled, then frees their address handles and the QP at once.
+    pub fn serve_all(&self) {
+        let qps: Vec<_> = match self.running.lock().as_ref() {
+            Some(r) => r
+                .shared
+                .entries
+                .lock()
+                .values()
+                .map(|(_, q)| q.clone())
+                .collect(),
+            None => return,
+        };
+        for qp in qps.iter().filter_map(Weak::upgrade) {
+            qp.doorbell();
+        }
+    }
+
     pub fn remove(&self, token: u64) {
         if let Some(r) = self.running.lock().as_ref() {
             if let Some((fd, _)) = r.shared.entries.lock().remove(&token) {

@@ -306,6 +306,8 @@ impl Kal {
             return;
         };
         c.events.set_waker(None);
+        // What the context posted goes out before its QPs go (`Doorbells::serve_all`).
+        c.doorbells.serve_all();
         c.doorbells.stop();
         let mut objs = c.objects.lock();
         let order = objs.teardown_order();

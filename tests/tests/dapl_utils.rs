@@ -547,8 +547,8 @@ fn dtestx(case: &Case) {
     );
 }
 
-/// dtestx's UD mode (`-u`, and `-U 3 -m`: three endpoints each side), through the
-/// embedded kAL (through krdmad: an open defect, see the body): each side
+/// dtestx's UD mode (`-u`, and `-U 3 -m`: three endpoints each side), through both
+/// front doors: each side
 /// resolves the other's UD service (`dat_ep_connect` on a UD endpoint: the server is
 /// given the client's address too) and accepts the other's resolution, then they
 /// exchange their RMR messages as datagrams (`dat_ib_post_send_ud`), each received
@@ -556,14 +556,6 @@ fn dtestx(case: &Case) {
 fn dtestx_ud(case: &Case) {
     if case.dev == "siw0" {
         return; // dtestx refuses a provider without the IB extension (checked above)
-    }
-    if case.daemon.is_some() {
-        // An open defect, not a pass: through krdmad on a loaded host, one run in a few
-        // ends with a side whose datagrams all arrived (the device counts them placed, no
-        // drop) but whose `dat_evd_wait` for them expires. docs/dapl.md, "UD through
-        // krdmad".
-        eprintln!("dtestx UD through krdmad: NOT RUN (open defect, docs/dapl.md)");
-        return;
     }
     // The same race as in RC mode, seen differently: the client's resolutions reach the
     // server before its PSP exists (refused: nothing served the port yet, a UD

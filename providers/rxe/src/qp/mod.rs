@@ -557,7 +557,10 @@ impl ProviderQp for RxeQp {
                 e.flush_rings(st);
                 return false;
             }
-            let mut budget = INLINE_BUDGET;
+            // A UD QP sends everything posted: one datagram per request, no window, and
+            // the kAL counts on a doorbell it serves before a destructive call
+            // (kal::doorbell::Doorbells::serve_all) leaving nothing behind.
+            let mut budget = if st.ud { u32::MAX } else { INLINE_BUDGET };
             e.transmit(st, &mut budget)
         });
         if more {
