@@ -17,9 +17,9 @@
 //! messages (its credits). Every message but one kind needs two credits: the last credit
 //! is kept for a credit update (an empty Data message), sent once it can give the peer at
 //! least half our buffers more. A side thus spends its last credit only on handing the
-//! peer many, and two peers are never both left without credits (DisConn too needs two,
-//! as Linux's SDP sends it). A receive buffer holding data is posted again only once the
-//! reader has taken its bytes (one copy, from the buffer into the reader's memory).
+//! peer many, and two peers are never both left without credits (DisConn too needs two).
+//! A receive buffer holding data is posted again only once the reader has taken its
+//! bytes (one copy, from the buffer into the reader's memory).
 //! One extra buffer is posted and never advertised: a peer that sends beyond its credits
 //! lands there and is refused ([`ConnError::Protocol`], `CreditViolation`).
 //!
