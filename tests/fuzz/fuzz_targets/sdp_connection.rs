@@ -2,9 +2,11 @@
 //! two honest peers — writes of any size (buffered or zero copy), reads, cancels, urgent
 //! bytes, half closes, aborts, time passing, reads large enough to advertise a landing
 //! buffer for the writer's RDMA Writes — interleaved with forged messages from a
-//! hostile peer. Never a panic; between honest peers the reader gets exactly a prefix of
-//! what was written and no message ever finds the receiver without a posted buffer (the
-//! simulated pair checks that on every delivery).
+//! hostile peer, messages delivered one way at a time or crossing on the wire. Never a
+//! panic; between honest peers the reader gets exactly a prefix of what was written, no
+//! message ever finds the receiver without a posted buffer (the simulated pair checks
+//! that on every delivery), and once both readers keep reading everything written
+//! arrives (liveness: no two sides ever sit without credits).
 #![no_main]
 
 use arbitrary::Arbitrary;
