@@ -366,8 +366,7 @@ pub mod wc_flags {
     /// The message carried the solicited-event bit.
     pub const SOLICITED: u8 = 4;
     /// A UD receive: the buffer starts with the 40-byte GRH ([`super::GRH_LEN`], as
-    /// `IBV_WC_GRH`), and
-    /// `src_qp` names the sender's QP.
+    /// `IBV_WC_GRH`), and `src_qp` names the sender's QP.
     pub const GRH: u8 = 8;
 }
 

@@ -109,14 +109,20 @@ fn counts(actions: &[Action]) -> Vec<Count> {
 
 /// The generation of the (one) connection timer `actions` arm, and when it fires.
 fn timer(actions: &[Action]) -> (u64, Instant) {
+    let (_, gen, at) = timer_of(actions);
+    (gen, at)
+}
+
+/// The (one) connection timer `actions` arm: the connection, its generation, when.
+fn timer_of(actions: &[Action]) -> (u32, u64, Instant) {
     match &actions
         .iter()
         .filter_map(|a| match a {
             Action::Timer {
-                target: Target::Cm(_),
+                target: Target::Cm(id),
                 gen,
                 at,
-            } => Some((*gen, *at)),
+            } => Some((*id, *gen, *at)),
             _ => None,
         })
         .collect::<Vec<_>>()[..]
@@ -912,15 +918,8 @@ fn sidr_resolves_a_ud_service() {
     assert_eq!(sent(&again)[0].2, rep_mad, "the same SIDR_REP");
     assert!(!again.iter().any(|a| matches!(a, Action::Offer { .. })));
     assert_eq!(p.b.sizes(), (1, 0), "kept, waiting for nobody");
-    let (gen, at) = timer(&rep);
-    let Some(Action::Timer {
-        target: Target::Cm(kept),
-        ..
-    }) = rep.iter().find(|a| matches!(a, Action::Timer { .. }))
-    else {
-        panic!("a timer for the kept answer")
-    };
-    assert!(p.b.on_timer(*kept, gen, false, at).is_empty());
+    let (kept, gen, at) = timer_of(&rep);
+    assert!(p.b.on_timer(kept, gen, false, at).is_empty());
     assert_eq!(p.b.sizes(), (0, 0));
 }
 
@@ -958,15 +957,8 @@ fn sidr_refusals() {
         if out.iter().any(|a| matches!(a, Action::Deliver { .. })) {
             break;
         }
-        let (gen, now) = timer(&out);
-        let Some(Action::Timer {
-            target: Target::Cm(id),
-            ..
-        }) = out.iter().find(|a| matches!(a, Action::Timer { .. }))
-        else {
-            panic!("a timer")
-        };
-        out = p.a.on_timer(*id, gen, false, now);
+        let (id, gen, now) = timer_of(&out);
+        out = p.a.on_timer(id, gen, false, now);
     }
     assert_eq!(sends as u32, MAD_RETRIES + 1);
     let (to, ev) = delivered(&out);
