@@ -48,7 +48,7 @@ pub use quota::{Quota, Resource};
 use context::Context;
 use parking_lot::{Mutex, RwLock};
 use quota::{Charge, Ledger};
-use rnicpi::{Counter, Doorbell, Provider, Result, RingStats, VerbsError};
+use rnicpi::{Counter, Doorbell, Progress, Provider, Result, RingStats, VerbsError};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -349,6 +349,18 @@ impl Kal {
         Ok(Arc::new(DirectDoorbell(Arc::downgrade(&qp), self.lineage)))
     }
 
+    /// Embedded mode: the progress handle of a CQ, through which the consumer's empty
+    /// polls drive the engine ([`rnicpi::progress`]).
+    pub fn progress_for(&self, ctx: ContextId, cq: u32) -> Result<Arc<dyn Progress>> {
+        self.here()?;
+        let c = self.context(ctx)?;
+        if !c.peer.in_process() {
+            return Err(VerbsError::Permission);
+        }
+        let (_, cq) = c.objects.lock().cq(cq)?;
+        Ok(Arc::new(DirectProgress(Arc::downgrade(&cq), self.lineage)))
+    }
+
     /// Contexts open now.
     pub fn context_count(&self) -> usize {
         self.contexts.read().len()
@@ -379,6 +391,26 @@ impl Doorbell for DirectDoorbell {
         }
         if let Some(qp) = self.0.upgrade() {
             qp.doorbell();
+        }
+    }
+}
+
+/// Embedded mode's progress handle of a CQ: its engine's sources, never driven from a
+/// fork child (the provider's threads and sockets are the parent's).
+struct DirectProgress(Weak<dyn rnicpi::ProviderCq>, rnicpi::fork::Lineage);
+
+impl Progress for DirectProgress {
+    fn progress(&self) -> bool {
+        self.1.is_here()
+            && self
+                .0
+                .upgrade()
+                .is_some_and(|cq| cq.engine().progress_sources().progress())
+    }
+
+    fn release(&self) {
+        if let (true, Some(cq)) = (self.1.is_here(), self.0.upgrade()) {
+            cq.engine().progress_sources().release();
         }
     }
 }

@@ -19,6 +19,7 @@
 
 use crate::error::{Result, VerbsError};
 use crate::event::{Event, EventKind, EventSink};
+use crate::progress::{Progress, ProgressSources};
 use crate::provider::Counter;
 use crate::queue::{Consumer, Producer, RingCorrupt, SharedMem};
 use crate::types::{QpCaps, SrqAttr};
@@ -356,6 +357,12 @@ impl EngineSrq {
 /// The consumer's view of one completion ring.
 pub struct UserCq {
     ring: Mutex<Consumer<Cqe>>,
+    /// The engine's work this consumer's polls may do (embedded mode; see
+    /// [`crate::progress`]).
+    progress: Option<Arc<dyn Progress>>,
+    /// Armed to sleep: polls leave the engine to its own threads until a completion
+    /// comes (the one the consumer woke for).
+    released: AtomicBool,
 }
 
 impl std::fmt::Debug for UserCq {
@@ -368,11 +375,35 @@ impl UserCq {
     pub fn new(ring: Consumer<Cqe>) -> Self {
         UserCq {
             ring: Mutex::new(ring),
+            progress: None,
+            released: AtomicBool::new(false),
         }
     }
 
-    /// Take up to `out.len()` completions; returns how many were written.
+    /// A CQ whose empty polls drive the engine through `progress` (embedded mode).
+    pub fn with_progress(ring: Consumer<Cqe>, progress: Arc<dyn Progress>) -> Self {
+        UserCq {
+            progress: Some(progress),
+            ..UserCq::new(ring)
+        }
+    }
+
+    /// Take up to `out.len()` completions; returns how many were written. A poll that
+    /// finds none lends the thread to the engine once (when the CQ has a progress
+    /// handle and is not armed to sleep) and looks again.
     pub fn poll(&self, out: &mut [Cqe]) -> usize {
+        let n = self.pop(out);
+        if n > 0 {
+            self.released.store(false, Ordering::Relaxed);
+            return n;
+        }
+        match &self.progress {
+            Some(p) if !self.released.load(Ordering::Relaxed) && p.progress() => self.pop(out),
+            _ => 0,
+        }
+    }
+
+    fn pop(&self, out: &mut [Cqe]) -> usize {
         let mut ring = self.ring.lock();
         let mut n = 0;
         while n < out.len() {
@@ -396,6 +427,11 @@ impl UserCq {
     /// Request a notification (a `CqNotify` event) for the next completion, or for the
     /// next solicited/error completion.
     pub fn arm(&self, solicited_only: bool) {
+        if let Some(p) = &self.progress {
+            if !self.released.swap(true, Ordering::Relaxed) {
+                p.release();
+            }
+        }
         let how = if solicited_only {
             crate::queue::notify::SOLICITED
         } else {
@@ -426,6 +462,8 @@ pub struct EngineCq {
     overflow_reported: AtomicBool,
     /// The consumer corrupted the ring's index: nothing is written to it any more.
     broken: AtomicBool,
+    /// The QPs completing here that a polling consumer can drive.
+    sources: ProgressSources,
 }
 
 impl std::fmt::Debug for EngineCq {
@@ -446,7 +484,13 @@ impl EngineCq {
             overflows: AtomicU64::new(0),
             overflow_reported: AtomicBool::new(false),
             broken: AtomicBool::new(false),
+            sources: ProgressSources::default(),
         }
+    }
+
+    /// The QPs completing here that a polling consumer can drive ([`crate::progress`]).
+    pub fn progress_sources(&self) -> &ProgressSources {
+        &self.sources
     }
 
     /// Append a completion. When it does not fit — the CQ is full, or in error because

@@ -80,6 +80,7 @@ pub mod fastpath;
 pub mod fork;
 pub mod ids;
 pub mod memory;
+pub mod progress;
 pub mod provider;
 pub mod queue;
 pub mod ratelimit;
@@ -95,6 +96,7 @@ pub use event::{Event, EventKind, EventSink, NullSink, UdPeer};
 pub use fastpath::{Doorbell, EngineCq, EngineSrq, RingStats, UserCq, UserQp, UserSrq};
 pub use ids::IdAllocator;
 pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region, Sgl};
+pub use progress::{Driven, Progress, ProgressSources};
 pub use provider::{
     Counter, CqInit, IfAddr, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp,
     ProviderSrq, QpInit, Route, SrqInit,

@@ -297,6 +297,47 @@ pub fn counted(ctx: &Context, device: &str, name: &str, before: u64) {
     }
 }
 
+/// Consumer-driven progress (`rnicpi::progress`) on `device`, over a connected pair of
+/// `door`: a consumer polling its CQ receives in its own thread in embedded mode (the
+/// device's counter `polled` grows), never through krdmad (whose engine it cannot reach);
+/// one armed to sleep is woken by a notification; and one that polled once and went quiet
+/// without arming still gets its message from the engine's own thread (the device's
+/// counter `received` grows while nobody polls).
+pub fn polling_consumers_drive(door: &FrontDoor, device: &str, polled: &str, received: &str) {
+    use ual::{send_flags::SIGNALED, Cqe, EventKind};
+    let (a, _b, s, c) = connected_pair(door, device, 4096);
+    let polled0 = device_counter(&a, device, polled);
+    for i in 0..200u64 {
+        s.post_recv(i, 0, 64).unwrap();
+        c.send(i, 0, 8, SIGNALED).unwrap();
+        c.complete(1).unwrap();
+        s.complete(1).unwrap();
+    }
+    let driven = device_counter(&a, device, polled) - polled0;
+    match door {
+        FrontDoor::Embedded => assert!(driven > 0, "nothing received by a polling thread"),
+        FrontDoor::Daemon(_) => assert_eq!(driven, 0, "only the daemon's engine receives"),
+    }
+
+    // Armed to sleep: the engine's thread receives, the notification wakes us.
+    s.post_recv(1000, 0, 64).unwrap();
+    s.cq.arm(false);
+    c.send(1000, 0, 8, SIGNALED).unwrap();
+    let ev = s.cq.events().recv_timeout(Duration::from_secs(10));
+    assert_eq!(ev.map(|e| e.kind).ok(), Some(EventKind::CqNotify));
+    assert_eq!(s.complete(1).unwrap()[0].wr_id, 1000);
+    c.complete(1).unwrap();
+
+    // Polled once (nothing there), then quiet without arming: still received.
+    s.post_recv(1001, 0, 64).unwrap();
+    let mut none = [Cqe::default(); 1];
+    assert_eq!(s.cq.poll(&mut none), 0);
+    let before = device_counter(&a, device, received);
+    c.send(1001, 0, 8, 0).unwrap();
+    counted(&a, device, received, before);
+    assert_eq!(s.complete(1).unwrap()[0].wr_id, 1001);
+}
+
 /// Deterministic test pattern.
 pub fn fill_pattern(buf: &mut [u8], seed: u32) {
     let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);

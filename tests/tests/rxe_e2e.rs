@@ -4,7 +4,9 @@
 //! across the PSN wrap, RNR NAKs, retry exhaustion, CM reject and disconnect with private
 //! data. What every device does is in `conformance.rs`.
 
-use krdma_tests::{connected_pair, each_front_door, fill_pattern, FrontDoor};
+use krdma_tests::{
+    connected_pair, each_front_door, fill_pattern, polling_consumers_drive, FrontDoor,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tools::perf::Endpoint;
@@ -374,5 +376,15 @@ fn reject_and_disconnect_with_private_data() {
             );
             assert_eq!(other.qp.state().unwrap(), QpState::Error);
         }
+    });
+}
+
+/// Embedded, a consumer polling a CQ receives the device's datagrams in its own thread;
+/// through krdmad the device's receive thread does; a consumer that stops polling is
+/// still served.
+#[test]
+fn polling_consumers_receive_in_their_own_thread() {
+    each_front_door(|door| {
+        polling_consumers_drive(door, "rxe0", "rx_packets_polled", "rx_packets")
     });
 }

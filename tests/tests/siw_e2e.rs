@@ -2,7 +2,7 @@
 //! TCP, MPA/DDP/RDMAP, shared rings): its transport and port as listed, and Send with
 //! Invalidate ending any STag. What every device does is in `conformance.rs`.
 
-use krdma_tests::{connected_pair, each_front_door, FrontDoor};
+use krdma_tests::{connected_pair, each_front_door, polling_consumers_drive, FrontDoor};
 use std::sync::Arc;
 use std::time::Duration;
 use tools::perf::Endpoint;
@@ -58,4 +58,11 @@ fn send_with_invalidate_invalidates_the_stag() {
             "access to an invalidated STag must fail: {cs:?}"
         );
     });
+}
+
+/// Embedded, a consumer polling its CQ reads the QP's stream in its own thread; through
+/// krdmad the engine's threads read; a consumer that stops polling is still served.
+#[test]
+fn polling_consumers_read_the_stream_in_their_own_thread() {
+    each_front_door(|door| polling_consumers_drive(door, "siw0", "rx_reads_polled", "rx_fpdus"));
 }

@@ -180,4 +180,21 @@ impl Channel {
             }
         }
     }
+
+    /// Embedded mode: the handle through which empty polls of CQ `cq` drive the engine
+    /// (`None` through the daemon, whose engine's sockets are not ours, and when
+    /// `KRDMA_POLL_PROGRESS=off` leaves all receiving to the engine's threads).
+    pub fn direct_progress(&self, cq: u32) -> Option<Arc<dyn rnicpi::Progress>> {
+        match self {
+            #[cfg(feature = "embedded")]
+            Channel::Embedded(door) => {
+                let off = std::env::var("KRDMA_POLL_PROGRESS").is_ok_and(|v| v == "off");
+                (!off).then(|| door.progress(cq).ok()).flatten()
+            }
+            Channel::Device { .. } => {
+                let _ = cq;
+                None
+            }
+        }
+    }
 }

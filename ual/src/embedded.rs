@@ -106,6 +106,10 @@ impl Door {
     pub(crate) fn doorbell(&self, qp: u32) -> Result<Arc<dyn rnicpi::Doorbell>> {
         self.kal.doorbell_for(self.ctx, qp)
     }
+
+    pub(crate) fn progress(&self, cq: u32) -> Result<Arc<dyn rnicpi::Progress>> {
+        self.kal.progress_for(self.ctx, cq)
+    }
 }
 
 impl Drop for Door {

@@ -4,8 +4,9 @@
 
 use crate::ah::{Ah, AhTable, MAX_AH};
 use crate::cm::Cm;
-use crate::net::{Datagram, Net, RxDrop, Wire};
+use crate::net::{Datagram, Net, Wire};
 use crate::qp::RxeQp;
+use crate::receive::Receiver;
 use crate::timer::{Clock, Timers};
 use crate::wire::{self, RocePacket, RoceRepr};
 use parking_lot::RwLock;
@@ -44,6 +45,9 @@ rnicpi::counters!(
     pub(crate) struct Counters {
         tx_packets,
         rx_packets,
+        /// Of those, received by a consumer polling a CQ in embedded mode
+        /// (`rnicpi::progress`) rather than by the receive thread.
+        rx_packets_polled,
         rx_not_ours,
         tx_bytes,
         rx_bytes,
@@ -89,6 +93,9 @@ pub(crate) struct Shared {
     pub counters: Counters,
     /// Where transmitted datagrams go.
     pub wire: Arc<dyn Wire>,
+    /// The socket's receive side, which polling consumers may drive (`None` in a
+    /// simulation, which delivers datagrams itself).
+    pub receiver: Option<Arc<Receiver>>,
     /// The receive side computes and checks ICRCs over real IP headers (raw sockets).
     raw: bool,
     /// The device's time: the host's, or a simulation's.
@@ -115,6 +122,11 @@ impl Shared {
         if qp.mark_scheduled() {
             let _ = self.tx_queue.send(Arc::downgrade(qp));
         }
+    }
+
+    /// The device is gone: its threads end.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
     }
 
     pub fn qp(&self, qpn: u32) -> Option<Arc<RxeQp>> {
@@ -257,8 +269,10 @@ impl RxeDevice {
                 VerbsError::from(e)
             })?,
         );
+        let receiver = Arc::new(Receiver::new(net.clone()));
         let io = Io {
             wire: net.clone(),
+            receiver: Some(receiver.clone()),
             raw: net.is_raw(),
             clock: Clock::Host,
             qpns: QpnSource::Random,
@@ -266,10 +280,8 @@ impl RxeDevice {
         };
         let (shared, rx) = Self::assemble(config, services, io);
         let port = net.port();
-        spawn("rxe-rx", {
-            let s = Arc::downgrade(&shared);
-            move || rx_loop(s, net)
-        })?;
+        receiver.attach(&shared);
+        spawn("rxe-rx", move || receiver.run())?;
         spawn("rxe-tx", {
             let s = Arc::downgrade(&shared);
             move || tx_loop(s, rx)
@@ -294,6 +306,7 @@ impl RxeDevice {
     ) -> (Arc<RxeDevice>, crossbeam_channel::Receiver<Weak<RxeQp>>) {
         let io = Io {
             wire,
+            receiver: None,
             raw: false,
             clock,
             qpns: QpnSource::Sequential(AtomicU32::new(2)),
@@ -363,6 +376,7 @@ impl RxeDevice {
             attr,
             counters: Counters::default(),
             wire: io.wire,
+            receiver: io.receiver,
             raw: io.raw,
             clock: io.clock,
             qpns: io.qpns,
@@ -384,6 +398,7 @@ impl RxeDevice {
 /// What a device is assembled with besides its configuration.
 struct Io {
     wire: Arc<dyn Wire>,
+    receiver: Option<Arc<Receiver>>,
     raw: bool,
     clock: Clock,
     qpns: QpnSource,
@@ -437,51 +452,8 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
         .map_err(|_| VerbsError::Exhausted)
 }
 
-/// How long the receive thread keeps looking for more after a data-bearing datagram
-/// before it sleeps again (a bulk transfer then costs no wake-up per packet).
-const RX_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
-/// Datagrams at least this large carry data of a transfer; after smaller ones (ACKs,
-/// ping-pong messages) the thread sleeps at once: on two cores a spinning thread delays
-/// the consumers more than a wake-up costs.
-const RX_SPIN_AFTER: usize = 1024;
-
-fn rx_loop(shared: Weak<Shared>, net: Arc<Net>) {
-    let mut buf = vec![0u8; 65536];
-    let mut spin_until: Option<std::time::Instant> = None;
-    loop {
-        let Some(s) = shared.upgrade() else { return };
-        if s.stop.load(Ordering::Acquire) {
-            return;
-        }
-        match net.recv(&mut buf, spin_until.is_none()) {
-            Ok(None) => match spin_until {
-                Some(t) if std::time::Instant::now() < t => std::thread::yield_now(),
-                _ => spin_until = None,
-            },
-            Ok(Some(Ok(d))) => {
-                deliver(&s, &d);
-                if d.roce.len() >= RX_SPIN_AFTER {
-                    spin_until = Some(std::time::Instant::now() + RX_SPIN);
-                }
-            }
-            Ok(Some(Err(drop))) => {
-                let c = &s.counters;
-                match drop {
-                    RxDrop::BadIcrc => s.count(&c.rx_bad_icrc),
-                    RxDrop::Malformed => s.count(&c.rx_malformed),
-                    RxDrop::NotOurs => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "rxe receive failed");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }
-    }
-}
-
 /// Hand one verified datagram to its QP (or the CM for QP1).
-fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
+pub(crate) fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
     let c = &s.counters;
     if !s.serves(d.dst) {
         return s.count(&c.rx_not_ours);

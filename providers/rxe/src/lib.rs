@@ -5,7 +5,8 @@
 //!   headers, the RoCEv2 ICRC, the CM MADs rdma_cm exchanges on QP1), checked against
 //!   captures of the kernel driver.
 //! * `net`: the datagram I/O layer (raw sockets where allowed, so every ICRC is computed
-//!   and verified over the real IP header; a plain UDP socket otherwise).
+//!   and verified over the real IP header; a plain UDP socket otherwise); `receive`: who
+//!   receives from it — the receive thread, or a polling consumer in embedded mode.
 //! * `qp`: the queue pair: RC — requester, completer and responder — with PSNs, ACK
 //!   coalescing, go-back-N retransmission, RNR handling, read and atomic responder
 //!   resources; UD — datagrams addressed through address handles (`ah`).
@@ -20,6 +21,7 @@ mod device;
 mod net;
 mod qp;
 mod random;
+mod receive;
 pub mod sim;
 mod timer;
 pub mod wire;

@@ -46,6 +46,10 @@ rnicpi::counters!(
         connect_requests,
         cq_overflows,
         qps_created,
+        /// Reads of a stream that found data: by a QP's rx thread, and by a consumer
+        /// polling one of its CQs in embedded mode (`rnicpi::progress`).
+        rx_reads_thread,
+        rx_reads_polled,
         // Connection setup (the CM reactor): what it holds now, and every refusal or drop.
         /// MPA handshakes under way (gauge).
         handshakes_active,

@@ -16,7 +16,7 @@ use crate::types::QpCaps;
 use crate::wr::{Cqe, WcStatus, Wqe};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The resources a software QP got at creation, and the work-queue handling that is the
 /// same whatever the transport.
@@ -57,6 +57,16 @@ impl QpBase {
             recv_cq: init.recv_cq,
             last_wqe_sent: AtomicBool::new(false),
         }
+    }
+
+    /// Let consumers polling this QP's CQs drive `source` (the QP's engine) in their
+    /// threads ([`crate::progress`]).
+    pub fn drive_from_polls(&self, source: Weak<dyn crate::Progress>) {
+        self.send_cq
+            .engine()
+            .progress_sources()
+            .attach(source.clone());
+        self.recv_cq.engine().progress_sources().attach(source);
     }
 
     /// A completion of this QP for the request `w`.

@@ -21,7 +21,11 @@ impl Context {
         };
         self.call(cmd::CREATE_CQ, &mut a)?;
         let ring = Ring::attach(mem, 0, cap)?.consumer();
-        Ok(self.cq_object(a.handle, dev, CqPath::Ring(UserCq::new(ring))))
+        let user = match self.chan.direct_progress(a.handle) {
+            Some(p) => UserCq::with_progress(ring, p),
+            None => UserCq::new(ring),
+        };
+        Ok(self.cq_object(a.handle, dev, CqPath::Ring(user)))
     }
 
     fn cq_object(self: &Arc<Self>, handle: u32, dev: u32, path: CqPath) -> Arc<Cq> {

@@ -147,7 +147,7 @@ impl RxeQp {
             ..QpAttr::default()
         };
         let ud = init.qp_type == QpType::Ud;
-        Arc::new_cyclic(|me| RxeQp {
+        let qp = Arc::new_cyclic(|me| RxeQp {
             base: QpBase::new(qpn, init),
             serial,
             dev,
@@ -169,7 +169,13 @@ impl RxeQp {
             token_free: Condvar::new(),
             scheduled: AtomicBool::new(false),
             me: me.clone(),
-        })
+        });
+        // Consumers polling the QP's CQs in embedded mode may receive for the device.
+        if let Some(r) = &qp.dev.receiver {
+            let weak: Weak<dyn Progress> = Arc::downgrade(r) as Weak<crate::receive::Receiver>;
+            qp.base.drive_from_polls(weak);
+        }
+        qp
     }
 
     pub(crate) fn arc(&self) -> Option<Arc<RxeQp>> {

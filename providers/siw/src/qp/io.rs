@@ -1,24 +1,14 @@
-//! The I/O shell of a connected QP, the core's driver: its two threads, the transmit
-//! pump that writes the batches the core emits, and the receive loop that frames the
-//! stream into FPDUs for the core.
+//! The I/O shell of a connected QP, the core's driver: attaching the stream and starting
+//! its two threads, the tx thread and the transmit pump that writes the batches the core
+//! emits (the receive side is in `rx`).
 
 use super::requester::{After, Transmit};
+use super::rx::RxSide;
 use super::state::{Conn, INITIATOR_PAUSE, RESPONDER_WAIT};
 use super::*;
 use crate::llp;
-use std::io::Read;
 use std::net::{Shutdown, TcpStream};
-use std::time::{Duration, Instant};
-
-/// Bytes the rx thread asks the socket for at once: many FPDUs per system call.
-const RX_CHUNK: usize = 128 * 1024;
-/// How long the rx thread keeps looking for more after a large read before it sleeps.
-const RX_SPIN: Duration = Duration::from_micros(50);
-/// A read at least this large means a bulk transfer is under way: more follows at once,
-/// and sleeping between reads would cost a wake-up for every chunk. After small reads
-/// (ping-pong traffic) the thread sleeps at once: on two cores a spinning rx thread
-/// delays the consumers more than a wake-up costs.
-const RX_SPIN_AFTER: usize = 16 * 1024;
+use std::time::Instant;
 
 /// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
 pub(super) struct Tx {
@@ -98,6 +88,7 @@ impl SiwQp {
         llp::set_linger_zero(&stream);
         let mss = llp::tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
+        let side = RxSide::new(rx.try_clone()?);
         self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
         // The Responder's first FPDU waits for the Initiator's (RFC 5044 §7.1.2); the
         // Initiator's pauses briefly after the Reply (see `INITIATOR_PAUSE`). Either
@@ -113,8 +104,12 @@ impl SiwQp {
         self.with_core(|st, _| st.event(established));
         // The reply goes out on the still non-blocking stream: a few hundred bytes into
         // a fresh connection's empty send buffer, never a wait on the peer.
-        let sent = reply.map_or(Ok(()), |r| rx.write_all(r));
-        let started = sent.and_then(|_| rx.set_nonblocking(false)).and_then(|_| {
+        let sent = reply
+            .map_or(Ok(()), |r| rx.write_all(r))
+            .and_then(|_| rx.set_nonblocking(false));
+        drop(rx);
+        self.rx.install(side);
+        let started = sent.and_then(|_| {
             let (a, b) = (self.clone(), self.clone());
             let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
                 std::thread::Builder::new()
@@ -124,7 +119,7 @@ impl SiwQp {
             };
             spawn(
                 format!("siw-rx{}", self.base.qpn),
-                Box::new(move || a.rx_loop(rx)),
+                Box::new(move || a.rx_loop()),
             )
             .and_then(|_| {
                 spawn(
@@ -199,7 +194,11 @@ impl SiwQp {
             Mode::Thread => self.tx.lock(),
             Mode::Inline => match self.tx.try_lock() {
                 Some(g) => g,
-                None => return true, // the tx thread is at it
+                None => {
+                    // The tx thread is at it: it takes one more round for this.
+                    self.kick_tx();
+                    return true;
+                }
             },
         };
         let Some(tx) = guard.as_mut() else {
@@ -232,7 +231,12 @@ impl SiwQp {
             let after = match self
                 .with_core(|st, env| st.poll_transmit(now, mode, &mut budget, env, &mut out))
             {
-                Transmit::Idle => return true,
+                Transmit::Idle => {
+                    if !w.tx.unsent.is_empty() {
+                        self.kick_tx(); // the socket was full: the tx thread writes the rest
+                    }
+                    return true;
+                }
                 Transmit::Finish => {
                     w.tx.llp.shutdown(Shutdown::Write);
                     return false;
@@ -269,82 +273,5 @@ impl SiwQp {
         };
         let lost = self.drain();
         taken && !lost
-    }
-
-    /// The rx thread: read the stream in large chunks and hand each FPDU to the
-    /// responder, until the stream ends or the QP stops taking FPDUs. After a large read
-    /// it keeps looking for [`RX_SPIN`] (giving the CPU away between looks) before it
-    /// sleeps in `read` again, so a bulk transfer costs no wake-up per chunk.
-    pub(super) fn rx_loop(self: Arc<Self>, mut sock: TcpStream) {
-        let mut buf = vec![0u8; RX_CHUNK];
-        let mut framing = wire::FpduDecoder::new();
-        let mut spin_until: Option<Instant> = None;
-        loop {
-            let got = match spin_until {
-                Some(until) => match llp::read_now(&sock, &mut buf) {
-                    Ok(Some(n)) => Ok(n),
-                    Ok(None) => {
-                        if Instant::now() < until {
-                            std::thread::yield_now();
-                        } else {
-                            spin_until = None;
-                        }
-                        continue;
-                    }
-                    Err(e) => Err(e),
-                },
-                None => sock.read(&mut buf),
-            };
-            let n = match got {
-                // An end of stream: the peer's FIN — or a reset whose error another
-                // call on the socket took first (a dead peer is never an orderly close).
-                Ok(0) => {
-                    let fin = framing.at_boundary() && !llp::was_reset(&sock);
-                    return self.connection_lost(fin);
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return self.connection_lost(false),
-            };
-            if !framing.feed(&buf[..n], |fpdu| self.receive_fpdu(fpdu)) {
-                return self.finish_rx(sock);
-            }
-            if n >= RX_SPIN_AFTER {
-                spin_until = Some(Instant::now() + RX_SPIN);
-            }
-        }
-    }
-
-    /// After a local Terminate: keep reading (so the peer never stalls on a full window)
-    /// until the tx side has written the Terminate, then half a second more so the peer
-    /// can take it, then close. Bounded: a peer that reads nothing cannot hold us.
-    pub(super) fn finish_rx(&self, sock: TcpStream) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
-        let mut sink = [0u8; 4096];
-        let mut s = &sock;
-        let mut linger_until = None;
-        loop {
-            let now = Instant::now();
-            if linger_until.is_none() && !self.st.lock().term.pending() {
-                linger_until = Some(now + Duration::from_millis(500));
-            }
-            if now >= deadline || linger_until.is_some_and(|t| now >= t) {
-                break;
-            }
-            match s.read(&mut sink) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => break,
-            }
-        }
-        self.connection_lost(false);
     }
 }

@@ -23,6 +23,7 @@
 mod io;
 mod requester;
 mod responder;
+mod rx;
 mod state;
 mod terminate;
 
@@ -52,6 +53,8 @@ pub struct SiwQp {
     /// The same stream for closing it: never held across I/O, so an abortive close
     /// works while the tx thread is blocked writing to a stalled peer.
     ctl: Mutex<Option<Arc<dyn Llp>>>,
+    /// The receive side: the stream as the rx thread and polling consumers read it.
+    rx: rx::Rx,
     me: Weak<SiwQp>,
 }
 
@@ -69,7 +72,7 @@ const CQ_OVERFLOW: TermCode = TermCode {
 
 impl SiwQp {
     pub(crate) fn new(dev: Arc<Shared>, qpn: u32, init: QpInit) -> Arc<SiwQp> {
-        Arc::new_cyclic(|me| SiwQp {
+        let qp = Arc::new_cyclic(|me| SiwQp {
             base: QpBase::new(qpn, init),
             dev,
             st: Mutex::new(State {
@@ -103,8 +106,13 @@ impl SiwQp {
             tx: Mutex::new(None),
             out: Mutex::new(()),
             ctl: Mutex::new(None),
+            rx: rx::Rx::default(),
             me: me.clone(),
-        })
+        });
+        // Consumers polling the QP's CQs in embedded mode may read its stream.
+        let weak: Weak<dyn Progress> = qp.me.clone();
+        qp.base.drive_from_polls(weak);
+        qp
     }
 
     /// What the core borrows for a call.
@@ -383,16 +391,18 @@ impl ProviderQp for SiwQp {
                 st.enter_error(env);
                 return true;
             }
-            st.kick = true;
             false
         });
         if in_error {
             return;
         }
         // Small requests go out inline in the caller's thread while the socket takes
-        // them; nothing here ever waits for the socket or for the tx thread.
-        self.pump(Mode::Inline);
-        self.cv.notify_one();
+        // them; nothing here ever waits for the socket or for the tx thread. What the
+        // inline pump leaves (large requests, Read Responses, a busy send token) it
+        // hands to the tx thread itself: a post that went out whole wakes no thread.
+        if !self.pump(Mode::Inline) {
+            self.kick_tx(); // no stream yet: the tx thread looks once it starts
+        }
     }
 
     fn disconnect(&self, abortive: bool) -> Result<()> {

@@ -1,0 +1,137 @@
+//! The device's receive side: datagrams from the RoCEv2 socket, verified and handed to
+//! their QP (or the CM) — by the receive thread, or, while a consumer polls a CQ of one of
+//! the device's QPs in embedded mode, by that consumer's thread ([`rnicpi::progress`]).
+//!
+//! Whoever holds the receive buffer's lock receives and delivers, so one QP's packets
+//! reach its engine in the order the socket had them whoever receives. The receive thread
+//! holds it while it sleeps in `recv`; a polling consumer only tries it (never waits), and
+//! its attempt marks the device driven ([`Driven`]). Once the thread sees that, it parks
+//! until the consumers stop (one arms its CQ to sleep, or none has polled for the window):
+//! a thread woken for every packet would only find it gone, and on two cores it takes the
+//! CPU the consumers need.
+
+use crate::device::{deliver, Shared};
+use crate::net::{Net, RxDrop};
+use parking_lot::Mutex;
+use rnicpi::{Driven, Progress};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// How long the receive thread keeps looking for more after a data-bearing datagram
+/// before it sleeps again (a bulk transfer then costs no wake-up per packet).
+const RX_SPIN: Duration = Duration::from_micros(50);
+/// Datagrams at least this large carry data of a transfer; after smaller ones (ACKs,
+/// ping-pong messages) the thread sleeps at once: on two cores a spinning thread delays
+/// the consumers more than a wake-up costs.
+const RX_SPIN_AFTER: usize = 1024;
+/// Datagrams a consumer's poll receives at most: a burst of a transfer (a 64 KiB message
+/// at a 4096-byte MTU is 16) without a round through the consumer's loop each.
+const POLL_BATCH: usize = 16;
+
+/// The device's socket and whoever is receiving from it.
+pub(crate) struct Receiver {
+    net: Arc<Net>,
+    /// The receive buffer: whoever holds it receives.
+    buf: Mutex<Vec<u8>>,
+    driven: Driven,
+    /// The device it delivers to (set once the device is assembled).
+    dev: OnceLock<Weak<Shared>>,
+}
+
+impl Receiver {
+    pub(crate) fn new(net: Arc<Net>) -> Receiver {
+        Receiver {
+            net,
+            buf: Mutex::new(vec![0u8; 65536]),
+            driven: Driven::default(),
+            dev: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn attach(&self, dev: &Arc<Shared>) {
+        let _ = self.dev.set(Arc::downgrade(dev));
+    }
+
+    /// The receive thread: sleep in `recv` (200 ms at a time, to notice the device's
+    /// end), deliver, again — parked while consumers drive.
+    pub(crate) fn run(self: Arc<Self>) {
+        let mut spin_until: Option<Instant> = None;
+        loop {
+            let Some(s) = self.dev.get().and_then(Weak::upgrade) else {
+                return;
+            };
+            if s.stopped() {
+                return;
+            }
+            if let Some(left) = self.driven.left() {
+                drop(s);
+                spin_until = None;
+                self.driven.park(left);
+                continue;
+            }
+            let mut buf = self.buf.lock();
+            match self.net.recv(&mut buf, spin_until.is_none()) {
+                Ok(None) => {
+                    drop(buf);
+                    match spin_until {
+                        Some(t) if Instant::now() < t => std::thread::yield_now(),
+                        _ => spin_until = None,
+                    }
+                }
+                Ok(Some(Ok(d))) => {
+                    deliver(&s, &d);
+                    if d.roce.len() >= RX_SPIN_AFTER {
+                        spin_until = Some(Instant::now() + RX_SPIN);
+                    }
+                }
+                Ok(Some(Err(drop))) => count_drop(&s, drop),
+                Err(e) => {
+                    drop(buf);
+                    tracing::warn!(error = %e, "rxe receive failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+}
+
+fn count_drop(s: &Shared, drop: RxDrop) {
+    let c = &s.counters;
+    match drop {
+        RxDrop::BadIcrc => s.count(&c.rx_bad_icrc),
+        RxDrop::Malformed => s.count(&c.rx_malformed),
+        RxDrop::NotOurs => {}
+    }
+}
+
+/// A consumer polling a CQ of one of the device's QPs lends its thread: it receives what
+/// the socket holds now, up to [`POLL_BATCH`] datagrams, for whichever QPs they are for.
+impl Progress for Receiver {
+    fn progress(&self) -> bool {
+        self.driven.touch();
+        let Some(s) = self.dev.get().and_then(Weak::upgrade) else {
+            return false;
+        };
+        let Some(mut buf) = self.buf.try_lock() else {
+            return false; // the receive thread is at it (it parks once it is done)
+        };
+        let mut any = false;
+        for _ in 0..POLL_BATCH {
+            match self.net.recv(&mut buf, false) {
+                Ok(Some(Ok(d))) => {
+                    deliver(&s, &d);
+                    s.counters.rx_packets_polled.fetch_add(1, Ordering::Relaxed);
+                    any = true;
+                }
+                Ok(Some(Err(drop))) => count_drop(&s, drop),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        any
+    }
+
+    fn release(&self) {
+        self.driven.release();
+    }
+}

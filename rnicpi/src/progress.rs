@@ -1,0 +1,249 @@
+//! Consumer-driven progress: a consumer polling an empty completion queue in embedded mode
+//! lends its thread to the engine, which reads its sockets there instead of waking a
+//! thread of its own for every message.
+//!
+//! A software engine receives on its own threads, which sleep in the kernel between
+//! messages; a message then costs a wake-up (5–15 µs on a small VM) before the consumer's
+//! poll can see its completion. When the consumer is polling anyway, the engine can do the
+//! receive in the consumer's thread: one non-blocking read per empty poll, no hand-off. The
+//! engine's own thread stays out of the way while a consumer drives (it would only be woken
+//! to find the data gone) and takes over again when the consumer stops: when it arms the CQ
+//! to sleep ([`Progress::release`]) or when it has not polled for a short while.
+//!
+//! * A QP that can be driven this way registers with its CQs' [`ProgressSources`]
+//!   (the engine's end of each CQ holds one).
+//! * The consumer's end of the CQ ([`UserCq`](crate::UserCq)) calls [`Progress::progress`]
+//!   when a poll finds nothing, and [`Progress::release`] when it arms.
+//! * Only in the process that runs the engine (embedded mode): through the daemon the
+//!   consumer cannot read the engine's sockets, and its CQs have no progress handle.
+//!
+//! `progress` follows the doorbell's contract ([`ProviderQp::doorbell`](crate::ProviderQp)):
+//! it never blocks on anything a peer or another tenant controls, and its work is bounded.
+
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Work an engine can do in a polling consumer's thread.
+pub trait Progress: Send + Sync {
+    /// Do what can be done now without blocking (read what has arrived, place it, write
+    /// its completions); whether anything was done.
+    fn progress(&self) -> bool;
+    /// The consumer stops polling (it is about to sleep on a notification): the engine's
+    /// own threads take over at once.
+    fn release(&self);
+}
+
+/// Sources a CQ's [`Progress`] visits per empty poll: a CQ shared by many QPs costs its
+/// poller at most this many reads each time, the QPs visited in turn.
+const VISIT: usize = 4;
+
+/// The QPs that complete into one CQ and can be driven from its poller.
+#[derive(Default)]
+pub struct ProgressSources {
+    inner: Mutex<Sources>,
+}
+
+#[derive(Default)]
+struct Sources {
+    list: Vec<Weak<dyn Progress>>,
+    /// Where the next visit starts.
+    next: usize,
+}
+
+impl std::fmt::Debug for ProgressSources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgressSources")
+            .field("len", &self.inner.lock().list.len())
+            .finish()
+    }
+}
+
+impl ProgressSources {
+    /// Add a source (a QP, which stays registered until it is dropped).
+    pub fn attach(&self, source: Weak<dyn Progress>) {
+        let mut s = self.inner.lock();
+        s.list.retain(|w| w.strong_count() > 0);
+        if !s.list.iter().any(|w| w.ptr_eq(&source)) {
+            s.list.push(source);
+        }
+    }
+
+    /// The live sources to visit this time (at most [`VISIT`], in turn).
+    fn visit(&self) -> Vec<Arc<dyn Progress>> {
+        let mut s = self.inner.lock();
+        let n = s.list.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let start = s.next % n;
+        s.next = (start + VISIT) % n;
+        (0..VISIT.min(n))
+            .filter_map(|i| s.list[(start + i) % n].upgrade())
+            .collect()
+    }
+}
+
+impl Progress for ProgressSources {
+    fn progress(&self) -> bool {
+        // Called without the lock: a source's progress writes completions, and may
+        // register nothing here, but must not run under our list's lock.
+        let mut any = false;
+        for p in self.visit() {
+            any |= p.progress();
+        }
+        any
+    }
+
+    fn release(&self) {
+        let all: Vec<_> = self
+            .inner
+            .lock()
+            .list
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for p in all {
+            p.release();
+        }
+    }
+}
+
+/// How long after a consumer's last poll an engine's own receive thread leaves its socket
+/// to consumers. A consumer that stops polling without arming its CQ delays the thread
+/// this long (it is what arming is for).
+pub const DRIVE_WINDOW: Duration = Duration::from_micros(500);
+
+/// Whether polling consumers drive an engine's receiving now, and where the engine's own
+/// receive thread sleeps while they do: the engine side of [`Progress`].
+///
+/// The thread checks [`Driven::left`] before it waits on its socket; while a consumer
+/// drives it [`Driven::park`]s instead, until [`Driven::release`] or [`Driven::wake`]
+/// calls it back, or the window passes without a poll.
+#[derive(Debug, Default)]
+pub struct Driven {
+    /// Until when a consumer drives (ns after [`epoch`]); 0 when none does.
+    until: AtomicU64,
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    epoch().elapsed().as_nanos() as u64
+}
+
+impl Driven {
+    /// A consumer polls: it drives for [`DRIVE_WINDOW`] more.
+    pub fn touch(&self) {
+        let until = now_ns() + DRIVE_WINDOW.as_nanos() as u64;
+        self.until.store(until, Ordering::Release);
+    }
+
+    /// How much longer a consumer drives, if one does.
+    pub fn left(&self) -> Option<Duration> {
+        let until = self.until.load(Ordering::Acquire);
+        let now = now_ns();
+        (until > now).then(|| Duration::from_nanos(until - now))
+    }
+
+    /// The consumer stops driving (it is about to sleep): call the thread back now.
+    pub fn release(&self) {
+        if self.until.swap(0, Ordering::AcqRel) != 0 {
+            self.wake();
+        }
+    }
+
+    /// Call the parked thread back (a consumer found something only it may handle).
+    pub fn wake(&self) {
+        *self.woken.lock() = true;
+        self.cv.notify_one();
+    }
+
+    /// The engine's thread: sleep until called back or `left` passes.
+    pub fn park(&self, left: Duration) {
+        let mut woken = self.woken.lock();
+        if !*woken {
+            self.cv.wait_for(&mut woken, left);
+        }
+        *woken = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Default)]
+    struct Counting {
+        polls: AtomicUsize,
+        releases: AtomicUsize,
+    }
+    impl Progress for Counting {
+        fn progress(&self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        fn release(&self) {
+            self.releases.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn many_sources_are_visited_in_turn_a_few_at_a_time() {
+        let sources = ProgressSources::default();
+        let qps: Vec<Arc<Counting>> = (0..10).map(|_| Arc::default()).collect();
+        for q in &qps {
+            let w: Weak<dyn Progress> = Arc::downgrade(&(q.clone() as Arc<dyn Progress>));
+            sources.attach(w.clone());
+            sources.attach(w); // twice: kept once
+        }
+        for _ in 0..5 {
+            assert!(sources.progress());
+        }
+        // 5 visits of 4 over 10 sources: each visited exactly twice.
+        assert!(qps.iter().all(|q| q.polls.load(Ordering::Relaxed) == 2));
+        sources.release();
+        assert!(qps.iter().all(|q| q.releases.load(Ordering::Relaxed) == 1));
+    }
+
+    #[test]
+    fn a_driven_thread_parks_until_released() {
+        let d = Arc::new(Driven::default());
+        assert!(d.left().is_none());
+        d.touch();
+        assert!(d.left().is_some_and(|l| l <= DRIVE_WINDOW));
+        let parked = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                // However long the consumers keep driving, the release calls it back.
+                d.park(Duration::from_secs(3600));
+            })
+        };
+        d.release();
+        parked.join().unwrap();
+        assert!(d.left().is_none());
+        // A wake-up given before the thread parks is not lost.
+        d.wake();
+        d.park(Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn dropped_sources_are_skipped_and_forgotten() {
+        let sources = ProgressSources::default();
+        let gone: Arc<dyn Progress> = Arc::new(Counting::default());
+        sources.attach(Arc::downgrade(&gone));
+        drop(gone);
+        assert!(!sources.progress());
+        let kept: Arc<dyn Progress> = Arc::new(Counting::default());
+        sources.attach(Arc::downgrade(&kept));
+        assert_eq!(sources.inner.lock().list.len(), 1);
+        assert!(sources.progress());
+    }
+}
