@@ -396,7 +396,7 @@ impl ProviderQp for SiwQp {
         if in_error {
             return;
         }
-        // Small requests go out inline in the caller's thread while the socket takes
+        // Requests up to 1 MiB go out inline in the caller's thread while the socket takes
         // them; nothing here ever waits for the socket or for the tx thread. What the
         // inline pump leaves (large requests, Read Responses, a busy send token) it
         // hands to the tx thread itself: a post that went out whole wakes no thread.

@@ -13,8 +13,11 @@ use std::time::Instant;
 
 /// Room for a batch of FPDUs per socket write.
 pub(super) const TX_BATCH: usize = 256 * 1024;
-/// Largest request a doorbell transmits inline in the caller's thread.
-const INLINE_TX: u64 = 16 * 1024;
+/// Largest request a doorbell transmits inline in the caller's thread, as far as the
+/// socket takes it without waiting (the tx thread writes the rest). Measured against
+/// 16 KiB (2026-11-27): 64 KiB ping-pong 22–27 µs against 27–34 µs one way, RDMA Write
+/// 1 MiB 0.94–1.05x raw TCP against 0.55–0.69x; no figure worse beyond the noise.
+const INLINE_TX: u64 = 1024 * 1024;
 
 /// What the transmitter does next ([`State::poll_transmit`]).
 // A WQE is moved once per request; boxing it would add an allocation to the data path.

@@ -26,6 +26,9 @@ const RX_SPIN: Duration = Duration::from_micros(50);
 /// (ping-pong traffic) the thread sleeps at once: on two cores a spinning rx thread
 /// delays the consumers more than a wake-up costs.
 const RX_SPIN_AFTER: usize = 16 * 1024;
+/// Reads a consumer's poll makes at most while the stream has data (1 MiB): a large
+/// message without a round through the consumer's loop per chunk.
+const POLL_READS: usize = 8;
 
 /// The stream and its framing: whoever holds the lock reads.
 pub(super) struct RxSide {
@@ -189,7 +192,8 @@ impl SiwQp {
     }
 }
 
-/// A consumer polling one of this QP's CQs lends its thread (see the module comment).
+/// A consumer polling one of this QP's CQs lends its thread (see the module comment):
+/// it reads while the stream has something, at most [`POLL_READS`] times.
 impl Progress for SiwQp {
     fn progress(&self) -> bool {
         self.rx.driven.touch();
@@ -199,23 +203,27 @@ impl Progress for SiwQp {
         let Some(side) = g.as_mut().filter(|s| s.end.is_none()) else {
             return false;
         };
-        match self.read_once(side, false) {
-            Read::Data(_) => {
-                self.dev
-                    .counters
-                    .rx_reads_polled
-                    .fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Read::Empty => false,
-            Read::End(end) => {
-                side.end = Some(end);
-                drop(g);
-                self.rx.driven.release();
-                self.rx.driven.wake();
-                false
+        let mut any = false;
+        for _ in 0..POLL_READS {
+            match self.read_once(side, false) {
+                Read::Data(_) => {
+                    self.dev
+                        .counters
+                        .rx_reads_polled
+                        .fetch_add(1, Ordering::Relaxed);
+                    any = true;
+                }
+                Read::Empty => break,
+                Read::End(end) => {
+                    side.end = Some(end);
+                    drop(g);
+                    self.rx.driven.release();
+                    self.rx.driven.wake();
+                    break;
+                }
             }
         }
+        any
     }
 
     fn release(&self) {
