@@ -150,6 +150,16 @@ impl Shared {
         }
     }
 
+    /// Send datagrams in order (the wire may hand them to the kernel at once). The
+    /// byte counter takes the first `sent` sizes: exact unless one in the middle was lost.
+    pub fn send_all(&self, packets: &mut [crate::net::Packet<'_>]) {
+        let sent = self.wire.send_all(self.config.port, packets);
+        let bytes: usize = packets.iter().take(sent).map(|p| p.roce.len()).sum();
+        let c = &self.counters;
+        c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+        c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     /// Emit `repr` into a fresh buffer and send it.
     pub fn send_repr(&self, src: IpAddr, dst: IpAddr, sport: u16, repr: &RoceRepr<'_>) {
         match repr.to_vec() {

@@ -31,13 +31,17 @@ mod sys;
 use crate::wire::icrc;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::RawFd;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 use sys::{
-    as_bytes, attach_filter, bind_udp, bpf, grow_buffers, io_slice, open_raw, open_udp6, sendmsg,
-    setsockopt, sockaddr_in, sockaddr_in6, Cmsg,
+    as_bytes, attach_filter, bind_udp, bpf, grow_buffers, io_slice, open_raw, open_udp6, sendmmsg,
+    sendmsg, setsockopt, sockaddr_in, sockaddr_in6, Cmsg, RawMsg,
 };
+
+/// Datagrams handed to the kernel in one `sendmmsg` at most.
+const BATCH: usize = 64;
 
 /// One received RoCEv2 datagram (ICRC already verified).
 #[derive(Debug)]
@@ -70,8 +74,32 @@ pub trait Wire: Send + Sync {
         dport: u16,
         roce: &mut [u8],
     ) -> io::Result<()>;
+    /// Send several datagrams, in order, to the device port `dport` of their peers (a
+    /// wire that can hands the kernel many at once). What cannot be sent is lost as on a
+    /// wire; returns how many were sent.
+    fn send_all(&self, dport: u16, packets: &mut [Packet<'_>]) -> usize {
+        send_each(self, dport, packets)
+    }
     /// Whether IPv6 peers are reachable.
     fn has_ipv6(&self) -> bool;
+}
+
+/// Send `packets` with one [`Wire::send`] each; how many were sent.
+fn send_each<W: Wire + ?Sized>(w: &W, dport: u16, packets: &mut [Packet<'_>]) -> usize {
+    packets
+        .iter_mut()
+        .map(|p| w.send(p.src, p.dst, p.sport, dport, p.roce).is_ok() as usize)
+        .sum()
+}
+
+/// One datagram of a batch for [`Wire::send_all`].
+#[derive(Debug)]
+pub struct Packet<'a> {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    /// BTH .. ICRC slot (the wire fills the ICRC in).
+    pub roce: &'a mut [u8],
 }
 
 impl Wire for Net {
@@ -84,6 +112,10 @@ impl Wire for Net {
         roce: &mut [u8],
     ) -> io::Result<()> {
         Net::send(self, src, dst, sport, dport, roce)
+    }
+
+    fn send_all(&self, dport: u16, packets: &mut [Packet<'_>]) -> usize {
+        Net::send_all(self, dport, packets)
     }
 
     fn has_ipv6(&self) -> bool {
@@ -201,6 +233,65 @@ impl Net {
         }
     }
 
+    /// Send `packets` in order: runs of IPv4 datagrams through the raw socket with one
+    /// `sendmmsg` each (up to [`BATCH`] at a time), the others one by one.
+    pub fn send_all(&self, dport: u16, packets: &mut [Packet<'_>]) -> usize {
+        let Some(tx) = &self.raw_tx else {
+            return send_each(self, dport, packets);
+        };
+        let mut sent = 0;
+        let mut rest = packets;
+        while !rest.is_empty() {
+            let run = rest
+                .iter()
+                .take(BATCH)
+                .take_while(|p| p.src.is_ipv4() && p.dst.is_ipv4())
+                .count();
+            let (batch, tail) = rest.split_at_mut(run.max(1));
+            sent += match run {
+                // An IPv6 datagram, or a single one: a plain `sendmsg`.
+                0 | 1 => send_each(self, dport, batch),
+                _ => self.send4_raw_batch(tx.as_raw_fd(), dport, batch),
+            };
+            rest = tail;
+        }
+        sent
+    }
+
+    /// IPv4 datagrams through the raw socket, headers built here, in one system call.
+    fn send4_raw_batch(&self, fd: RawFd, dport: u16, batch: &mut [Packet<'_>]) -> usize {
+        let mut heads = Vec::with_capacity(batch.len());
+        for (i, p) in batch.iter_mut().enumerate() {
+            let (IpAddr::V4(src), IpAddr::V4(dst)) = (p.src, p.dst) else {
+                continue; // never: the caller passes a run of IPv4 datagrams
+            };
+            let udp_len = (icrc::UDP_HEADER_LEN + p.roce.len()) as u16;
+            let ip = icrc::ipv4_header_for(src, dst, self.next_ip_id(), RAW_TX_TTL, 0, udp_len);
+            let udp = set_dport(icrc::udp_header_for(p.sport, udp_len), dport);
+            if fill(&ip, &udp, p.roce).is_ok() {
+                heads.push((i, ip, udp, sockaddr_in(SocketAddrV4::new(dst, 0))));
+            }
+        }
+        let msgs: Vec<RawMsg<'_>> = heads
+            .iter()
+            .map(|(i, ip, udp, sa)| RawMsg {
+                name: as_bytes(sa),
+                iov: [io_slice(ip), io_slice(udp), io_slice(&*batch[*i].roce)],
+            })
+            .collect();
+        sendmmsg(fd, &msgs)
+    }
+
+    /// The next non-zero IPv4 identification (the kernel replaces a zero one).
+    fn next_ip_id(&self) -> u16 {
+        loop {
+            let id = self.ip_id.fetch_add(1, Ordering::Relaxed);
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
     fn send6(&self, src: Ipv6Addr, dst: Ipv6Addr, dport: u16, roce: &mut [u8]) -> io::Result<()> {
         let sock = self.udp6.as_ref().ok_or(io::ErrorKind::AddrNotAvailable)?;
         let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
@@ -238,13 +329,7 @@ impl Net {
         let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
         match &self.raw_tx {
             Some(tx) => {
-                let id = loop {
-                    let id = self.ip_id.fetch_add(1, Ordering::Relaxed);
-                    if id != 0 {
-                        break id; // the kernel would replace a zero identification
-                    }
-                };
-                let ip = icrc::ipv4_header_for(src, dst, id, RAW_TX_TTL, 0, udp_len);
+                let ip = icrc::ipv4_header_for(src, dst, self.next_ip_id(), RAW_TX_TTL, 0, udp_len);
                 let udp = icrc::udp_header_for(sport, udp_len);
                 let udp = set_dport(udp, dport);
                 fill(&ip, &udp, roce)?;

@@ -344,6 +344,52 @@ pub(super) fn sendmsg(
     }
 }
 
+/// One message of a [`sendmmsg`]: its destination and its three pieces (IP header, UDP
+/// header, RoCEv2 packet).
+pub(super) struct RawMsg<'a> {
+    pub name: &'a [u8],
+    pub iov: [libc::iovec; 3],
+}
+
+/// Send `msgs` in order with as few `sendmmsg` calls as the kernel takes. A message the
+/// kernel refuses is skipped: a full buffer loses it as a wire would (retransmission
+/// recovers it), any other error is logged. Returns how many were sent.
+pub(super) fn sendmmsg(fd: RawFd, msgs: &[RawMsg<'_>]) -> usize {
+    let mut hdrs: Vec<libc::mmsghdr> = msgs
+        .iter()
+        .map(|m| {
+            // SAFETY: mmsghdr is plain data, for which all-zero is a valid value.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_name = m.name.as_ptr() as *mut libc::c_void;
+            h.msg_hdr.msg_namelen = m.name.len() as u32;
+            h.msg_hdr.msg_iov = m.iov.as_ptr() as *mut libc::iovec;
+            h.msg_hdr.msg_iovlen = m.iov.len();
+            h
+        })
+        .collect();
+    let (mut done, mut sent) = (0, 0);
+    while done < hdrs.len() {
+        let left = &mut hdrs[done..];
+        // SAFETY: each header points at a name and iovecs in `msgs`, which outlives the
+        // call, and those iovecs at buffers the caller keeps alive; the kernel writes only
+        // the headers' `msg_len`.
+        let r = unsafe { libc::sendmmsg(fd, left.as_mut_ptr(), left.len() as u32, 0) };
+        if r > 0 {
+            done += r as usize;
+            sent += r as usize;
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ENOBUFS) | Some(libc::EAGAIN) => {}
+            _ => tracing::debug!(error = %e, "rxe sendmmsg failed"),
+        }
+        done += 1; // this one is lost; go on with the rest
+    }
+    sent
+}
+
 fn unsafe_cmsg_space(len: usize) -> usize {
     // SAFETY: CMSG_SPACE is a pure arithmetic macro.
     unsafe { libc::CMSG_SPACE(len as u32) as usize }

@@ -20,7 +20,7 @@ mod requester;
 mod responder;
 
 use crate::device::Shared;
-use crate::net::Datagram;
+use crate::net::{Datagram, Packet};
 use crate::timer::Target;
 use crate::wire::{self, RoceRepr};
 use engine::{Effect, Engine, Outputs, TX_BUDGET};
@@ -289,9 +289,17 @@ impl RxeQp {
                 for e in effects {
                     self.effect(e);
                 }
-                for mut d in datagrams {
-                    self.dev.send(d.av.src, d.av.dst, d.av.sport, &mut d.roce);
-                }
+                let mut datagrams = datagrams;
+                let mut packets: Vec<_> = datagrams
+                    .iter_mut()
+                    .map(|d| Packet {
+                        src: d.av.src,
+                        dst: d.av.dst,
+                        sport: d.av.sport,
+                        roce: &mut d.roce,
+                    })
+                    .collect();
+                self.dev.send_all(&mut packets);
             });
         }
         drop(sender);
