@@ -340,25 +340,26 @@ impl Kal {
 
     /// Embedded mode: a doorbell that calls the QP's provider directly.
     pub fn doorbell_for(&self, ctx: ContextId, qp: u32) -> Result<Arc<dyn Doorbell>> {
-        self.here()?;
-        let c = self.context(ctx)?;
-        if !c.peer.in_process() {
-            return Err(VerbsError::Permission);
-        }
-        let (_, qp) = c.objects.lock().qp(qp)?;
+        let (_, qp) = self.in_process(ctx)?.objects.lock().qp(qp)?;
         Ok(Arc::new(DirectDoorbell(Arc::downgrade(&qp), self.lineage)))
     }
 
     /// Embedded mode: the progress handle of a CQ, through which the consumer's empty
     /// polls drive the engine ([`rnicpi::progress`]).
     pub fn progress_for(&self, ctx: ContextId, cq: u32) -> Result<Arc<dyn Progress>> {
+        let (_, cq) = self.in_process(ctx)?.objects.lock().cq(cq)?;
+        Ok(Arc::new(DirectProgress(Arc::downgrade(&cq), self.lineage)))
+    }
+
+    /// A context whose consumer is this process (the direct calls of embedded mode are
+    /// refused to any other, and in a fork child).
+    fn in_process(&self, ctx: ContextId) -> Result<Arc<Context>> {
         self.here()?;
         let c = self.context(ctx)?;
         if !c.peer.in_process() {
             return Err(VerbsError::Permission);
         }
-        let (_, cq) = c.objects.lock().cq(cq)?;
-        Ok(Arc::new(DirectProgress(Arc::downgrade(&cq), self.lineage)))
+        Ok(c)
     }
 
     /// Contexts open now.

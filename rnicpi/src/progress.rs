@@ -70,27 +70,29 @@ impl ProgressSources {
         }
     }
 
-    /// The live sources to visit this time (at most [`VISIT`], in turn).
-    fn visit(&self) -> Vec<Arc<dyn Progress>> {
+    /// The live sources to visit this time (at most [`VISIT`], in turn); no allocation,
+    /// as this runs on every empty poll.
+    fn visit(&self) -> [Option<Arc<dyn Progress>>; VISIT] {
+        let mut picked = [const { None }; VISIT];
         let mut s = self.inner.lock();
         let n = s.list.len();
-        if n == 0 {
-            return Vec::new();
+        if n > 0 {
+            let start = s.next % n;
+            s.next = (start + VISIT) % n;
+            for (i, slot) in picked.iter_mut().take(n).enumerate() {
+                *slot = s.list[(start + i) % n].upgrade();
+            }
         }
-        let start = s.next % n;
-        s.next = (start + VISIT) % n;
-        (0..VISIT.min(n))
-            .filter_map(|i| s.list[(start + i) % n].upgrade())
-            .collect()
+        picked
     }
 }
 
 impl Progress for ProgressSources {
     fn progress(&self) -> bool {
-        // Called without the lock: a source's progress writes completions, and may
-        // register nothing here, but must not run under our list's lock.
+        // The sources run without the list's lock: they write completions and must not
+        // hold up a QP registering meanwhile.
         let mut any = false;
-        for p in self.visit() {
+        for p in self.visit().into_iter().flatten() {
             any |= p.progress();
         }
         any

@@ -86,7 +86,14 @@ impl SiwQp {
     fn read_once(&self, rx: &mut RxSide, wait: bool) -> Read {
         let got = if wait {
             match std::io::Read::read(&mut &rx.sock, &mut rx.buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(None),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    Ok(None)
+                }
                 r => r.map(Some),
             }
         } else {
