@@ -492,7 +492,7 @@ pub(crate) fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
 fn tx_loop(shared: Weak<Shared>, rx: crossbeam_channel::Receiver<Weak<RxeQp>>) {
     loop {
         let Some(s) = shared.upgrade() else { return };
-        if s.stop.load(Ordering::Acquire) {
+        if s.stopped() {
             return;
         }
         drop(s);

@@ -172,7 +172,7 @@ impl RxeQp {
         });
         // Consumers polling the QP's CQs in embedded mode may receive for the device.
         if let Some(r) = &qp.dev.receiver {
-            let weak: Weak<dyn Progress> = Arc::downgrade(r) as Weak<crate::receive::Receiver>;
+            let weak: Weak<crate::receive::Receiver> = Arc::downgrade(r);
             qp.base.drive_from_polls(weak);
         }
         qp
@@ -281,7 +281,7 @@ impl RxeQp {
         let sender = Sender::take(st);
         for _ in 0..DRAIN_ROUNDS {
             let effects = std::mem::take(&mut sender.0.out.effects);
-            let datagrams = std::mem::take(&mut sender.0.out.datagrams);
+            let mut datagrams = std::mem::take(&mut sender.0.out.datagrams);
             if effects.is_empty() && datagrams.is_empty() {
                 break;
             }
@@ -289,7 +289,6 @@ impl RxeQp {
                 for e in effects {
                     self.effect(e);
                 }
-                let mut datagrams = datagrams;
                 let mut packets: Vec<_> = datagrams
                     .iter_mut()
                     .map(|d| Packet {

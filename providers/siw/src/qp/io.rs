@@ -88,7 +88,6 @@ impl SiwQp {
         llp::set_linger_zero(&stream);
         let mss = llp::tcp_mss(&stream).unwrap_or(1460);
         let rx = stream.try_clone()?;
-        let side = RxSide::new(rx.try_clone()?);
         self.enter_rts(Arc::new(stream), conn.crc, conn.ird, conn.ord, mss)?;
         // The Responder's first FPDU waits for the Initiator's (RFC 5044 §7.1.2); the
         // Initiator's pauses briefly after the Reply (see `INITIATOR_PAUSE`). Either
@@ -107,8 +106,7 @@ impl SiwQp {
         let sent = reply
             .map_or(Ok(()), |r| rx.write_all(r))
             .and_then(|_| rx.set_nonblocking(false));
-        drop(rx);
-        self.rx.install(side);
+        self.rx.install(RxSide::new(rx));
         let started = sent.and_then(|_| {
             let (a, b) = (self.clone(), self.clone());
             let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {

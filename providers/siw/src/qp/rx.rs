@@ -224,8 +224,7 @@ impl Progress for SiwQp {
                 Read::End(end) => {
                     side.end = Some(end);
                     drop(g);
-                    self.rx.driven.release();
-                    self.rx.driven.wake();
+                    self.rx.driven.release(); // calls the rx thread back to end it
                     break;
                 }
             }
