@@ -403,6 +403,11 @@ impl UserCq {
         }
     }
 
+    /// Whether empty polls drive the engine (a progress handle, see [`crate::progress`]).
+    pub fn drives_progress(&self) -> bool {
+        self.progress.is_some()
+    }
+
     fn pop(&self, out: &mut [Cqe]) -> usize {
         let mut ring = self.ring.lock();
         let mut n = 0;

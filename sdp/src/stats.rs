@@ -2,11 +2,12 @@
 //! every process that uses SDP answers on the abstract UNIX socket `@krdma-sdp.<pid>`
 //! with a text report — the switch's counters, then one line per connection.
 
-use crate::conn::Conn;
+use crate::conn::{hot, Conn};
 use crate::reactor::{self, Reactive, Registration};
 use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 static CONNS: Mutex<Vec<Weak<Conn>>> = Mutex::new(Vec::new());
@@ -37,6 +38,11 @@ pub fn report() -> String {
         out.push_str(&format!(" {k}={v}"));
     }
     out.push('\n');
+    out.push_str(&format!(
+        "waits polled={} slept={}\n",
+        hot::WAITS_POLLED.load(Ordering::Relaxed),
+        hot::WAITS_SLEPT.load(Ordering::Relaxed)
+    ));
     let conns: Vec<Arc<Conn>> = CONNS
         .lock()
         .unwrap_or_else(|e| e.into_inner())

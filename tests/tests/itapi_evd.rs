@@ -121,6 +121,57 @@ itapi_tests! {
         assert!(waited < Duration::from_secs(5));
     }
 
+    // krdma's `dequeue_polling`: the CQ is not armed again until a plain dequeue, so
+    // completions meanwhile notify nobody (a poller takes them); a plain dequeue arms it
+    // and the descriptor works again.
+    fn itapi_dequeue_polling_leaves_the_cq_unarmed(case) {
+        let fd_cfg = Cfg {
+            dto_flags: EvdFlags::CREATE_FD,
+            ..Cfg::default()
+        };
+        let (s, c) = pair_cfg(case, &fd_cfg, &Cfg::default());
+        let fd = s.dto.fd().unwrap();
+        for i in 0..4 {
+            s.ep.post_recv(&[s.seg(i * 64, 64)], i, DtoFlags::NOTIFY).unwrap();
+        }
+        let poll_for = |cookie: u64| {
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                match s.dto.dequeue_polling() {
+                    Ok(Event::Dto(d)) => return assert_eq!(d.cookie, cookie),
+                    Ok(other) => panic!("{other:?}"),
+                    Err(Error::QueueEmpty) if Instant::now() < until => {
+                        std::thread::sleep(Duration::from_micros(200))
+                    }
+                    Err(e) => panic!("no completion {cookie}: {e:?}"),
+                }
+            }
+        };
+        // Armed since the SEVD was made: the first message notifies.
+        c.ep.post_send(&[c.seg(0, 8)], 10, DtoFlags::SIGNALED).unwrap();
+        c.expect(DtoKind::Send, 10);
+        assert!(readable(fd, 5000), "armed: the first message notifies");
+        poll_for(0);
+        assert!(!readable(fd, 0), "drained: not ready");
+        // The event thread armed the CQ again when it took that one (nobody polled yet):
+        // that arm fires once more, for the next message.
+        c.ep.post_send(&[c.seg(0, 8)], 11, DtoFlags::SIGNALED).unwrap();
+        c.expect(DtoKind::Send, 11);
+        poll_for(1);
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(s.dto.dequeue_polling().err(), Some(Error::QueueEmpty));
+        // Polled: the next one is there to take, but nobody is told.
+        c.ep.post_send(&[c.seg(0, 8)], 12, DtoFlags::SIGNALED).unwrap();
+        c.expect(DtoKind::Send, 12);
+        assert!(!readable(fd, 300), "left unarmed: no notification");
+        poll_for(2);
+        // A plain dequeue arms again.
+        assert_eq!(s.dto.dequeue().err(), Some(Error::QueueEmpty));
+        c.ep.post_send(&[c.seg(0, 8)], 13, DtoFlags::SIGNALED).unwrap();
+        assert!(readable(fd, 5000), "armed again: the message notifies");
+        assert!(matches!(s.dto.dequeue().unwrap(), Event::Dto(d) if d.cookie == 3));
+    }
+
     fn itapi_threshold_and_descriptor(case) {
         let ia = case.ia();
         let evd = software(&ia, EvdFlags::CREATE_FD, 16, 3, None);

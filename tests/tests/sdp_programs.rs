@@ -425,6 +425,68 @@ fn sockperf_siw0() {
     sockperf("siw0");
 }
 
+/// sockperf's ping-pong blocks in `recv` (no poll, select or epoll). With the embedded kAL
+/// the waits of its blocking calls end while the caller polls — the engine receives in
+/// the caller's thread, no wake-up in between (`krdma_sdp::conn::hot`); with polling
+/// turned off (`KRDMA_SDP_SPIN_US=0`), and through krdmad (where polls drive nothing),
+/// every wait sleeps. The server's SDP report counts both.
+fn blocking_calls_poll(device: &'static str) {
+    if !have("sockperf") {
+        return;
+    }
+    let daemon = daemon_possible().then(Daemon::start);
+    let mut runs = vec![(None, None, true), (None, Some("0"), false)];
+    if let Some(d) = &daemon {
+        runs.push((Some(d), None, false));
+    }
+    for (n, (d, spin, polls)) in runs.into_iter().enumerate() {
+        let (s, c) = ends(device, d, true, true, 10 + n as u8);
+        let p = free_port();
+        let ip = server_ip(&s);
+        let mut sv = s.server("sockperf");
+        let mut cl = c.command("sockperf");
+        if let Some(v) = spin {
+            sv.env("KRDMA_SDP_SPIN_US", v);
+            cl.env("KRDMA_SDP_SPIN_US", v);
+        }
+        let mut server = Server(
+            sv.args(["sr", "--tcp", "-i", "0.0.0.0", "-p", &p.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(SocketAddr::new(ip, p), &mut server);
+        cl.args(["pp", "--tcp", "-i", &ip.to_string(), "-p", &p.to_string()])
+            .args(["-t", "1", "-m", "64"]);
+        let out = run(cl, "sockperf ping-pong");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("Summary: Latency is"), "{text}");
+        let r = report(server.0.id());
+        let (polled, slept) = (counter(&r, "polled"), counter(&r, "slept"));
+        eprintln!(
+            "{device} {} spin {spin:?}: waits polled {polled}, slept {slept}",
+            s.front
+        );
+        if polls {
+            assert!(polled > 0, "no wait ended while polling: {r}");
+        } else {
+            assert!(polled == 0 && slept > 0, "{r}");
+        }
+    }
+}
+
+#[test]
+fn blocking_calls_poll_siw0() {
+    blocking_calls_poll("siw0");
+}
+
+#[test]
+fn blocking_calls_poll_rxe0() {
+    blocking_calls_poll("rxe0");
+}
+
 #[test]
 fn sockperf_rxe0() {
     sockperf("rxe0");

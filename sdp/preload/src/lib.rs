@@ -30,6 +30,7 @@ mod bridges;
 mod listening;
 mod real;
 mod table;
+mod waits;
 
 use krdma_sdp::conn::{io_error, is_relayed, Conn};
 use krdma_sdp::switch::{Role, Use, COUNTERS};

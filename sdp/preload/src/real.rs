@@ -62,5 +62,13 @@ real_fns! {
     memfd_create: fn(*const c_char, libc::c_uint) -> c_int;
     epoll_create1: fn(c_int) -> c_int;
     open64: fn(*const c_char, c_int, libc::mode_t) -> c_int;
+    poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+    ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;
+    pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    __poll_chk: fn(*mut libc::pollfd, libc::nfds_t, c_int, size_t) -> c_int;
+    __ppoll_chk: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t, size_t) -> c_int;
+    epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
+    epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
     pthread_create: fn(*mut libc::pthread_t, *const libc::pthread_attr_t, extern "C" fn(*mut c_void) -> *mut c_void, *mut c_void) -> c_int;
 }

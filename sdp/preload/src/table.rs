@@ -61,6 +61,8 @@ pub fn global() -> &'static Global {
             unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_fork_child)) };
             // SAFETY: registering a plain function to run at exit.
             unsafe { libc::atexit(at_exit) };
+            // This library sees the program's poll/select/epoll waits (`waits`).
+            krdma_sdp::conn::hot::waits_are_seen();
             let policy = Policy::load();
             let program = std::fs::read_to_string("/proc/self/comm")
                 .map(|s| s.trim().to_string())
@@ -161,6 +163,7 @@ extern "C" fn before_fork() {
 extern "C" fn in_fork_child() {
     FORKED.store(true, Ordering::Relaxed);
     krdma_sdp::device::Device::forget_all();
+    krdma_sdp::conn::hot::forget_all();
     if let Ok(t) = TABLE.try_lock() {
         for s in t.values() {
             if let Ok(mut k) = s.kind.try_lock() {

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use ual::RegBuf;
 
+pub mod hot;
 mod relay;
 pub use relay::{is_relayed, Relayed};
 
@@ -44,6 +45,9 @@ const WRITE: u64 = 4 << 32;
 /// zero copy: measured (docs/benchmarks.md), 128 KiB writes are faster by buffered copy
 /// and 1 MiB writes a little faster by zero copy, on both devices.
 const DEFAULT_ZCOPY_THRESHOLD: usize = 1024 * 1024;
+/// How long a blocking call polls before it sleeps, by default ([`spin_time`]).
+const SPIN: Duration = Duration::from_micros(50);
+
 /// How long a connection waits for its connect or accept to complete.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -162,6 +166,13 @@ pub struct State {
     /// Callers asleep in [`Conn::sleep`], by their threads' wake-up descriptors (the
     /// progress thread leaves events to them).
     sleepers: Vec<Arc<EventFd>>,
+    /// Callers polling in [`Conn::sleep`] before they sleep (the progress thread leaves
+    /// events to them too).
+    spinning: usize,
+    /// Left unarmed by a call ([`hot`]).
+    hot: bool,
+    /// Called since the progress thread's last tick.
+    touched: bool,
     /// The reset was reported once; later writes say EPIPE as TCP's do.
     reset_reported: bool,
     /// The face carries the data ([`Conn::relay`]).
@@ -170,6 +181,12 @@ pub struct State {
 
 /// One SDP connection.
 pub struct Conn {
+    me: Weak<Conn>,
+    /// On the list of hot connections ([`hot`]).
+    listed: std::sync::atomic::AtomicBool,
+    /// How long a blocking call polls before it sleeps; zero where polling drives
+    /// nothing (through krdmad): then every call arms ([`hot`]).
+    spin: Duration,
     pub dev: Arc<Device>,
     ep: Endpoint,
     dto: Evd,
@@ -227,7 +244,15 @@ impl Conn {
         let tx_buf = RegBuf::new(tx_slot * TX_SLOTS as usize)?;
         let tx = Lmr::create(&dev.pz, tx_buf.clone(), MemPriv::LOCAL).map_err(itapi_err)?;
         let (face, readiness) = Readiness::new()?;
-        let conn = Arc::new(Conn {
+        let spin = if dto.worth_spinning() {
+            spin_time()
+        } else {
+            Duration::ZERO
+        };
+        let conn = Arc::new_cyclic(|me| Conn {
+            me: me.clone(),
+            listed: Default::default(),
+            spin,
             dev,
             ep,
             dto,
@@ -254,6 +279,9 @@ impl Conn {
                 face_gone: false,
                 detached: false,
                 sleepers: Vec::new(),
+                spinning: 0,
+                hot: false,
+                touched: false,
                 reset_reported: false,
                 relay: None,
             }),
@@ -374,7 +402,7 @@ impl Conn {
         if st.relay.is_some() {
             return Err(relay::relayed_error());
         }
-        self.progress(&mut st);
+        self.progress_with(&mut st, self.spin.is_zero() || !hot::may_stay_hot());
         Ok(st)
     }
 
@@ -402,15 +430,21 @@ impl Conn {
     }
 
     /// Take every completion and connection event, then send what the protocol has.
-    pub(crate) fn progress(&self, st: &mut State) {
-        let mut took = self.take_completions(st);
+    pub(crate) fn progress(&self, st: &mut State) -> bool {
+        self.progress_with(st, true)
+    }
+
+    /// [`progress`](Self::progress); without `arm` the completion queue is left unarmed
+    /// (the caller polls on: see [`Evd::dequeue_polling`]).
+    fn progress_with(&self, st: &mut State, arm: bool) -> bool {
+        let mut took = self.take_completions(st, arm);
         while let Ok(ev) = self.cm.dequeue() {
             took = true;
             // The transport queues a message's completion before the connection event that
             // follows it on the wire (the peer's DisConn, then its transport's close): take
             // the completions that arrived since the queue was last emptied first, or an
             // orderly close would read as a reset.
-            self.take_completions(st);
+            self.take_completions(st, arm);
             if let Event::Connection(c) = ev {
                 self.on_cm(st, c.kind, &c.private_data);
             }
@@ -423,13 +457,42 @@ impl Conn {
                 let _ = s.write(1);
             }
         }
+        if arm {
+            st.hot = false;
+        } else {
+            st.touched = true;
+            if !st.hot {
+                st.hot = true;
+                hot::add(self);
+                // A thread that began to wait meanwhile may have cooled every hot
+                // connection already (`hot::Waiting::enter`): do it for it. (Without the
+                // preload only a blocking call's polls leave it unarmed, until it sleeps.)
+                if !hot::may_stay_hot() && st.spinning == 0 {
+                    return self.progress_with(st, true) || took;
+                }
+            }
+        }
+        took
+    }
+
+    /// Arm a hot connection ([`hot`]).
+    fn cool(&self) {
+        let mut st = self.lock();
+        if st.hot && st.relay.is_none() {
+            self.progress(&mut st);
+        }
     }
 
     /// Handle every completion queued; whether there was any.
-    fn take_completions(&self, st: &mut State) -> bool {
+    fn take_completions(&self, st: &mut State, arm: bool) -> bool {
         let mut took = false;
         loop {
-            match self.dto.dequeue() {
+            let next = if arm {
+                self.dto.dequeue()
+            } else {
+                self.dto.dequeue_polling()
+            };
+            match next {
                 Ok(Event::Dto(d)) => {
                     took = true;
                     self.on_dto(st, d.kind, d.cookie, d.status, d.transferred_length)
@@ -707,9 +770,9 @@ impl Conn {
     /// would otherwise sleep on with its condition met. (A wake-up shared by all sleepers
     /// could be taken twice by one of them, going back to sleep, and leave the other
     /// asleep for ever: seen as a writer waiting, its queue long empty.)
-    fn sleep(
-        &self,
-        mut st: MutexGuard<'_, State>,
+    fn sleep<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
         face: Option<BorrowedFd<'_>>,
         want: PollFlags,
         deadline: Option<Instant>,
@@ -731,6 +794,37 @@ impl Conn {
                     .unwrap_or(PollTimeout::MAX)
             }
         };
+        // Poll a while first: in embedded mode the polls receive in this thread, and a
+        // sleep costs wake-ups ([`hot`]). A thread of the program waiting elsewhere needs
+        // the notifications: then arm at once.
+        if !self.spin.is_zero() && !hot::waiting() {
+            let until = Instant::now() + self.spin;
+            st.spinning += 1;
+            let took = loop {
+                if self.progress_with(&mut st, false) {
+                    break true;
+                }
+                let now = Instant::now();
+                if now >= until || deadline.is_some_and(|d| now >= d) || hot::waiting() {
+                    break false;
+                }
+                drop(st);
+                std::hint::spin_loop();
+                st = self.lock();
+            };
+            st.spinning -= 1;
+            if took {
+                hot::WAITS_POLLED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if !hot::may_stay_hot() {
+                    self.progress(&mut st);
+                }
+                return Ok(());
+            }
+        }
+        // Armed before the sleep, and a last look.
+        if self.progress(&mut st) {
+            return Ok(());
+        }
         let me = waker()?;
         st.sleepers.push(me.clone());
         drop(st);
@@ -746,6 +840,7 @@ impl Conn {
         ];
         let n = if face.is_some() { 4 } else { 3 };
         let r = poll(&mut p[..n], timeout);
+        hot::WAITS_SLEPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut st = self.lock();
         st.sleepers.retain(|s| !Arc::ptr_eq(s, &me));
         // No kick can come any more: take the one that may have (the next sleep, on
@@ -1142,6 +1237,10 @@ impl Conn {
 impl Reactive for Conn {
     fn on_tick(&self) {
         let mut st = self.lock();
+        if st.hot && !std::mem::take(&mut st.touched) {
+            // Not called for a whole tick: arm it ([`hot`]).
+            self.progress(&mut st);
+        }
         if st.sleepers.is_empty() && st.proto.poll_timeout().is_some_and(|t| t <= Instant::now()) {
             self.progress(&mut st);
         }
@@ -1151,10 +1250,12 @@ impl Reactive for Conn {
         let mut st = self.lock();
         // A relayed face's events are the relay's alone (a caller asleep does not poll the
         // back).
-        if !st.sleepers.is_empty() && st.relay.is_none() {
+        if (!st.sleepers.is_empty() || st.spinning > 0) && st.relay.is_none() {
             return;
         }
-        self.progress(&mut st);
+        // A hot connection stays so (its caller polls it; see [`hot`]).
+        let arm = !st.hot || !hot::may_stay_hot();
+        self.progress_with(&mut st, arm);
         // (A relayed face's last bytes are taken from the back before its close counts.)
         let drained = st.relay.as_ref().is_none_or(|r| r.face_done);
         if !st.face_gone
@@ -1189,6 +1290,18 @@ impl Drop for Conn {
         self.reg.lock().unwrap_or_else(|e| e.into_inner()).take();
         let _ = self.ep.abort();
     }
+}
+
+/// How long a blocking call polls before it sleeps, where polling drives the engine
+/// (`KRDMA_SDP_SPIN_US`, default [`SPIN`]; 0 turns polling off: every call arms).
+fn spin_time() -> Duration {
+    static TIME: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *TIME.get_or_init(|| {
+        std::env::var("KRDMA_SDP_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(SPIN, Duration::from_micros)
+    })
 }
 
 /// Connections closed by their sockets and still finishing their orderly close, and the
@@ -1247,13 +1360,20 @@ fn waker() -> io::Result<Arc<EventFd>> {
     thread_local! {
         static WAKER: std::cell::OnceCell<Arc<EventFd>> = const { std::cell::OnceCell::new() };
     }
-    WAKER.with(|w| {
-        if let Some(e) = w.get() {
-            return Ok(e.clone());
-        }
-        let e = Arc::new(EventFd::from_flags(
+    let new = || -> io::Result<Arc<EventFd>> {
+        Ok(Arc::new(EventFd::from_flags(
             EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
-        )?);
-        Ok(w.get_or_init(|| e).clone())
-    })
+        )?))
+    };
+    // At exit (the C library's exit handlers, `finish_at_exit`) the thread's locals are
+    // gone already: a descriptor for this one sleep.
+    WAKER
+        .try_with(|w| {
+            if let Some(e) = w.get() {
+                return Ok(e.clone());
+            }
+            let e = new()?;
+            Ok(w.get_or_init(|| e).clone())
+        })
+        .unwrap_or_else(|_| new())
 }

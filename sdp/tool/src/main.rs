@@ -108,6 +108,14 @@ fn main() {
                         shown.join(" ")
                     }
                 );
+            } else if let Some(rest) = line.strip_prefix("waits ") {
+                let p = pairs(rest);
+                let g = |k: &str| p.iter().find(|(x, _)| *x == k).map_or("-", |(_, v)| *v);
+                println!(
+                    "  blocking calls' waits: {} ended while polling, {} slept",
+                    g("polled"),
+                    g("slept")
+                );
             } else if let Some(rest) = line.strip_prefix("conn ") {
                 let p = pairs(rest);
                 let g = |k: &str| {

@@ -79,6 +79,17 @@ impl Cq {
         }
     }
 
+    /// Whether a consumer waiting for completions does better to poll for a while than to
+    /// sleep at once: its polls drive the engine (embedded mode, see `rnicpi::progress`) or
+    /// the device works by itself (a uVP's adapter). Through krdmad a poller only takes the
+    /// CPU the daemon needs.
+    pub fn worth_spinning(&self) -> bool {
+        match &self.path {
+            CqPath::Ring(r) => r.drives_progress(),
+            CqPath::Device(_) => true,
+        }
+    }
+
     /// Ask for a `CqNotify` event on the next (solicited) completion.
     pub fn arm(&self, solicited_only: bool) {
         if self.ctx.here().is_err() {

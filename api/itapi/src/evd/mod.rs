@@ -153,6 +153,9 @@ struct State {
     dead: bool,
     /// Dequeues in a row that found nothing (see [`POLL_YIELD_EVERY`]).
     empty_polls: u32,
+    /// The consumer polls on: the CQ is left unarmed ([`Evd::dequeue_polling`]) until
+    /// the next plain dequeue or wait.
+    polling: bool,
 }
 
 /// A consumer polling an empty SEVD gives up its CPU once in this many empty dequeues:
@@ -239,6 +242,7 @@ impl Evd {
                 fd_set: false,
                 dead: false,
                 empty_polls: 0,
+                polling: false,
             }),
             cv: Condvar::new(),
             signal,
@@ -276,7 +280,26 @@ impl Evd {
 
     /// Take the oldest event without waiting (`QueueEmpty` when there is none).
     pub fn dequeue(&self) -> Result<Event> {
-        self.0.dequeue()
+        self.0.dequeue(true)
+    }
+
+    /// krdma's extension: [`dequeue`](Self::dequeue) for a caller that keeps polling. The
+    /// completion queue is left unarmed until the next plain dequeue or wait, so an
+    /// embedded engine goes on receiving in the caller's thread (consumer-driven
+    /// progress) instead of waking its own and the event thread for each completion.
+    /// Meanwhile completions may not make the descriptor readable or reach an AEVD or a
+    /// callback: the caller dequeues plainly before it relies on them.
+    pub fn dequeue_polling(&self) -> Result<Event> {
+        self.0.dequeue(false)
+    }
+
+    /// krdma's extension: whether a consumer waiting for this SEVD's completions does
+    /// better to poll it for a while than to sleep at once — its polls drive the engine
+    /// (an embedded software provider) or the device works by itself (a uVP's adapter).
+    /// Through krdmad polling only takes the CPU the daemon needs. False for SEVDs of
+    /// other streams.
+    pub fn worth_spinning(&self) -> bool {
+        self.0.dto.as_ref().is_some_and(|d| d.cq.worth_spinning())
     }
 
     /// Wait up to `timeout` (`None`: for ever) until the SEVD holds `threshold` events
@@ -531,10 +554,14 @@ impl SevdInner {
     /// Move completions from the completion ring into the queue; true when one notified.
     /// `waiting`: the caller is about to sleep for a notification.
     fn refill(&self, st: &mut State, waiting: bool) -> bool {
+        self.refill_arming(st, waiting || (self.watched(st) && !st.polling))
+    }
+
+    /// [`refill`](Self::refill), arming the CQ after or not as told.
+    fn refill_arming(&self, st: &mut State, arm: bool) -> bool {
         let Some(dto) = &self.dto else { return false };
         let mut notified = false;
         let room = st.capacity.saturating_sub(st.queue.len());
-        let arm = waiting || self.watched(st);
         dto.take(self, room, arm, |ev, notify, wakes| {
             notified |= notify;
             st.wakeable |= wakes;
@@ -558,8 +585,10 @@ impl SevdInner {
         }
     }
 
-    fn dequeue(&self) -> Result<Event> {
+    /// `arm`: as [`refill`](Self::refill) decides; without it never (the caller polls on).
+    fn dequeue(&self, arm: bool) -> Result<Event> {
         let mut st = self.st.lock();
+        st.polling = !arm;
         let notified = self.refill(&mut st, false);
         let ev = self.pop(&mut st);
         let dead = st.dead;
@@ -589,6 +618,7 @@ impl SevdInner {
         if st.waiters > 0 {
             return Err(Error::WaiterLimit);
         }
+        st.polling = false;
         loop {
             let notified = self.refill(&mut st, true);
             if st.wait_satisfied() {
