@@ -45,17 +45,19 @@ run_case() {
     local rps
     rps=$(env $cenv redis-benchmark -h "$ip" -p $port -n 20000 -c 4 -t get -q 2>/dev/null | sed -n 's/.*GET: \([0-9.]*\) requests.*/\1/p')
     kill $s; wait $s 2>/dev/null || true
-    printf '| %s | %s | %s | %s | %s |\n' "$name" "$bw1" "$bw4" "$lat" "$rps"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$bw1" "$bw4" "$lat" "$rps" >>"$work/rows"
 }
 
-echo "| case | iperf3 1 stream (Gbit/s) | iperf3 4 streams (Gbit/s) | sockperf 64 B ping-pong, median one-way (µs) | redis-benchmark GET (req/s) |"
-echo "|---|---|---|---|---|"
+echo "krdma $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+echo
 run_case "kernel TCP (baseline)" "KRDMA_SDP_OFF=1" "KRDMA_SDP_OFF=1" 127.0.0.1
 for dev in siw0 rxe0; do
-    run_case "SDP $dev, embedded" \
-        "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.1" \
-        "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.2" \
-        "$([ $dev = rxe0 ] && echo 127.0.77.1 || echo 127.0.0.1)"
+    for spin in "" 0; do
+        run_case "SDP $dev, embedded${spin:+, calls never poll}" \
+            "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.1 ${spin:+KRDMA_SDP_SPIN_US=$spin}" \
+            "LD_PRELOAD=$PRELOAD KRDMA_DEVICE=embedded KRDMA_SDP_DEVICE=$dev KRDMA_RXE_ADDR=127.0.77.2 ${spin:+KRDMA_SDP_SPIN_US=$spin}" \
+            "$([ $dev = rxe0 ] && echo 127.0.77.1 || echo 127.0.0.1)"
+    done
 done
 if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
     "$dir/krdmad" --device "$work/krdma" --rxe-addr 127.0.77.9 >/dev/null 2>&1 &
@@ -69,6 +71,29 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
     done
 fi
 run_case "kernel TCP (baseline, again)" "KRDMA_SDP_OFF=1" "KRDMA_SDP_OFF=1" 127.0.0.1
+
+# Every figure with its ratio to the mean of the two kernel TCP baselines of this run
+# (latency: a ratio below 1 is faster than TCP).
+python3 - "$work/rows" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+base = [r for r in rows if r[0].startswith("kernel TCP")]
+def num(v):
+    try: return float(v)
+    except ValueError: return None
+mean = [sum(num(r[i]) for r in base) / len(base) if all(num(r[i]) for r in base) else None for i in range(1, 5)]
+print("| case | iperf3 1 stream (Gbit/s) | iperf3 4 streams (Gbit/s) | sockperf 64 B ping-pong, median one-way (µs) | redis-benchmark GET (req/s) |")
+print("|---|---|---|---|---|")
+for r in rows:
+    cells = []
+    for i, v in enumerate(r[1:5]):
+        x = num(v)
+        if x is None or mean[i] is None or r[0].startswith("kernel TCP"):
+            cells.append(v or "?")
+        else:
+            cells.append("%s (%.2f×)" % (v, x / mean[i]))
+    print("| %s | %s |" % (r[0], " | ".join(cells)))
+PY
 
 # The zero-copy threshold, measured: iperf3 (one stream, siw0 and rxe0, embedded) with
 # 128 KiB and 1 MiB writes, zero copy off and from 128 KiB / 1 MiB (both modes: the

@@ -29,7 +29,7 @@
 
 use super::Conn;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Blocking calls' waits ended by polling (something arrived while the caller polled),
 /// and those that slept (process-wide; in the `krdma-sdp` report).
@@ -70,6 +70,26 @@ pub(super) fn add(conn: &Conn) {
     hot.retain(|w| w.strong_count() > 0);
     hot.push(conn.me.clone());
     HOT_LEN.store(hot.len(), Ordering::Release);
+}
+
+/// Whether any connection may be hot.
+pub fn any() -> bool {
+    HOT_LEN.load(Ordering::Acquire) > 0
+}
+
+/// A thread of the program waits with a zero timeout (the preload library's `poll`,
+/// `select`, `epoll_wait`): take what arrived on the hot connections, once, without arming
+/// them, so their faces are true for the look.
+pub fn poll_hot() {
+    let conns: Vec<Arc<Conn>> = HOT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for c in conns {
+        c.poll_hot();
+    }
 }
 
 /// Arm every hot connection (and take what arrived meanwhile, so their faces are true).

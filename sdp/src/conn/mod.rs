@@ -475,6 +475,15 @@ impl Conn {
         took
     }
 
+    /// A thread of the program looks at the faces without waiting: take what arrived on
+    /// this connection if it is hot, leaving it so ([`hot::poll_hot`]).
+    fn poll_hot(&self) {
+        let mut st = self.lock();
+        if st.hot && st.relay.is_none() && st.spinning == 0 && st.sleepers.is_empty() {
+            self.progress_with(&mut st, false);
+        }
+    }
+
     /// Arm a hot connection ([`hot`]).
     fn cool(&self) {
         let mut st = self.lock();
