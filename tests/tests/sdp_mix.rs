@@ -4,7 +4,8 @@
 //! exchanges data both ways over inherited SDP and TCP sockets, execs whose new programs
 //! write on an inherited SDP and TCP socket, poll, select and epoll over both kinds at once,
 //! an orderly close — every message checked, and the program's own SDP report saying
-//! which sockets were SDP. Over siw0 and rxe0, embedded front door.
+//! which sockets were SDP. Over siw0 and rxe0, embedded front door. And a program that
+//! waits for an SDP socket with zero-timeout polls (`tests/c/sdp_poll_zero.c`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,13 +40,12 @@ fn counter(report: &str, name: &str) -> u64 {
         .sum()
 }
 
-fn mix(device: &str) {
-    let dir = std::env::temp_dir().join(format!("krdma-sdp-mix-{}-{device}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("sdp_mix");
+/// Compile `tests/c/<name>.c` into `dir`.
+fn compile(name: &str, dir: &Path) -> PathBuf {
+    let bin = dir.join(name);
     let o = Command::new("cc")
         .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .arg(repo().join("tests/c/sdp_mix.c"))
+        .arg(repo().join(format!("tests/c/{name}.c")))
         .arg("-o")
         .arg(&bin)
         .output()
@@ -55,6 +55,13 @@ fn mix(device: &str) {
         "cc: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+    bin
+}
+
+fn mix(device: &str) {
+    let dir = std::env::temp_dir().join(format!("krdma-sdp-mix-{}-{device}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = compile("sdp_mix", &dir);
     let a = krdma_tests::free_sdp_port();
     let b = std::iter::repeat_with(krdma_tests::free_sdp_port)
         .find(|&b| b != a)
@@ -109,4 +116,50 @@ fn mix_siw0() {
 #[test]
 fn mix_rxe0() {
     mix("rxe0");
+}
+
+/// `tests/c/sdp_poll_zero.c`: after a blocking read leaves its connection unarmed (hot),
+/// a program that waits for the next message with zero-timeout polls sees it at once —
+/// the poll takes what arrived on the hot connection (`krdma_sdp::conn::hot::poll_hot`);
+/// without that only the stack's one-second backstop would show it.
+fn poll_zero(device: &str) {
+    let dir = std::env::temp_dir().join(format!("krdma-sdp-poll0-{}-{device}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = compile("sdp_poll_zero", &dir);
+    let pid = std::process::id();
+    let rxe_addr = format!("127.41.{}.{}", (pid >> 8) as u8, pid as u8);
+    let ip = if device == "rxe0" {
+        rxe_addr.clone()
+    } else {
+        "127.0.0.1".into()
+    };
+    let out = Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(&bin)
+        .args([ip, krdma_tests::free_sdp_port().to_string()])
+        .env("LD_PRELOAD", preload())
+        .env("KRDMA_DEVICE", "embedded")
+        .env("KRDMA_SDP_DEVICE", device)
+        .env("KRDMA_RXE_ADDR", &rxe_addr)
+        .env("KRDMA_SDP_CONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.trim_end().ends_with("OK"),
+        "sdp_poll_zero failed"
+    );
+    assert_eq!(counter(&text, "connected_sdp"), 1, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn poll_zero_siw0() {
+    poll_zero("siw0");
+}
+
+#[test]
+fn poll_zero_rxe0() {
+    poll_zero("rxe0");
 }
