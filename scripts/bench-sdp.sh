@@ -11,6 +11,7 @@ profile=${1:-release}
 # (Two builds: `--bin` would leave the preload library out of one.)
 cargo build -q --profile "$profile" -p krdma-sdp-preload
 cargo build -q --profile "$profile" -p krdma-stack --bin krdmad
+cargo build -q --profile "$profile" -p krdma-sdp-tool
 dir=${CARGO_TARGET_DIR:-target}/$profile
 [ "$profile" = dev ] && dir=${CARGO_TARGET_DIR:-target}/debug
 PRELOAD=$(realpath "$dir/libkrdma_sdp_preload.so")
@@ -21,6 +22,17 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -z "${daemon:-}" ] || kill "$daemon" 2>/dev/null || true; umount -l "$work/krdma" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 SECS=${SECS:-3}
+# How many connections a server offloaded through the preload accepted over TCP (a
+# figure with any is marked: the switch fell back, it is not SDP's).
+tcp_accepts() {
+    "$dir/krdma-sdp" --raw "$1" 2>/dev/null | tr ' ' '\n' | sed -n 's/^accepted_tcp=//p' | head -1
+}
+# FIGURE SERVER_PID: the figure, marked when the server took TCP connections.
+checked() {
+    local n
+    n=$(tcp_accepts "$2")
+    if [ -n "$n" ] && [ "$n" != 0 ]; then echo "$1[TCP:$n]"; else echo "$1"; fi
+}
 # run_case NAME SERVER_ENV CLIENT_ENV SERVER_IP
 run_case() {
     local name=$1 senv=$2 cenv=$3 ip=$4 port=$((27000 + RANDOM % 2000 * 3))
@@ -29,7 +41,9 @@ run_case() {
     sleep 1.5
     local bw1 bw4
     bw1=$(env $cenv iperf3 -c "$ip" -p $port -t "$SECS" -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))')
+    bw1=$(checked "$bw1" $s)
     bw4=$(env $cenv iperf3 -c "$ip" -p $port -t "$SECS" -P 4 -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))')
+    bw4=$(checked "$bw4" $s)
     kill $s; wait $s 2>/dev/null || true
     port=$((port + 1))
     env $senv sockperf sr --tcp -i 0.0.0.0 -p $port >/dev/null 2>&1 &
@@ -37,6 +51,7 @@ run_case() {
     sleep 1.5
     local lat
     lat=$(env $cenv sockperf pp --tcp -i "$ip" -p $port -t "$SECS" -m 64 2>&1 | sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p')
+    lat=$(checked "$lat" $s)
     kill $s; wait $s 2>/dev/null || true
     port=$((port + 1))
     env $senv redis-server --port $port --bind 0.0.0.0 --protected-mode no --save "" --appendonly no >/dev/null 2>&1 &
@@ -44,6 +59,7 @@ run_case() {
     sleep 1.5
     local rps
     rps=$(env $cenv redis-benchmark -h "$ip" -p $port -n 20000 -c 4 -t get -q 2>/dev/null | sed -n 's/.*GET: \([0-9.]*\) requests.*/\1/p')
+    rps=$(checked "$rps" $s)
     kill $s; wait $s 2>/dev/null || true
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$bw1" "$bw4" "$lat" "$rps" >>"$work/rows"
 }
@@ -82,6 +98,8 @@ def num(v):
     try: return float(v)
     except ValueError: return None
 mean = [sum(num(r[i]) for r in base) / len(base) if all(num(r[i]) for r in base) else None for i in range(1, 5)]
+print("Marked [TCP:n]: the offloaded server accepted n connections over TCP (the switch fell back).")
+print()
 print("| case | iperf3 1 stream (Gbit/s) | iperf3 4 streams (Gbit/s) | sockperf 64 B ping-pong, median one-way (µs) | redis-benchmark GET (req/s) |")
 print("|---|---|---|---|---|")
 for r in rows:
