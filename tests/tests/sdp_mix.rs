@@ -58,10 +58,50 @@ fn compile(name: &str, dir: &Path) -> PathBuf {
     bin
 }
 
+/// Build `tests/c/<name>.c` in `dir` and run it under the preload with the embedded kAL on
+/// `device` (its rxe0 on an address of its own, `127.<net>.x.y`, as the test processes'
+/// are): the peer address first (over rxe0 the address this process's rxe0 serves, else
+/// 127.0.0.1), then `args`. It must end with "OK"; returns what it printed.
+fn run_program(
+    dir: &Path,
+    name: &str,
+    device: &str,
+    net: u8,
+    policy: &Path,
+    args: &[String],
+) -> String {
+    let bin = compile(name, dir);
+    let pid = std::process::id();
+    let rxe_addr = format!("127.{net}.{}.{}", (pid >> 8) as u8, pid as u8);
+    let peer = if device == "rxe0" {
+        rxe_addr.clone()
+    } else {
+        "127.0.0.1".into()
+    };
+    let out = Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(&bin)
+        .arg(peer)
+        .args(args)
+        .env("LD_PRELOAD", preload())
+        .env("KRDMA_DEVICE", "embedded")
+        .env("KRDMA_SDP_DEVICE", device)
+        .env("KRDMA_RXE_ADDR", &rxe_addr)
+        .env("KRDMA_SDP_CONFIG", policy)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.trim_end().ends_with("OK"),
+        "{name} failed"
+    );
+    text
+}
+
 fn mix(device: &str) {
     let dir = std::env::temp_dir().join(format!("krdma-sdp-mix-{}-{device}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let bin = compile("sdp_mix", &dir);
     let a = krdma_tests::free_sdp_port();
     let b = std::iter::repeat_with(krdma_tests::free_sdp_port)
         .find(|&b| b != a)
@@ -72,30 +112,13 @@ fn mix(device: &str) {
         format!("use tcp * sdp_mix *:{b}\nuse sdp * sdp_mix *:{a}\n"),
     )
     .unwrap();
-    let pid = std::process::id();
-    let rxe_addr = format!("127.40.{}.{}", (pid >> 8) as u8, pid as u8);
-    // Over rxe0 the peer is the address this process's rxe0 serves.
-    let peer = if device == "rxe0" {
-        rxe_addr.clone()
-    } else {
-        "127.0.0.1".into()
-    };
-    let out = Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .arg(&bin)
-        .args([peer, a.to_string(), b.to_string()])
-        .env("LD_PRELOAD", preload())
-        .env("KRDMA_DEVICE", "embedded")
-        .env("KRDMA_SDP_DEVICE", device)
-        .env("KRDMA_RXE_ADDR", &rxe_addr)
-        .env("KRDMA_SDP_CONFIG", &policy)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && text.trim_end().ends_with("OK"),
-        "sdp_mix failed"
+    let text = run_program(
+        &dir,
+        "sdp_mix",
+        device,
+        40,
+        &policy,
+        &[a.to_string(), b.to_string()],
     );
     // One connection each way went over SDP, the other over TCP.
     assert_eq!(counter(&text, "connected_sdp"), 1, "{text}");
@@ -125,30 +148,14 @@ fn mix_rxe0() {
 fn poll_zero(device: &str) {
     let dir = std::env::temp_dir().join(format!("krdma-sdp-poll0-{}-{device}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let bin = compile("sdp_poll_zero", &dir);
-    let pid = std::process::id();
-    let rxe_addr = format!("127.41.{}.{}", (pid >> 8) as u8, pid as u8);
-    let ip = if device == "rxe0" {
-        rxe_addr.clone()
-    } else {
-        "127.0.0.1".into()
-    };
-    let out = Command::new("timeout")
-        .args(["-k", "5", "60"])
-        .arg(&bin)
-        .args([ip, krdma_tests::free_sdp_port().to_string()])
-        .env("LD_PRELOAD", preload())
-        .env("KRDMA_DEVICE", "embedded")
-        .env("KRDMA_SDP_DEVICE", device)
-        .env("KRDMA_RXE_ADDR", &rxe_addr)
-        .env("KRDMA_SDP_CONFIG", "/nonexistent")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && text.trim_end().ends_with("OK"),
-        "sdp_poll_zero failed"
+    let port = krdma_tests::free_sdp_port().to_string();
+    let text = run_program(
+        &dir,
+        "sdp_poll_zero",
+        device,
+        41,
+        Path::new("/nonexistent"),
+        &[port],
     );
     assert_eq!(counter(&text, "connected_sdp"), 1, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
