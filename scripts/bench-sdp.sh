@@ -22,15 +22,11 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -z "${daemon:-}" ] || kill "$daemon" 2>/dev/null || true; umount -l "$work/krdma" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 SECS=${SECS:-3}
-# How many connections a server offloaded through the preload accepted over TCP (a
-# figure with any is marked: the switch fell back, it is not SDP's).
-tcp_accepts() {
-    "$dir/krdma-sdp" --raw "$1" 2>/dev/null | tr ' ' '\n' | sed -n 's/^accepted_tcp=//p' | head -1
-}
-# FIGURE SERVER_PID: the figure, marked when the server took TCP connections.
+# checked FIGURE SERVER_PID: the figure, marked [TCP:n] when the server, offloaded through
+# the preload, accepted n connections over TCP (the switch fell back: not SDP's figure).
 checked() {
     local n
-    n=$(tcp_accepts "$2")
+    n=$("$dir/krdma-sdp" --raw "$2" 2>/dev/null | tr ' ' '\n' | sed -n 's/^accepted_tcp=//p' | head -1)
     if [ -n "$n" ] && [ "$n" != 0 ]; then echo "$1[TCP:$n]"; else echo "$1"; fi
 }
 # run_case NAME SERVER_ENV CLIENT_ENV SERVER_IP

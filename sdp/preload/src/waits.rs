@@ -21,9 +21,7 @@ fn wait(zero: bool, call: impl FnOnce() -> c_int) -> c_int {
         return call();
     }
     if zero {
-        if hot::any() {
-            hot::poll_hot();
-        }
+        hot::poll_hot();
         return call();
     }
     let _w = Waiting::enter();

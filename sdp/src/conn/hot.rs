@@ -81,6 +81,9 @@ pub fn any() -> bool {
 /// `select`, `epoll_wait`): take what arrived on the hot connections, once, without arming
 /// them, so their faces are true for the look.
 pub fn poll_hot() {
+    if !any() {
+        return;
+    }
     let conns: Vec<Arc<Conn>> = HOT
         .lock()
         .unwrap_or_else(|e| e.into_inner())

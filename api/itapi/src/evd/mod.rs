@@ -553,13 +553,10 @@ impl SevdInner {
 
     /// Move completions from the completion ring into the queue; true when one notified.
     /// `waiting`: the caller is about to sleep for a notification.
+    /// A polling consumer's SEVD leaves its CQ unarmed ([`Evd::dequeue_polling`]).
     fn refill(&self, st: &mut State, waiting: bool) -> bool {
-        self.refill_arming(st, waiting || (self.watched(st) && !st.polling))
-    }
-
-    /// [`refill`](Self::refill), arming the CQ after or not as told.
-    fn refill_arming(&self, st: &mut State, arm: bool) -> bool {
         let Some(dto) = &self.dto else { return false };
+        let arm = waiting || (self.watched(st) && !st.polling);
         let mut notified = false;
         let room = st.capacity.saturating_sub(st.queue.len());
         dto.take(self, room, arm, |ev, notify, wakes| {
@@ -585,7 +582,8 @@ impl SevdInner {
         }
     }
 
-    /// `arm`: as [`refill`](Self::refill) decides; without it never (the caller polls on).
+    /// `arm`: as [`refill`](Self::refill) decides; without it never, until the next plain
+    /// dequeue or wait (the caller polls on).
     fn dequeue(&self, arm: bool) -> Result<Event> {
         let mut st = self.st.lock();
         st.polling = !arm;
