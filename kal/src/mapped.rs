@@ -94,7 +94,10 @@ impl MappedMemory {
         let lo = addr & !(PAGE - 1);
         let hi = end.checked_add(PAGE - 1)? & !(PAGE - 1);
         let offset = vma.offset.checked_add(lo - vma.lo)?;
-        if offset.checked_add(hi - lo)? > st.st_size as u64 {
+        // Pages past the end of the file would fault; the page the end falls in does not
+        // (its tail reads as zeros), so a file need not be a whole number of pages long.
+        let file_pages = (st.st_size as u64).checked_add(PAGE - 1)? & !(PAGE - 1);
+        if offset.checked_add(hi - lo)? > file_pages {
             return None;
         }
         let map = memmap2::MmapOptions::new()
@@ -254,6 +257,38 @@ mod tests {
         let range = (private.as_ptr() as u64, 10);
         let now = || Some(vma_at(range.0));
         assert!(MappedMemory::open(f.dir.as_fd(), &f.creds, &pv, range, now).is_none());
+    }
+
+    #[test]
+    fn a_file_that_ends_inside_a_page_is_mapped_up_to_that_page() {
+        let Some(f) = fixture() else { return };
+        // What `ual::RegBuf::new(5000)` makes: a 5000-byte file in a two-page mapping.
+        let file = memfd(5000, true);
+        let m = memmap2::MmapOptions::new()
+            .len(8192)
+            .map_raw(&file)
+            .unwrap();
+        let base = m.as_ptr() as u64;
+        let vma = vma_at(base);
+        let now = || Some(vma_at(base));
+        let mapped = MappedMemory::open(f.dir.as_fd(), &f.creds, &vma, (base, 5000), now)
+            .expect("the whole file is mapped");
+        assert_eq!(mapped.map.len(), 8192);
+        mapped.write(base + 4990, b"0123456789").unwrap();
+        // SAFETY: reading our own mapping, inside the file.
+        assert_eq!(
+            unsafe { std::slice::from_raw_parts(m.as_ptr().add(4990), 10) },
+            b"0123456789"
+        );
+        // A registration reaching a page wholly past the end is not mapped (touching it
+        // would fault); the memory file serves it, and fails there as the consumer would.
+        let big = memmap2::MmapOptions::new()
+            .len(16384)
+            .map_raw(&file)
+            .unwrap();
+        let bv = vma_at(big.as_ptr() as u64);
+        let now = || Some(vma_at(bv.lo));
+        assert!(MappedMemory::open(f.dir.as_fd(), &f.creds, &bv, (bv.lo, 9000), now).is_none());
     }
 
     #[test]
