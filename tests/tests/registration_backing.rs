@@ -368,3 +368,32 @@ fn the_daemon_maps_only_the_registered_pages() {
     );
     drop(mr);
 }
+
+#[test]
+fn a_buffer_that_is_not_a_whole_number_of_pages_is_mapped_too() {
+    if !daemon_possible() {
+        return;
+    }
+    let d = Daemon::start();
+    let ctx = Context::open_target(&d.target()).unwrap();
+    let pd = ctx.alloc_pd(ctx.device("siw0").unwrap().index).unwrap();
+    // perftest-style buffers: twice the message and a little more (krdma perf's).
+    let buf = ual::RegBuf::new((2 << 20) + 64).unwrap();
+    let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", d.pid())).unwrap();
+    let spans: Vec<u64> = maps
+        .lines()
+        .filter(|l| l.contains("/memfd:krdma-buf"))
+        .filter_map(|l| {
+            let (lo, hi) = l.split_whitespace().next()?.split_once('-')?;
+            Some(u64::from_str_radix(hi, 16).ok()? - u64::from_str_radix(lo, 16).ok()?)
+        })
+        .collect();
+    assert_eq!(
+        spans,
+        [(2 << 20) + 4096],
+        "krdmad maps the whole buffer, the page its end falls in included \
+         (not reached through the memory file): {spans:?}"
+    );
+    drop(mr);
+}
