@@ -145,20 +145,26 @@ impl UserQp {
         Ok(())
     }
 
-    /// Post one receive work request.
+    /// Post one receive work request. The doorbell rings only when the engine asked
+    /// for it (a QP in Error flushes each receive at once); otherwise the engine takes
+    /// the receive when a message arrives, as kernel siw and rxe do — in daemon mode a
+    /// doorbell per receive was a wake-up of the doorbell thread per message.
     pub fn post_recv(&self, wqe: &Wqe) -> Result<()> {
         let mut w = *wqe;
         w.opcode = WrOpcode::Recv as u8;
         w.flags &= !crate::wr::send_flags::INLINE;
         self.check(&w, self.caps.max_recv_sge)?;
-        {
+        let wanted = {
             let mut rq = self.rq.lock();
             let used = rq.used().map_err(|_| VerbsError::BadState)?;
             if used >= self.caps.max_recv_wr || !rq.push(&w).map_err(|_| VerbsError::BadState)? {
                 return Err(VerbsError::QueueFull);
             }
+            rq.wants_doorbell()
+        };
+        if wanted {
+            self.doorbell.ring();
         }
-        self.doorbell.ring();
         Ok(())
     }
 
@@ -606,6 +612,43 @@ mod tests {
             .unwrap();
         assert_eq!(qp.post_send(&big), Err(VerbsError::Invalid));
         assert_eq!(bell.0.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn receives_ring_the_doorbell_only_once_the_engine_asks() {
+        let mem = Arc::new(SharedMem::create("q", 2 * ring_bytes::<Wqe>(4)).unwrap());
+        let sq = Ring::attach(mem.clone(), 0, 4).unwrap().producer();
+        let at = ring_bytes::<Wqe>(4).div_ceil(64) * 64;
+        let rq = Ring::attach(mem.clone(), at, 4).unwrap().producer();
+        let mut engine_rq = Ring::<Wqe>::attach(mem, at, 4).unwrap().consumer();
+        let bell = Arc::new(CountBell(AtomicUsize::new(0)));
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+        };
+        let qp = UserQp::new(7, caps, sq, rq, bell.clone());
+        let sge = crate::Sge {
+            addr: 1,
+            length: 1,
+            lkey: 1,
+        };
+        qp.post_recv(&Wqe::recv(1, &[sge])).unwrap();
+        qp.post_recv(&Wqe::recv(2, &[sge])).unwrap();
+        assert_eq!(
+            bell.0.load(Ordering::Relaxed),
+            0,
+            "the engine takes them itself"
+        );
+        qp.post_send(&Wqe::new(3, WrOpcode::Send, &[sge])).unwrap();
+        assert_eq!(bell.0.load(Ordering::Relaxed), 1, "a send always rings");
+        // The QP went to Error: the engine asks, then flushes what is queued.
+        engine_rq.want_doorbells();
+        assert_eq!(engine_rq.drain_queued(|_| {}), Ok(2));
+        qp.post_recv(&Wqe::recv(4, &[sge])).unwrap();
+        assert_eq!(bell.0.load(Ordering::Relaxed), 2, "now each receive rings");
     }
 
     fn srq(

@@ -165,7 +165,9 @@ impl SharedMem {
 }
 
 /// Offsets of the ring header fields (part of the ABI); each index has its own cache
-/// line.
+/// line. `NOTIFY` is the consumer's arm word on a completion ring ([`notify`]), and on a
+/// receive ring the engine's word saying whether a post needs a doorbell
+/// ([`Consumer::want_doorbells`]).
 pub const PRODUCER: usize = 0;
 pub const CONSUMER: usize = 64;
 pub const NOTIFY: usize = 128;
@@ -330,6 +332,15 @@ impl<T: Pod> Producer<T> {
         Ok(true)
     }
 
+    /// Receive rings, consumer side (the uAL): whether the engine asked for a doorbell
+    /// after each post ([`Consumer::want_doorbells`]). Called after the push: the same
+    /// store-then-load pairing as [`Consumer::arm`], so either this load sees the
+    /// engine's request or the engine's drain that follows it sees the entry.
+    pub fn wants_doorbell(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.ring.word(NOTIFY).load(Ordering::Acquire) != 0
+    }
+
     /// Completion rings, engine side: whether a completion with the given solicited
     /// (or error) property fires the consumer's armed notification; disarms when it does.
     pub fn take_notify(&self, solicited_or_error: bool) -> bool {
@@ -440,6 +451,15 @@ impl<T: Pod> Consumer<T> {
     /// completion lands unseen by both the consumer's second look and the notification.
     pub fn arm(&self, how: u32) {
         self.ring.word(NOTIFY).store(how, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Receive rings, engine side: from now on every post needs a doorbell. The engine
+    /// takes receives when messages arrive and needs no doorbell for them — until the
+    /// QP is in Error, where each receive posted must complete flushed at once. Call it
+    /// before draining the ring (see [`Producer::wants_doorbell`] for the fence).
+    pub fn want_doorbells(&self) {
+        self.ring.word(NOTIFY).store(1, Ordering::Release);
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 

@@ -272,5 +272,15 @@ fn disconnect_flushes_and_notifies_both_sides(dev: &str) {
         assert_eq!(sc[0].status(), WcStatus::WrFlushErr);
         let cc = c.cq.wait(1, Duration::from_secs(10)).unwrap();
         assert_eq!(cc[0].status(), WcStatus::WrFlushErr);
+        // Receives posted now complete flushed at once: in Error the engine asks for a
+        // doorbell per receive, which it otherwise does without.
+        for (ep, id) in [(&s, 3), (&c, 4)] {
+            ep.post_recv(id, 0, 64).unwrap();
+            let done = ep.cq.wait(1, Duration::from_secs(10)).unwrap();
+            assert_eq!(
+                (done[0].wr_id, done[0].status()),
+                (id, WcStatus::WrFlushErr)
+            );
+        }
     });
 }

@@ -144,10 +144,12 @@ impl QpBase {
     }
 
     /// `WrFlushErr` for every request queued on `ring` now; a corrupt ring is counted.
+    /// From the first flush on, the consumer rings the doorbell for every post (receives
+    /// need none before: the engine takes them when messages arrive).
     fn flush_ring(&self, ring: &Mutex<Consumer<Wqe>>, post: &mut impl FnMut(Cqe)) {
-        let flushed = ring
-            .lock()
-            .drain_queued(|w| post(self.cqe(&w, WcStatus::WrFlushErr, 0)));
+        let mut ring = ring.lock();
+        ring.want_doorbells();
+        let flushed = ring.drain_queued(|w| post(self.cqe(&w, WcStatus::WrFlushErr, 0)));
         if flushed.is_err() {
             RingStats::count(&self.stats.wq_corrupt);
         }
