@@ -261,3 +261,39 @@ fn write_zero_copy_siw0() {
 fn write_zero_copy_rxe0() {
     each("rxe0", write_zero_copy);
 }
+
+/// A server that writes the moment it has accepted: its first message can complete at
+/// the client before the client has taken the connection event that opens the protocol
+/// (the two come through different queues). That message must wait for it, not count as
+/// a violation. Many rounds: the order varies from one to the next.
+fn first_message_right_after_accept(o: &Options) {
+    let l = SdpListener::bind_with(SocketAddr::new(adapter_ip(o), 0), o).unwrap();
+    let at = l.local_addr().unwrap();
+    for round in 0..60u32 {
+        let server = std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                let (mut s, _) = l.accept().unwrap();
+                s.write_all(&round.to_be_bytes()).unwrap();
+                s
+            });
+            let mut c = SdpStream::connect_with(at, o).unwrap();
+            let mut got = [0u8; 4];
+            c.read_exact(&mut got)
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(u32::from_be_bytes(got), round);
+            assert_eq!(c.stats().1.violations, 0, "round {round}");
+            server.join().unwrap()
+        });
+        drop(server);
+    }
+}
+
+#[test]
+fn first_message_right_after_accept_siw0() {
+    each("siw0", first_message_right_after_accept);
+}
+
+#[test]
+fn first_message_right_after_accept_rxe0() {
+    each("rxe0", first_message_right_after_accept);
+}

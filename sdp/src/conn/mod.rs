@@ -163,6 +163,9 @@ pub struct State {
     face_gone: bool,
     /// Kept alive until the face is closed ([`Conn::keep_until_face_closed`]).
     detached: bool,
+    /// Messages (receive buffer, length) that completed before the connection event
+    /// that opens the protocol: handed to it after that event ([`Conn::on_dto`]).
+    early: Vec<(BufId, usize)>,
     /// Callers asleep in [`Conn::sleep`], by their threads' wake-up descriptors (the
     /// progress thread leaves events to them).
     sleepers: Vec<Arc<EventFd>>,
@@ -278,6 +281,7 @@ impl Conn {
                 readiness,
                 face_gone: false,
                 detached: false,
+                early: Vec::new(),
                 sleepers: Vec::new(),
                 spinning: 0,
                 hot: false,
@@ -533,33 +537,39 @@ impl Conn {
         }
         let id = (cookie & 0xffff_ffff) as u32;
         match cookie & !0xffff_ffff {
-            RECV => {
-                let total = len as usize;
-                let base = id as usize * self.rx_slot;
-                let mut prefix = [0u8; PREFIX_LEN];
-                let n = total.min(PREFIX_LEN);
-                self.rx_buf.read(base, &mut prefix[..n]);
-                let mut last = [0u8; 1];
-                if total > 0 {
-                    self.rx_buf.read(base + total - 1, &mut last);
-                }
-                let msg = Received {
-                    prefix: &prefix[..n],
-                    total,
-                    last: last[0],
-                };
-                match st.proto.on_receive(Instant::now(), id, msg) {
-                    Ok(true) => self.repost(st, id),
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, peer = %self.peer, "SDP connection aborted")
-                    }
-                }
-            }
+            // The peer may send as soon as it has accepted: its first message can complete
+            // here before our connection event (whose HelloAck opens the protocol) is
+            // taken — they come through different queues. It waits for that event.
+            RECV if st.proto.phase() == Phase::HelloSent => st.early.push((id, len as usize)),
+            RECV => self.receive(st, id, len as usize),
             SEND => st.slots.push(id),
             READ => st.read_done = Some(true),
             WRITE => st.write_busy = false,
             _ => {}
+        }
+    }
+
+    /// Hand the message in receive buffer `id` (`total` bytes) to the protocol.
+    fn receive(&self, st: &mut State, id: BufId, total: usize) {
+        let base = id as usize * self.rx_slot;
+        let mut prefix = [0u8; PREFIX_LEN];
+        let n = total.min(PREFIX_LEN);
+        self.rx_buf.read(base, &mut prefix[..n]);
+        let mut last = [0u8; 1];
+        if total > 0 {
+            self.rx_buf.read(base + total - 1, &mut last);
+        }
+        let msg = Received {
+            prefix: &prefix[..n],
+            total,
+            last: last[0],
+        };
+        match st.proto.on_receive(Instant::now(), id, msg) {
+            Ok(true) => self.repost(st, id),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, peer = %self.peer, "SDP connection aborted")
+            }
         }
     }
 
@@ -579,6 +589,9 @@ impl Conn {
                 }
                 tracing::debug!(peer = %self.peer, "SDP connection established");
                 st.established = Some(Ok(()));
+                for (id, total) in std::mem::take(&mut st.early) {
+                    self.receive(st, id, total);
+                }
             }
             ConnEventKind::PeerReject | ConnEventKind::NonPeerReject => {
                 st.established = Some(Err(io::ErrorKind::ConnectionRefused));
