@@ -576,27 +576,29 @@ mod tests {
         (events, Arc::new(move |e: Event| ev2.lock().push(e.kind)))
     }
 
-    #[test]
-    fn post_respects_caps() {
+    /// A QP of 4-slot rings with `max_send_wr` sends, and the engine's end of its
+    /// receive ring.
+    fn user_qp(max_send_wr: u32) -> (UserQp, Arc<CountBell>, Consumer<Wqe>) {
         let mem = Arc::new(SharedMem::create("q", 2 * ring_bytes::<Wqe>(4)).unwrap());
         let sq = Ring::attach(mem.clone(), 0, 4).unwrap().producer();
-        let rq = Ring::attach(mem.clone(), ring_bytes::<Wqe>(4).div_ceil(64) * 64, 4)
-            .unwrap()
-            .producer();
+        let at = ring_bytes::<Wqe>(4).div_ceil(64) * 64;
+        let rq = Ring::attach(mem.clone(), at, 4).unwrap().producer();
+        let engine_rq = Ring::<Wqe>::attach(mem, at, 4).unwrap().consumer();
         let bell = Arc::new(CountBell(AtomicUsize::new(0)));
         let caps = QpCaps {
-            max_send_wr: 2,
+            max_send_wr,
             max_recv_wr: 4,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline: 16,
         };
-        let qp = UserQp::new(7, caps, sq, rq, bell.clone());
-        let sge = crate::Sge {
-            addr: 1,
-            length: 1,
-            lkey: 1,
-        };
+        (UserQp::new(7, caps, sq, rq, bell.clone()), bell, engine_rq)
+    }
+
+    #[test]
+    fn post_respects_caps() {
+        let (qp, bell, _) = user_qp(2);
+        let sge = SGE;
         qp.post_send(&Wqe::new(1, WrOpcode::Send, &[sge])).unwrap();
         assert_eq!(
             qp.post_send(&Wqe::new(2, WrOpcode::Send, &[sge, sge])),
@@ -616,25 +618,8 @@ mod tests {
 
     #[test]
     fn receives_ring_the_doorbell_only_once_the_engine_asks() {
-        let mem = Arc::new(SharedMem::create("q", 2 * ring_bytes::<Wqe>(4)).unwrap());
-        let sq = Ring::attach(mem.clone(), 0, 4).unwrap().producer();
-        let at = ring_bytes::<Wqe>(4).div_ceil(64) * 64;
-        let rq = Ring::attach(mem.clone(), at, 4).unwrap().producer();
-        let mut engine_rq = Ring::<Wqe>::attach(mem, at, 4).unwrap().consumer();
-        let bell = Arc::new(CountBell(AtomicUsize::new(0)));
-        let caps = QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline: 0,
-        };
-        let qp = UserQp::new(7, caps, sq, rq, bell.clone());
-        let sge = crate::Sge {
-            addr: 1,
-            length: 1,
-            lkey: 1,
-        };
+        let (qp, bell, mut engine_rq) = user_qp(4);
+        let sge = SGE;
         qp.post_recv(&Wqe::recv(1, &[sge])).unwrap();
         qp.post_recv(&Wqe::recv(2, &[sge])).unwrap();
         assert_eq!(

@@ -345,28 +345,24 @@ fn the_daemon_maps_only_the_registered_pages() {
     // SAFETY: two pages inside `buf`, which outlives the MR.
     let mr =
         unsafe { ctx.reg_mr(&pd, buf.as_ptr().add(5 << 20), 8192, Access::LOCAL_WRITE) }.unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", d.pid())).unwrap();
-    let mine: Vec<&str> = maps
-        .lines()
-        .filter(|l| l.contains("/memfd:krdma-buf"))
-        .collect();
     assert_eq!(
-        mine.len(),
-        1,
-        "one mapping of the buffer in krdmad: {mine:?}"
-    );
-    let (lo, hi) = mine[0]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .split_once('-')
-        .unwrap();
-    let span = u64::from_str_radix(hi, 16).unwrap() - u64::from_str_radix(lo, 16).unwrap();
-    assert_eq!(
-        span, 8192,
+        buffer_mappings(&d),
+        [8192],
         "krdmad maps the two registered pages, not 16 MiB"
     );
     drop(mr);
+}
+
+/// The lengths of krdmad's mappings of `RegBuf`s.
+fn buffer_mappings(d: &Daemon) -> Vec<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", d.pid())).unwrap();
+    maps.lines()
+        .filter(|l| l.contains("/memfd:krdma-buf"))
+        .filter_map(|l| {
+            let (lo, hi) = l.split_whitespace().next()?.split_once('-')?;
+            Some(u64::from_str_radix(hi, 16).ok()? - u64::from_str_radix(lo, 16).ok()?)
+        })
+        .collect()
 }
 
 #[test]
@@ -380,15 +376,7 @@ fn a_buffer_that_is_not_a_whole_number_of_pages_is_mapped_too() {
     // perftest-style buffers: twice the message and a little more (krdma perf's).
     let buf = ual::RegBuf::new((2 << 20) + 64).unwrap();
     let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", d.pid())).unwrap();
-    let spans: Vec<u64> = maps
-        .lines()
-        .filter(|l| l.contains("/memfd:krdma-buf"))
-        .filter_map(|l| {
-            let (lo, hi) = l.split_whitespace().next()?.split_once('-')?;
-            Some(u64::from_str_radix(hi, 16).ok()? - u64::from_str_radix(lo, 16).ok()?)
-        })
-        .collect();
+    let spans = buffer_mappings(&d);
     assert_eq!(
         spans,
         [(2 << 20) + 4096],
