@@ -41,6 +41,11 @@ impl std::fmt::Debug for MappedMemory {
     }
 }
 
+/// `x` rounded up to a page boundary (`None` on overflow).
+fn page_up(x: u64) -> Option<u64> {
+    Some(x.checked_add(PAGE - 1)? & !(PAGE - 1))
+}
+
 /// The fields that say which file a mapping shows, and where.
 fn same_mapping(a: &Vma, b: &Vma) -> bool {
     (a.lo, a.hi, a.perms, a.offset, a.dev, a.inode)
@@ -92,12 +97,11 @@ impl MappedMemory {
             return None;
         }
         let lo = addr & !(PAGE - 1);
-        let hi = end.checked_add(PAGE - 1)? & !(PAGE - 1);
+        let hi = page_up(end)?;
         let offset = vma.offset.checked_add(lo - vma.lo)?;
         // Pages past the end of the file would fault; the page the end falls in does not
         // (its tail reads as zeros), so a file need not be a whole number of pages long.
-        let file_pages = (st.st_size as u64).checked_add(PAGE - 1)? & !(PAGE - 1);
-        if offset.checked_add(hi - lo)? > file_pages {
+        if offset.checked_add(hi - lo)? > page_up(st.st_size as u64)? {
             return None;
         }
         let map = memmap2::MmapOptions::new()

@@ -27,4 +27,5 @@ mod timer;
 pub mod wire;
 
 pub use device::{RxeConfig, RxeDevice};
+pub use net::bind_udp;
 pub use qp::RxeQp;

@@ -34,9 +34,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
+pub use sys::bind_udp;
 use sys::{
-    as_bytes, attach_filter, bind_udp, bpf, grow_buffers, io_slice, open_raw, open_udp6, sendmmsg,
-    sendmsg, setsockopt, sockaddr_in, sockaddr_in6, Cmsg, RawMsg,
+    as_bytes, attach_filter, bpf, grow_buffers, io_slice, open_raw, open_udp6, sendmmsg, sendmsg,
+    setsockopt, sockaddr_in, sockaddr_in6, Cmsg, RawMsg,
 };
 
 /// Datagrams handed to the kernel in one `sendmmsg` at most.

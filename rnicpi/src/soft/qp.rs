@@ -139,17 +139,18 @@ impl QpBase {
             let first = !self.last_wqe_sent.swap(true, Ordering::AcqRel);
             return first.then(|| Event::new(EventKind::LastWqeReached));
         }
+        // From now on each receive posted needs a doorbell to be flushed (before, the
+        // engine took receives when messages arrived); asked before the drain.
+        self.rq.lock().want_doorbells();
         self.flush_ring(&self.rq, &mut post);
         None
     }
 
     /// `WrFlushErr` for every request queued on `ring` now; a corrupt ring is counted.
-    /// From the first flush on, the consumer rings the doorbell for every post (receives
-    /// need none before: the engine takes them when messages arrive).
     fn flush_ring(&self, ring: &Mutex<Consumer<Wqe>>, post: &mut impl FnMut(Cqe)) {
-        let mut ring = ring.lock();
-        ring.want_doorbells();
-        let flushed = ring.drain_queued(|w| post(self.cqe(&w, WcStatus::WrFlushErr, 0)));
+        let flushed = ring
+            .lock()
+            .drain_queued(|w| post(self.cqe(&w, WcStatus::WrFlushErr, 0)));
         if flushed.is_err() {
             RingStats::count(&self.stats.wq_corrupt);
         }

@@ -93,11 +93,12 @@ pub(super) fn udp_port_filter(port: u16, dst: Option<Ipv4Addr>) -> Vec<libc::soc
     prog
 }
 
-pub(super) fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
+/// A UDP socket on `sa` bound as rxe binds its own: `SO_REUSEADDR` lets instances bound to
+/// distinct addresses (127.0.0.x in tests) share the port with one bound to the wildcard.
+/// Public for peers beside an rxe device (test and fuzz rigs).
+pub fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
     let sock = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
     let fd = sock.as_raw_fd();
-    // SO_REUSEADDR lets instances bound to distinct addresses (127.0.0.x in tests) share
-    // the port with one bound to the wildcard.
     let on: libc::c_int = 1;
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
     bind(fd, &sockaddr_in(sa))?;

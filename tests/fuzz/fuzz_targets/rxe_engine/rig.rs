@@ -72,7 +72,10 @@ pub fn rig() -> &'static Rig {
             Arc::new(NoNetwork::default()),
         )
         .expect("rxe device");
-        let wire = bind_shared(peer, rxe::wire::ROCEV2_UDP_PORT).expect("peer port");
+        // Bound as rxe binds its own (SO_REUSEADDR): beside a krdmad or an rxe0 holding
+        // the RoCEv2 port's wildcard.
+        let wire = rxe::bind_udp(std::net::SocketAddrV4::new(peer, rxe::wire::ROCEV2_UDP_PORT))
+            .expect("peer port");
         wire.set_nonblocking(true).unwrap();
         let shape: Vec<(u64, bool)> = MRS
             .iter()
@@ -92,47 +95,6 @@ pub fn rig() -> &'static Rig {
             wire,
         }
     })
-}
-
-/// A UDP socket on `ip:port` with `SO_REUSEADDR`, as rxe binds its own: it shares the
-/// RoCEv2 port with a wildcard holder (a `krdmad` or another rxe0 on this host).
-fn bind_shared(ip: Ipv4Addr, port: u16) -> std::io::Result<UdpSocket> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    // SAFETY: socket() returns a new descriptor or -1 (checked).
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let on: libc::c_int = 1;
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(ip).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `on` and `sa` are live values of the sizes passed, for the calls only.
-    let ok = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of_val(&on) as libc::socklen_t,
-        ) == 0
-            && libc::bind(
-                fd,
-                (&sa as *const libc::sockaddr_in).cast(),
-                std::mem::size_of_val(&sa) as libc::socklen_t,
-            ) == 0
-    };
-    if !ok {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(UdpSocket::from(sock))
 }
 
 /// A QP with both ends of its rings.
