@@ -114,21 +114,37 @@ impl Progress for ProgressSources {
 
 /// How long after a consumer's last poll an engine's own receive thread leaves its socket
 /// to consumers. A consumer that stops polling without arming its CQ delays the thread
-/// this long (it is what arming is for).
+/// at least this long, at most [`PARK_MAX`] (it is what arming is for).
 pub const DRIVE_WINDOW: Duration = Duration::from_micros(500);
+
+/// The longest a parked thread sleeps before it looks whether consumers still drive.
+/// It first sleeps out the window and doubles the nap each time it wakes to find them
+/// still polling: a thread that looked every window woke 2,000 times a second beside a
+/// polling ping-pong, taking a core the consumers use each time (docs/benchmarks.md,
+/// "Parked threads that look less often").
+pub const PARK_MAX: Duration = Duration::from_millis(4);
 
 /// Whether polling consumers drive an engine's receiving now, and where the engine's own
 /// receive thread sleeps while they do: the engine side of [`Progress`].
 ///
-/// The thread checks [`Driven::left`] before it waits on its socket; while a consumer
-/// drives it [`Driven::park`]s instead, until [`Driven::release`] or [`Driven::wake`]
-/// calls it back, or the window passes without a poll.
+/// The thread calls [`Driven::park_if_driven`] before it waits on its socket; while a
+/// consumer drives it parks instead, until [`Driven::release`] or [`Driven::wake`] calls
+/// it back, or it finds the window passed without a poll.
 #[derive(Debug, Default)]
 pub struct Driven {
     /// Until when a consumer drives (ns after [`epoch`]); 0 when none does.
     until: AtomicU64,
-    woken: Mutex<bool>,
+    parking: Mutex<Parking>,
     cv: Condvar,
+}
+
+/// The parked thread's side of [`Driven`].
+#[derive(Debug, Default)]
+struct Parking {
+    /// Called back (by `release` or `wake`) since it last parked.
+    woken: bool,
+    /// How long its next sleep lasts at least: grows while consumers keep driving.
+    nap: Duration,
 }
 
 fn epoch() -> Instant {
@@ -163,17 +179,33 @@ impl Driven {
 
     /// Call the parked thread back (a consumer found something only it may handle).
     pub fn wake(&self) {
-        *self.woken.lock() = true;
+        self.parking.lock().woken = true;
         self.cv.notify_one();
     }
 
-    /// The engine's thread: sleep until called back or `left` passes.
-    pub fn park(&self, left: Duration) {
-        let mut woken = self.woken.lock();
-        if !*woken {
-            self.cv.wait_for(&mut woken, left);
+    /// The engine's thread, before it waits on its socket: while a consumer drives, sleep
+    /// until called back or until the consumer may have stopped, and return true (look
+    /// again); false when no consumer drives (the thread does its own receiving).
+    pub fn park_if_driven(&self) -> bool {
+        let Some(left) = self.left() else {
+            self.parking.lock().nap = Duration::ZERO;
+            return false;
+        };
+        let mut p = self.parking.lock();
+        if p.woken {
+            p.nap = Duration::ZERO;
+        } else {
+            let nap = left.max(p.nap);
+            let slept = self.cv.wait_for(&mut p, nap).timed_out();
+            // Slept it out: if the consumer still drives when the thread looks, it
+            // sleeps twice as long next time.
+            p.nap = match slept {
+                true => (nap * 2).min(PARK_MAX),
+                false => Duration::ZERO,
+            };
         }
-        *woken = false;
+        p.woken = false;
+        true
     }
 }
 
@@ -221,19 +253,60 @@ mod tests {
         assert!(d.left().is_none());
         d.touch();
         assert!(d.left().is_some_and(|l| l <= DRIVE_WINDOW));
+        // A long nap: however long the consumers keep driving, the release calls it back.
+        d.parking.lock().nap = Duration::from_secs(3600);
         let parked = {
             let d = d.clone();
-            std::thread::spawn(move || {
-                // However long the consumers keep driving, the release calls it back.
-                d.park(Duration::from_secs(3600));
-            })
+            std::thread::spawn(move || while d.park_if_driven() {})
         };
         d.release();
         parked.join().unwrap();
         assert!(d.left().is_none());
+        // Called back, the thread's next nap starts from the window again.
+        assert_eq!(d.parking.lock().nap, Duration::ZERO);
         // A wake-up given before the thread parks is not lost.
+        d.touch();
+        d.parking.lock().nap = Duration::from_secs(3600);
         d.wake();
-        d.park(Duration::from_secs(3600));
+        assert!(d.park_if_driven());
+    }
+
+    #[test]
+    fn a_thread_parked_beside_a_steady_poller_looks_less_and_less_often() {
+        let d = Arc::new(Driven::default());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        d.touch();
+        let poller = {
+            let (d, stop) = (d.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    d.touch();
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            })
+        };
+        // Through 40 ms of polling, looking once per window would be 80 looks; doubling
+        // naps (0.5, 1, 2, 4, 4, … ms) make at most 14. A poller held off the CPU for a
+        // window (a loaded host) lets it lapse: the naps start again from the window.
+        let start = Instant::now();
+        let (mut looks, mut lapses, mut lapsed) = (0, 0, false);
+        while start.elapsed() < Duration::from_millis(40) {
+            if d.park_if_driven() {
+                looks += 1;
+                lapsed = false;
+                assert!(d.parking.lock().nap <= PARK_MAX);
+            } else {
+                lapses += usize::from(!lapsed);
+                lapsed = true;
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        poller.join().unwrap();
+        assert!(looks <= 14 + 5 * lapses, "{looks} looks, {lapses} lapses");
+        // Once the poller has stopped, the thread finds the window passed and reads.
+        while d.park_if_driven() {}
+        assert_eq!(d.parking.lock().nap, Duration::ZERO);
     }
 
     #[test]

@@ -57,19 +57,24 @@ impl Receiver {
     /// end), deliver, again — parked while consumers drive.
     pub(crate) fn run(self: Arc<Self>) {
         let mut spin_until: Option<Instant> = None;
+        let device = || {
+            self.dev
+                .get()
+                .and_then(Weak::upgrade)
+                .filter(|s| !s.stopped())
+        };
         loop {
-            let Some(s) = self.dev.get().and_then(Weak::upgrade) else {
-                return;
-            };
-            if s.stopped() {
+            // Parked, the thread does not hold the device up.
+            if device().is_none() {
                 return;
             }
-            if let Some(left) = self.driven.left() {
-                drop(s);
+            if self.driven.park_if_driven() {
                 spin_until = None;
-                self.driven.park(left);
                 continue;
             }
+            let Some(s) = device() else {
+                return;
+            };
             let mut buf = self.buf.lock();
             match self.net.recv(&mut buf, spin_until.is_none()) {
                 Ok(None) => {

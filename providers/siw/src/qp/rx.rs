@@ -125,9 +125,8 @@ impl SiwQp {
     pub(super) fn rx_loop(self: Arc<Self>) {
         let mut spin_until: Option<Instant> = None;
         loop {
-            if let Some(left) = self.rx.driven.left() {
+            if self.rx.driven.park_if_driven() {
                 spin_until = None;
-                self.rx.driven.park(left);
                 continue;
             }
             let mut g = self.rx.side.lock();
