@@ -21,7 +21,7 @@ use crate::error::{Result, VerbsError};
 use crate::event::{Event, EventKind, EventSink};
 use crate::progress::{Progress, ProgressSources};
 use crate::provider::Counter;
-use crate::queue::{Consumer, Producer, RingCorrupt, SharedMem};
+use crate::queue::{Consumer, Notification, Producer, RingCorrupt, SharedMem, WakeWord};
 use crate::types::{QpCaps, SrqAttr};
 use crate::wr::{wc_flags, Cqe, WcStatus, Wqe, WrOpcode, MAX_SGE};
 use parking_lot::Mutex;
@@ -369,6 +369,8 @@ pub struct UserCq {
     /// Armed to sleep: polls leave the engine to its own threads until a completion
     /// comes (the one the consumer woke for).
     released: AtomicBool,
+    /// Where [`UserCq::sleep`] sleeps.
+    wake: WakeWord,
 }
 
 impl std::fmt::Debug for UserCq {
@@ -380,6 +382,7 @@ impl std::fmt::Debug for UserCq {
 impl UserCq {
     pub fn new(ring: Consumer<Cqe>) -> Self {
         UserCq {
+            wake: ring.wake_word(),
             ring: Mutex::new(ring),
             progress: None,
             released: AtomicBool::new(false),
@@ -438,17 +441,37 @@ impl UserCq {
     /// Request a notification (a `CqNotify` event) for the next completion, or for the
     /// next solicited/error completion.
     pub fn arm(&self, solicited_only: bool) {
+        self.arm_as(solicited_only, 0);
+    }
+
+    fn arm_as(&self, solicited_only: bool, how: u32) {
         if let Some(p) = &self.progress {
             if !self.released.swap(true, Ordering::Relaxed) {
                 p.release();
             }
         }
-        let how = if solicited_only {
+        let when = if solicited_only {
             crate::queue::notify::SOLICITED
         } else {
             crate::queue::notify::NEXT
         };
-        self.ring.lock().arm(how);
+        self.ring.lock().arm(when | how);
+    }
+
+    /// Arm to be woken directly by the next completion (or the next solicited/error
+    /// one): no `CqNotify` event, so no event queue, event thread or (through krdmad)
+    /// device-file round trip on the way. Look at the ring again, then
+    /// [`UserCq::sleep`] with what this returns.
+    pub fn arm_to_sleep(&self, solicited_only: bool) -> u32 {
+        let seen = self.wake.count();
+        self.arm_as(solicited_only, crate::queue::notify::WAKE);
+        seen
+    }
+
+    /// Sleep until the completion armed for ([`UserCq::arm_to_sleep`], which returned
+    /// `seen`) comes, or `timeout` passes, or a signal.
+    pub fn sleep(&self, seen: u32, timeout: std::time::Duration) {
+        self.wake.sleep(seen, timeout);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -542,9 +565,13 @@ impl EngineCq {
         self.overflow_reported.store(false, Ordering::Release);
         self.pushed.fetch_add(1, Ordering::Relaxed);
         let special = cqe.flags & wc_flags::SOLICITED != 0 || cqe.status != WcStatus::Success as u8;
-        if ring.take_notify(special) {
-            drop(ring);
-            self.sink.deliver(Event::new(EventKind::CqNotify));
+        match ring.take_notify(special) {
+            Some(Notification::Event) => {
+                drop(ring);
+                self.sink.deliver(Event::new(EventKind::CqNotify));
+            }
+            Some(Notification::Wake) => ring.wake(),
+            None => {}
         }
         true
     }

@@ -167,10 +167,12 @@ impl SharedMem {
 /// Offsets of the ring header fields (part of the ABI); each index has its own cache
 /// line. `NOTIFY` is the consumer's arm word on a completion ring ([`notify`]), and on a
 /// receive ring the engine's word saying whether a post needs a doorbell
-/// ([`Consumer::want_doorbells`]).
+/// ([`Consumer::want_doorbells`]). `WAKE`, beside it, counts the notifications a
+/// completion ring's engine gave by waking the futex on that word ([`notify::WAKE`]).
 pub const PRODUCER: usize = 0;
 pub const CONSUMER: usize = 64;
 pub const NOTIFY: usize = 128;
+pub const WAKE: usize = 132;
 /// Bytes before the first slot.
 pub const RING_HEADER: usize = 192;
 
@@ -181,6 +183,18 @@ pub mod notify {
     pub const NEXT: u32 = 1;
     /// Signal on the next solicited or error completion.
     pub const SOLICITED: u32 = 2;
+    /// With `NEXT` or `SOLICITED`: signal by bumping the ring's `WAKE` word and waking
+    /// the futex on it (a thread of the consumer sleeps there), not by a `CqNotify` event.
+    pub const WAKE: u32 = 4;
+}
+
+/// How an armed completion ring's notification is given ([`Producer::take_notify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notification {
+    /// A `CqNotify` event.
+    Event,
+    /// A wake-up of the futex on the `WAKE` word ([`Producer::wake`]).
+    Wake,
 }
 
 /// The bytes a ring of `capacity` slots of `T` needs.
@@ -342,16 +356,39 @@ impl<T: Pod> Producer<T> {
     }
 
     /// Completion rings, engine side: whether a completion with the given solicited
-    /// (or error) property fires the consumer's armed notification; disarms when it does.
-    pub fn take_notify(&self, solicited_or_error: bool) -> bool {
+    /// (or error) property fires the consumer's armed notification, and how it is to be
+    /// given; disarms when it fires.
+    pub fn take_notify(&self, solicited_or_error: bool) -> Option<Notification> {
         // The completion was published just before; see `Consumer::arm` for the fence.
         std::sync::atomic::fence(Ordering::SeqCst);
         let w = self.ring.word(NOTIFY);
         let cur = w.load(Ordering::Acquire);
-        let fire = cur == notify::NEXT || (cur == notify::SOLICITED && solicited_or_error);
-        fire && w
-            .compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+        let fire = match cur & !notify::WAKE {
+            notify::NEXT => true,
+            notify::SOLICITED => solicited_or_error,
+            _ => false, // unarmed, or a value the consumer made up
+        };
+        let taken = fire
+            && w.compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        taken.then_some(match cur & notify::WAKE {
+            0 => Notification::Event,
+            _ => Notification::Wake,
+        })
+    }
+
+    /// Completion rings, engine side: give a [`Notification::Wake`] — count it in the
+    /// `WAKE` word and wake whoever sleeps on it. Never blocks, whatever the consumer
+    /// wrote into the ring.
+    pub fn wake(&self) {
+        let w = self.ring.word(WAKE);
+        w.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: FUTEX_WAKE only looks up waiters keyed by the word's address, which
+        // lies inside our live mapping (`word`); it reads and writes no memory. Shared
+        // (not FUTEX_PRIVATE): the sleeper may be another process mapping the same file.
+        unsafe {
+            libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        }
     }
 }
 
@@ -454,6 +491,15 @@ impl<T: Pod> Consumer<T> {
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
+    /// Completion rings, consumer side: the ring's `WAKE` word, to sleep on without
+    /// holding the consumer end.
+    pub fn wake_word(&self) -> WakeWord {
+        WakeWord {
+            mem: self.ring.mem.clone(),
+            off: self.ring.base as usize - self.ring.mem.as_ptr() as usize + WAKE,
+        }
+    }
+
     /// Receive rings, engine side: from now on every post needs a doorbell. The engine
     /// takes receives when messages arrive and needs no doorbell for them — until the
     /// QP is in Error, where each receive posted must complete flushed at once. Call it
@@ -467,6 +513,51 @@ impl<T: Pod> Consumer<T> {
     pub fn resync(&mut self) {
         self.tail = self.ring.word(PRODUCER).load(Ordering::Acquire);
         self.ring.word(CONSUMER).store(self.tail, Ordering::Release);
+    }
+}
+
+/// A completion ring's `WAKE` word, consumer side: where a thread sleeps until the engine
+/// gives a [`Notification::Wake`].
+#[derive(Debug, Clone)]
+pub struct WakeWord {
+    mem: std::sync::Arc<SharedMem>,
+    /// Offset of the word in the mapping (4-byte aligned, inside it: taken from an
+    /// attached ring's header).
+    off: usize,
+}
+
+impl WakeWord {
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: `off` is a ring header word of a ring checked at attach, so it is
+        // aligned and inside the mapping, which the Arc keeps alive.
+        unsafe { &*(self.mem.as_ptr().add(self.off) as *const AtomicU32) }
+    }
+
+    /// The count of wake-ups given so far: read it before arming with
+    /// [`notify::WAKE`], then hand it to [`WakeWord::sleep`].
+    pub fn count(&self) -> u32 {
+        self.word().load(Ordering::Acquire)
+    }
+
+    /// Sleep until the engine gives a wake-up after `seen` was read, or `timeout`
+    /// passes (or a signal comes). A wake-up given between the read and the sleep
+    /// returns at once: the kernel compares the word with `seen` under its own lock.
+    pub fn sleep(&self, seen: u32, timeout: std::time::Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the word lies inside our live mapping (`word`); FUTEX_WAIT only reads
+        // it, and `ts` outlives the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word().as_ptr(),
+                libc::FUTEX_WAIT,
+                seen,
+                &ts as *const libc::timespec,
+            );
+        }
     }
 }
 
@@ -502,6 +593,7 @@ mod tests {
     use super::*;
     use crate::{Cqe, Wqe, WrOpcode};
     use std::sync::Arc;
+    use std::time::Duration;
 
     fn ring<T: Pod>(cap: u32) -> (Producer<T>, Consumer<T>) {
         let mem = Arc::new(SharedMem::create("t", ring_bytes::<T>(cap)).unwrap());
@@ -598,13 +690,47 @@ mod tests {
     #[test]
     fn arm_semantics() {
         let (p, c) = ring::<Cqe>(4);
-        assert!(!p.take_notify(true));
+        assert_eq!(p.take_notify(true), None);
         c.arm(notify::SOLICITED);
-        assert!(!p.take_notify(false));
-        assert!(p.take_notify(true));
-        assert!(!p.take_notify(true), "fires once per arm");
+        assert_eq!(p.take_notify(false), None);
+        assert_eq!(p.take_notify(true), Some(Notification::Event));
+        assert_eq!(p.take_notify(true), None, "fires once per arm");
         c.arm(notify::NEXT);
-        assert!(p.take_notify(false));
+        assert_eq!(p.take_notify(false), Some(Notification::Event));
+        c.arm(notify::SOLICITED | notify::WAKE);
+        assert_eq!(p.take_notify(false), None);
+        assert_eq!(p.take_notify(true), Some(Notification::Wake));
+        // Whatever else the consumer writes there arms nothing.
+        for junk in [notify::WAKE, 3, 7, u32::MAX] {
+            c.arm(junk);
+            assert_eq!(p.take_notify(true), None, "{junk:#x}");
+        }
+    }
+
+    #[test]
+    fn a_sleeper_is_woken_by_the_engine_and_never_misses_a_wake_up() {
+        let (p, c) = ring::<Cqe>(4);
+        let w = c.wake_word();
+        // A wake-up given after the count was read and before the sleep: no sleep at all.
+        let seen = w.count();
+        p.wake();
+        let t = std::time::Instant::now();
+        w.sleep(seen, Duration::from_secs(3600));
+        assert!(t.elapsed() < Duration::from_secs(600));
+        // A sleeper on another thread is woken.
+        let seen = w.count();
+        let sleeper = {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                while w.count() == seen {
+                    w.sleep(seen, Duration::from_secs(3600));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(10));
+        p.wake();
+        sleeper.join().unwrap();
+        assert_eq!(w.count(), seen.wrapping_add(1));
     }
 
     #[test]

@@ -37,6 +37,7 @@ for_each_device!(siw0, rxe0 => [
     send_write_read_are_byte_exact,
     zero_byte_operations,
     solicited_event_and_cq_notification,
+    a_sleeper_is_woken_through_the_ring_not_the_event_queue,
     one_gib_write_is_byte_exact,
     foreign_handle_guesses_never_touch_another_context,
     many_concurrent_qps,
@@ -131,6 +132,75 @@ fn solicited_event_and_cq_notification(dev: &str) {
         let mut out = [ual::Cqe::default(); 4];
         assert_eq!(s.cq.poll(&mut out), 1);
         assert_ne!(out[0].flags & wc_flags::SOLICITED, 0);
+    });
+}
+
+/// `Cq::arm_to_sleep` + `Cq::sleep`: the engine wakes the sleeper through the futex
+/// word in the ring's header (counted there) and makes no `CqNotify` event; a
+/// solicited-only arm lets an unsolicited completion by.
+fn a_sleeper_is_woken_through_the_ring_not_the_event_queue(dev: &str) {
+    each_front_door(|door| {
+        let (_a, _b, s, c) = pair(door, dev, 4096);
+        let mem = s.cq.ring_memory().expect("a device with shared rings");
+        let wake = rnicpi::Ring::<ual::Cqe>::attach(mem, 0, 1)
+            .unwrap()
+            .consumer()
+            .wake_word();
+        let mut out = [ual::Cqe::default(); 4];
+        // Sleep until a completion is there; the wake-up may trail it by a moment.
+        let sleep_for_one = |armed| {
+            let mut got = [ual::Cqe::default(); 4];
+            loop {
+                match s.cq.poll(&mut got) {
+                    0 => s.cq.sleep(armed, Duration::from_secs(10)).unwrap(),
+                    1 => return got[0],
+                    n => panic!("{n} completions"),
+                }
+            }
+        };
+        let woken = |count| {
+            let t = std::time::Instant::now();
+            while wake.count() != count && t.elapsed() < Duration::from_secs(10) {
+                std::thread::yield_now();
+            }
+            wake.count() == count
+        };
+        for i in 0..3 {
+            s.post_recv(i, 0, 64).unwrap();
+        }
+
+        let before = wake.count();
+        let armed = s.cq.arm_to_sleep(false);
+        assert_eq!(s.cq.poll(&mut out), 0);
+        c.send(10, 0, 8, SIG).unwrap();
+        assert_eq!(sleep_for_one(armed).wr_id, 0);
+        assert!(
+            woken(before.wrapping_add(1)),
+            "one wake-up for the completion"
+        );
+
+        // Solicited only: the unsolicited Send completes unannounced…
+        let before = wake.count();
+        let armed = s.cq.arm_to_sleep(true);
+        c.send(11, 0, 8, SIG).unwrap();
+        while s.cq.poll(&mut out) == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            wake.count(),
+            before,
+            "no wake-up for an unsolicited completion"
+        );
+        // …the solicited one wakes the sleeper.
+        c.send(12, 0, 8, SIG | send_flags::SOLICITED).unwrap();
+        assert_ne!(sleep_for_one(armed).flags & wc_flags::SOLICITED, 0);
+        assert!(woken(before.wrapping_add(1)));
+
+        assert!(
+            s.cq.events().try_recv().is_err(),
+            "a sleeper's notification is no CqNotify event"
+        );
+        c.complete(3).unwrap();
     });
 }
 

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use rnicpi::{Event, EventKind};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A registered event handler.
@@ -20,6 +21,8 @@ const WORKERS: usize = 2;
 pub struct Dispatcher {
     handlers: Mutex<HashMap<u32, Handler>>,
     workers: Vec<Sender<(Handler, Event)>>,
+    /// The access layer died ([`Dispatcher::broadcast_dead`]).
+    dead: AtomicBool,
 }
 
 impl Dispatcher {
@@ -41,6 +44,7 @@ impl Dispatcher {
         Arc::new(Dispatcher {
             handlers: Mutex::new(HashMap::new()),
             workers,
+            dead: AtomicBool::new(false),
         })
     }
 
@@ -63,8 +67,14 @@ impl Dispatcher {
         }
     }
 
+    /// Whether the access layer died: for waits that no event reaches.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
     /// The access layer died: every handler gets `AccessLayerDead`.
     pub fn broadcast_dead(&self) {
+        self.dead.store(true, Ordering::Release);
         let hs: Vec<(u32, Handler)> = self
             .handlers
             .lock()

@@ -36,7 +36,9 @@ pub use device::DeviceFile;
 #[cfg(feature = "embedded")]
 pub use embedded::{configure_embedded, embedded_kal};
 pub use events::Handler;
-pub use verbs::{Ah, Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq};
+pub use verbs::{
+    Ah, Armed, Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq,
+};
 
 pub use abi;
 pub use rnicpi::{

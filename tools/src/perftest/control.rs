@@ -80,15 +80,15 @@ pub fn next_raw(
     let deadline = Instant::now() + idle;
     loop {
         let quiet = if events {
-            ep.cq.arm(false);
+            let armed = ep.cq.arm_to_sleep(false);
             if ep.cq.poll(&mut one) == 1 {
                 return Ok(one[0]);
             }
-            let quiet = ep.cq.events().recv_timeout(WAIT_SLICE).is_err();
+            ep.cq.sleep(armed, WAIT_SLICE)?;
             if ep.cq.poll(&mut one) == 1 {
                 return Ok(one[0]);
             }
-            quiet
+            true
         } else {
             match ep.cq.wait(1, WAIT_SLICE) {
                 Ok(c) => return Ok(c[0]),

@@ -110,6 +110,48 @@ impl Cq {
         &self.events
     }
 
+    /// Arm the CQ for [`Cq::sleep`]: the next completion (with `solicited_only`, the
+    /// next solicited or error completion) ends the sleep. As with [`Cq::arm`], a
+    /// completion that landed before the arm ends nothing: poll once more, then sleep.
+    ///
+    /// On a completion ring shared with the engine the engine wakes the sleeper itself
+    /// (a futex in the ring's header): no `CqNotify` event is made (none reaches
+    /// [`Cq::events`]), so through krdmad the wake-up skips the event queue, the
+    /// device-file round trips and the uAL's event threads. On a uVP's CQ this is
+    /// [`Cq::arm`] and the sleep waits for the `CqNotify` event.
+    pub fn arm_to_sleep(&self, solicited_only: bool) -> Armed {
+        match &self.path {
+            CqPath::Ring(r) if self.ctx.here().is_ok() => Armed(r.arm_to_sleep(solicited_only)),
+            _ => {
+                self.arm(solicited_only);
+                Armed(0)
+            }
+        }
+    }
+
+    /// Sleep until the completion armed for comes, or `timeout` passes (or a signal);
+    /// `Dead` once the access layer is gone. Nothing is taken from the CQ.
+    pub fn sleep(&self, armed: Armed, timeout: Duration) -> Result<()> {
+        self.ctx.here()?;
+        let slice = timeout.min(DEATH_CHECK);
+        match &self.path {
+            CqPath::Ring(r) => {
+                // The daemon's death wakes no futex: look for it every slice.
+                r.sleep(armed.0, slice);
+                if self.ctx.dispatcher.is_dead() {
+                    return Err(VerbsError::Dead);
+                }
+            }
+            CqPath::Device(_) => match self.events.recv_timeout(slice) {
+                Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => {
+                    return Err(VerbsError::Dead)
+                }
+                _ => {}
+            },
+        }
+        Ok(())
+    }
+
     /// Wait for `n` completions: poll for up to [`SPIN_BUDGET`], giving the CPU away
     /// between polls, then sleep on CQ notifications. A consumer that only spins would hold
     /// a core the engine needs to make its completions (on a two-core host it can stall
@@ -136,26 +178,27 @@ impl Cq {
             if now >= deadline {
                 return Err(VerbsError::TimedOut);
             }
-            self.arm(false);
+            let armed = self.arm_to_sleep(false);
             // Re-check after arming: a completion may have landed before the arm.
             let got = self.poll(&mut buf[..(n - out.len()).min(16)]);
             out.extend_from_slice(&buf[..got]);
             if got == 0 {
-                match self
-                    .events
-                    .recv_timeout((deadline - now).min(Duration::from_millis(50)))
-                {
-                    Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => {
-                        return Err(VerbsError::Dead)
-                    }
-                    _ => {}
-                }
+                self.sleep(armed, deadline - now)?;
             }
             spin_from = std::time::Instant::now();
         }
         Ok(out)
     }
 }
+
+/// What [`Cq::arm_to_sleep`] hands [`Cq::sleep`]: the count of the ring's wake-ups
+/// before the arm.
+#[derive(Debug, Clone, Copy)]
+pub struct Armed(u32);
+
+/// The longest [`Cq::sleep`] sleeps at a time (on a completion ring it then looks
+/// whether the access layer died).
+const DEATH_CHECK: Duration = Duration::from_millis(50);
 
 /// How long [`Cq::wait`] polls before it sleeps on a notification. Through krdmad a
 /// wake-up costs more than a round trip (50 µs here put the ping-pong's p99 at 100–200 µs).

@@ -11,8 +11,8 @@ mod pd;
 mod qp;
 mod srq;
 
-pub use cq::Cq;
 use cq::CqPath;
+pub use cq::{Armed, Cq};
 pub use listener::Listener;
 pub use mr::{Mr, Mw};
 pub use pd::{Ah, Pd};
