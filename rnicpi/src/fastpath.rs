@@ -469,9 +469,15 @@ impl UserCq {
     }
 
     /// Sleep until the completion armed for ([`UserCq::arm_to_sleep`], which returned
-    /// `seen`) comes, or `timeout` passes, or a signal.
+    /// `seen`) comes, or `timeout` passes, or a signal, or [`UserCq::wake_sleepers`].
     pub fn sleep(&self, seen: u32, timeout: std::time::Duration) {
         self.wake.sleep(seen, timeout);
+    }
+
+    /// End the sleep of this process's threads in [`UserCq::sleep`] (for something other
+    /// than a completion).
+    pub fn wake_sleepers(&self) {
+        self.wake.wake();
     }
 
     pub fn is_empty(&self) -> bool {

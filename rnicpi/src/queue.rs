@@ -381,14 +381,7 @@ impl<T: Pod> Producer<T> {
     /// `WAKE` word and wake whoever sleeps on it. Never blocks, whatever the consumer
     /// wrote into the ring.
     pub fn wake(&self) {
-        let w = self.ring.word(WAKE);
-        w.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: FUTEX_WAKE only looks up waiters keyed by the word's address, which
-        // lies inside our live mapping (`word`); it reads and writes no memory. Shared
-        // (not FUTEX_PRIVATE): the sleeper may be another process mapping the same file.
-        unsafe {
-            libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-        }
+        count_and_wake(self.ring.word(WAKE));
     }
 }
 
@@ -526,7 +519,24 @@ pub struct WakeWord {
     off: usize,
 }
 
+/// Count a wake-up in a ring's `WAKE` word and wake whoever sleeps on it.
+fn count_and_wake(w: &AtomicU32) {
+    w.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: FUTEX_WAKE only looks up waiters keyed by the word's address, which lies
+    // inside a live ring mapping (the callers' `word`); it reads and writes no memory.
+    // Shared (not FUTEX_PRIVATE): the sleeper may be another process mapping the file.
+    unsafe {
+        libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
 impl WakeWord {
+    /// Wake the ring's sleepers from the consumer's side (something other than a
+    /// completion ends their sleep).
+    pub fn wake(&self) {
+        count_and_wake(self.word());
+    }
+
     fn word(&self) -> &AtomicU32 {
         // SAFETY: `off` is a ring header word of a ring checked at attach, so it is
         // aligned and inside the mapping, which the Arc keeps alive.

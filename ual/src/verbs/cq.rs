@@ -129,8 +129,23 @@ impl Cq {
         }
     }
 
-    /// Sleep until the completion armed for comes, or `timeout` passes (or a signal);
-    /// `Dead` once the access layer is gone. Nothing is taken from the CQ.
+    /// Whether [`Cq::sleep`] sleeps on the completion ring (woken by the engine itself,
+    /// no `CqNotify` event made) rather than waiting for a `CqNotify` event.
+    pub fn sleeps_on_ring(&self) -> bool {
+        matches!(self.path, CqPath::Ring(_))
+    }
+
+    /// End the sleep of this process's threads in [`Cq::sleep`] on the ring, for
+    /// something other than a completion (a layer above waits for more than the CQ).
+    pub fn wake_sleepers(&self) {
+        if let CqPath::Ring(r) = &self.path {
+            r.wake_sleepers();
+        }
+    }
+
+    /// Sleep until the completion armed for comes, or `timeout` passes (or a signal, or
+    /// [`Cq::wake_sleepers`]); `Dead` once the access layer is gone. Nothing is taken
+    /// from the CQ.
     pub fn sleep(&self, armed: Armed, timeout: Duration) -> Result<()> {
         self.ctx.here()?;
         let slice = timeout.min(DEATH_CHECK);

@@ -419,6 +419,7 @@ impl Wakeable for SevdInner {
     fn wake_dead(&self) {
         self.st.lock().dead = true;
         self.cv.notify_all();
+        self.wake_ring_sleeper();
     }
 }
 
@@ -478,6 +479,7 @@ impl SevdInner {
         }
         if st.waiters > 0 && st.wait_satisfied() {
             self.cv.notify_all();
+            self.wake_ring_sleeper();
         }
         let ready = st.ready();
         if let Some(s) = &self.signal {
@@ -610,6 +612,28 @@ impl SevdInner {
         }
     }
 
+    /// The completion queue a waiter sleeps on directly (`Cq::sleep`: the engine wakes
+    /// it, no `CqNotify` event is made): a DTO SEVD's whose CQ has a ring, when nothing
+    /// but the waiter needs the notification (no descriptor, AEVD, callback or closing
+    /// endpoint: see [`watched`](Self::watched)). Through krdmad this saves the event
+    /// path's wake-ups (`docs/architecture.md`, "Events").
+    fn ring_to_sleep_on(&self) -> Option<&ual::Cq> {
+        let d = self.dto.as_ref()?;
+        let alone = self.signal.is_none()
+            && self.aevd.is_none()
+            && self.callback.lock().is_none()
+            && d.closing.load(std::sync::atomic::Ordering::Acquire) == 0;
+        (alone && d.cq.sleeps_on_ring()).then_some(&*d.cq)
+    }
+
+    /// A waiter sleeping on the ring: whatever satisfied its wait was not (only) a
+    /// completion.
+    fn wake_ring_sleeper(&self) {
+        if let Some(d) = &self.dto {
+            d.cq.wake_sleepers();
+        }
+    }
+
     fn wait(&self, timeout: Option<Duration>) -> Result<(Event, usize)> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut st = self.st.lock();
@@ -618,7 +642,11 @@ impl SevdInner {
         }
         st.polling = false;
         loop {
-            let notified = self.refill(&mut st, true);
+            let ring = self.ring_to_sleep_on();
+            // Armed before the refill's look at the ring: a completion after the look
+            // ends the sleep below.
+            let armed = ring.map(|cq| cq.arm_to_sleep(false));
+            let notified = self.refill(&mut st, ring.is_none());
             if st.wait_satisfied() {
                 let ev = self.pop(&mut st).expect("queue holds events");
                 let more = st.queue.len();
@@ -640,9 +668,20 @@ impl SevdInner {
                 continue;
             }
             st.waiters += 1;
-            let timed_out = match deadline {
-                Some(d) => self.cv.wait_until(&mut st, d).timed_out(),
-                None => {
+            let timed_out = match (ring, armed, deadline) {
+                (Some(cq), Some(armed), _) => {
+                    let left = deadline.map_or(Duration::MAX, |d| {
+                        d.saturating_duration_since(Instant::now())
+                    });
+                    let slept = MutexGuard::unlocked(&mut st, || cq.sleep(armed, left));
+                    if slept.is_err() {
+                        st.waiters -= 1;
+                        return Err(Error::IaCatastrophe);
+                    }
+                    deadline.is_some_and(|d| Instant::now() >= d)
+                }
+                (_, _, Some(d)) => self.cv.wait_until(&mut st, d).timed_out(),
+                (_, _, None) => {
                     self.cv.wait(&mut st);
                     false
                 }
