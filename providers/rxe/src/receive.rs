@@ -64,11 +64,11 @@ impl Receiver {
                 .filter(|s| !s.stopped())
         };
         loop {
-            // Parked, the thread does not hold the device up.
-            if device().is_none() {
-                return;
-            }
+            // Parked, the thread does not hold the device up; it ends once the device has.
             if self.driven.park_if_driven() {
+                if device().is_none() {
+                    return;
+                }
                 spin_until = None;
                 continue;
             }

@@ -642,10 +642,11 @@ impl SevdInner {
         }
         st.polling = false;
         loop {
-            let ring = self.ring_to_sleep_on();
             // Armed before the refill's look at the ring: a completion after the look
             // ends the sleep below.
-            let armed = ring.map(|cq| cq.arm_to_sleep(false));
+            let ring = self
+                .ring_to_sleep_on()
+                .map(|cq| (cq, cq.arm_to_sleep(false)));
             let notified = self.refill(&mut st, ring.is_none());
             if st.wait_satisfied() {
                 let ev = self.pop(&mut st).expect("queue holds events");
@@ -668,8 +669,8 @@ impl SevdInner {
                 continue;
             }
             st.waiters += 1;
-            let timed_out = match (ring, armed, deadline) {
-                (Some(cq), Some(armed), _) => {
+            let timed_out = match (ring, deadline) {
+                (Some((cq, armed)), _) => {
                     let left = deadline.map_or(Duration::MAX, |d| {
                         d.saturating_duration_since(Instant::now())
                     });
@@ -680,8 +681,8 @@ impl SevdInner {
                     }
                     deadline.is_some_and(|d| Instant::now() >= d)
                 }
-                (_, _, Some(d)) => self.cv.wait_until(&mut st, d).timed_out(),
-                (_, _, None) => {
+                (None, Some(d)) => self.cv.wait_until(&mut st, d).timed_out(),
+                (None, None) => {
                     self.cv.wait(&mut st);
                     false
                 }
