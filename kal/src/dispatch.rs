@@ -6,6 +6,7 @@
 use crate::abi::{self, Command};
 use crate::context::{ConnAccount, ConnWatch, Context, Kind, Object};
 use crate::counters::Counters;
+use crate::cq_signal::CqSignal;
 use crate::creds::{cap, Requester};
 use crate::events::ObjectSink;
 use crate::quota::{Charges, Resource};
@@ -46,6 +47,26 @@ fn ring_memory(kal: &Kal, c: &Context, fd: i32, len: usize) -> Result<Arc<Shared
         Err(e) => {
             kal.refusals.ring_memory.fetch_add(1, Ordering::Relaxed);
             rnicpi::warn_limited!(ctx = c.id, error = %e, "ring memory refused");
+            Err(e.into())
+        }
+    }
+}
+
+/// The caller's descriptor `fd` as a CQ's signal socket (-1: none).
+fn cq_signal(kal: &Kal, c: &Context, fd: i32) -> Result<Option<CqSignal>> {
+    if fd == -1 {
+        return Ok(None);
+    }
+    let sock = c.peer.take_fd(fd)?;
+    let uid = c
+        .peer
+        .creds()
+        .map_or_else(|| nix::unistd::geteuid().as_raw(), |cr| cr.euid());
+    match crate::cq_signal::verify(sock.as_fd(), uid) {
+        Ok(()) => Ok(Some(CqSignal::new(sock, kal.signals.clone()))),
+        Err(e) => {
+            kal.refusals.cq_signal.fetch_add(1, Ordering::Relaxed);
+            rnicpi::warn_limited!(ctx = c.id, error = %e, "CQ signal socket refused");
             Err(e.into())
         }
     }
@@ -273,12 +294,13 @@ fn create_cq(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateCq) -> Result<()> {
     objs.check_limit(Kind::Cq, &kal.config.limits)?;
     let charges = charge(kal, c, Some(a.dev), &ring_object(Resource::Cq, len))?;
     let mem = ring_memory(kal, c, a.memfd, len)?;
+    let signal = cq_signal(kal, c, a.signal)?;
     let ring = Ring::attach(mem, 0, cap)?.producer();
     let h = objs.next_handle()?;
     let cq = dev.create_cq(CqInit {
         depth: cap,
         ring,
-        sink: ObjectSink::bound(&c.events, h),
+        sink: ObjectSink::with_signal(&c.events, h, signal),
         stats: kal.ring_stats.clone(),
     })?;
     objs.insert(

@@ -9,6 +9,7 @@
 //! rejects it) rather than queued, so a flood of them never costs the consumer its other
 //! events.
 
+use crate::cq_signal::CqSignal;
 use parking_lot::Mutex;
 use rnicpi::{Event, EventKind, EventSink};
 use std::collections::VecDeque;
@@ -128,13 +129,25 @@ impl EventQueue {
 pub struct ObjectSink {
     queue: Weak<EventQueue>,
     handle: u32,
+    /// A CQ's signal socket (`EventSink::signal`).
+    signal: Option<CqSignal>,
 }
 
 impl ObjectSink {
     pub fn bound(queue: &Arc<EventQueue>, handle: u32) -> Arc<dyn EventSink> {
+        Self::with_signal(queue, handle, None)
+    }
+
+    /// A CQ's sink, which gives signals through `signal` when there is one.
+    pub fn with_signal(
+        queue: &Arc<EventQueue>,
+        handle: u32,
+        signal: Option<CqSignal>,
+    ) -> Arc<dyn EventSink> {
         Arc::new(ObjectSink {
             queue: Arc::downgrade(queue),
             handle,
+            signal,
         })
     }
 }
@@ -145,6 +158,12 @@ impl EventSink for ObjectSink {
             ev.handle = self.handle;
             tracing::debug!(kind = ?ev.kind, handle = self.handle, "event queued");
             q.push(ev);
+        }
+    }
+
+    fn signal(&self) {
+        if !self.signal.as_ref().is_some_and(CqSignal::give) {
+            self.deliver(Event::new(EventKind::CqNotify));
         }
     }
 

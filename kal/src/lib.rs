@@ -25,6 +25,7 @@ pub use abi;
 pub mod backing;
 pub mod context;
 pub mod counters;
+pub mod cq_signal;
 pub mod creds;
 mod dispatch;
 pub mod doorbell;
@@ -89,16 +90,19 @@ struct Refusals {
     ring_memory: AtomicU64,
     /// Doorbells that were not non-blocking eventfds.
     doorbell: AtomicU64,
+    /// CQ signal sockets that were not Unix stream socket pairs of the caller's user.
+    cq_signal: AtomicU64,
 }
 
 impl Refusals {
-    fn counters(&self) -> [Counter; 2] {
+    fn counters(&self) -> [Counter; 3] {
         [
             (
                 "ring_memory_refused",
                 self.ring_memory.load(Ordering::Relaxed),
             ),
             ("doorbell_refused", self.doorbell.load(Ordering::Relaxed)),
+            ("cq_signal_refused", self.cq_signal.load(Ordering::Relaxed)),
         ]
     }
 }
@@ -114,6 +118,8 @@ pub struct Kal {
     ledger: Arc<Ledger>,
     ring_stats: Arc<RingStats>,
     refusals: Refusals,
+    /// What became of the engines' CQ signals.
+    signals: Arc<cq_signal::SignalStats>,
     /// Doorbells served by the contexts' doorbell threads.
     doorbells_rung: Arc<AtomicU64>,
     /// The process the kAL was created in: a fork child's copy refuses every call.
@@ -133,6 +139,7 @@ impl Kal {
             pins: pin::PinAccounts::default(),
             ring_stats: Arc::default(),
             refusals: Refusals::default(),
+            signals: Default::default(),
             doorbells_rung: Arc::default(),
             lineage: rnicpi::fork::Lineage::here(),
             checks: counters::Counters::default(),
@@ -152,6 +159,7 @@ impl Kal {
     pub fn counters(&self) -> Vec<Counter> {
         let mut v = self.ledger.counters();
         v.extend(self.refusals.counters());
+        v.extend(self.signals.counters());
         v.extend(self.checks.list());
         v.extend(self.ring_stats.counters());
         v.push((

@@ -390,6 +390,7 @@ fn cq(kal: &Kal, ctx: u32) -> (u32, SharedMem) {
         cqe: 16,
         memfd: mem.fd().as_raw_fd(),
         handle: 0,
+        signal: -1,
     };
     call(kal, ctx, cmd::CREATE_CQ, &mut a).unwrap();
     (a.handle, mem)
@@ -492,6 +493,7 @@ fn try_cq(kal: &Kal, ctx: u32) -> Result<(u32, SharedMem)> {
         cqe: 16,
         memfd: mem.fd().as_raw_fd(),
         handle: 0,
+        signal: -1,
     };
     call(kal, ctx, cmd::CREATE_CQ, &mut a).map(|_| (a.handle, mem))
 }

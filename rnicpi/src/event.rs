@@ -156,6 +156,13 @@ pub trait EventSink: Send + Sync {
         self.deliver(ev);
         true
     }
+
+    /// Give a completion queue's notification through the socket bound to it when the
+    /// consumer armed with [`notify::SIGNAL`](crate::queue::notify::SIGNAL). A sink with no
+    /// socket queues the `CqNotify` event instead: a notification is never lost.
+    fn signal(&self) {
+        self.deliver(Event::new(EventKind::CqNotify));
+    }
 }
 
 /// A sink that drops everything (objects nobody listens to, and tests).

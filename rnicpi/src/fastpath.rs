@@ -21,7 +21,7 @@ use crate::error::{Result, VerbsError};
 use crate::event::{Event, EventKind, EventSink};
 use crate::progress::{Progress, ProgressSources};
 use crate::provider::Counter;
-use crate::queue::{Consumer, Notification, Producer, RingCorrupt, SharedMem, WakeWord};
+use crate::queue::{Consumer, Producer, RingCorrupt, SharedMem, WakeWord};
 use crate::types::{QpCaps, SrqAttr};
 use crate::wr::{wc_flags, Cqe, WcStatus, Wqe, WrOpcode, MAX_SGE};
 use parking_lot::Mutex;
@@ -458,6 +458,18 @@ impl UserCq {
         self.ring.lock().arm(when | how);
     }
 
+    /// Arm to be told of the next completion (or the next solicited/error one) through
+    /// the CQ's signal socket: a byte its consumer end reads, no `CqNotify` event (see
+    /// `EventSink::signal`; a CQ created without a socket gets the event after all).
+    pub fn arm_to_signal(&self, solicited_only: bool) {
+        self.arm_as(solicited_only, crate::queue::notify::SIGNAL);
+    }
+
+    /// Whether the last arm is still in place: the engine has not given its notification.
+    pub fn is_armed(&self) -> bool {
+        self.ring.lock().is_armed()
+    }
+
     /// Arm to be woken directly by the next completion (or the next solicited/error
     /// one): no `CqNotify` event, so no event queue, event thread or (through krdmad)
     /// device-file round trip on the way. Look at the ring again, then
@@ -571,13 +583,16 @@ impl EngineCq {
         self.overflow_reported.store(false, Ordering::Release);
         self.pushed.fetch_add(1, Ordering::Relaxed);
         let special = cqe.flags & wc_flags::SOLICITED != 0 || cqe.status != WcStatus::Success as u8;
-        match ring.take_notify(special) {
-            Some(Notification::Event) => {
-                drop(ring);
-                self.sink.deliver(Event::new(EventKind::CqNotify));
+        if let Some(n) = ring.take_notify(special) {
+            if n.wake {
+                ring.wake();
             }
-            Some(Notification::Wake) => ring.wake(),
-            None => {}
+            drop(ring);
+            if n.is_event() {
+                self.sink.deliver(Event::new(EventKind::CqNotify));
+            } else if n.signal {
+                self.sink.signal();
+            }
         }
         true
     }

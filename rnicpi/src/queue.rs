@@ -186,15 +186,32 @@ pub mod notify {
     /// With `NEXT` or `SOLICITED`: signal by bumping the ring's `WAKE` word and waking
     /// the futex on it (a thread of the consumer sleeps there), not by a `CqNotify` event.
     pub const WAKE: u32 = 4;
+    /// With `NEXT` or `SOLICITED`: signal through the CQ's signal socket (a byte the
+    /// consumer's descriptor reads), not by a `CqNotify` event. May go with `WAKE`.
+    pub const SIGNAL: u32 = 8;
 }
 
-/// How an armed completion ring's notification is given ([`Producer::take_notify`]).
+/// How an armed completion ring's notification is given ([`Producer::take_notify`]):
+/// a `CqNotify` event, unless the arm asked for a wake-up, a signal, or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Notification {
-    /// A `CqNotify` event.
-    Event,
-    /// A wake-up of the futex on the `WAKE` word ([`Producer::wake`]).
-    Wake,
+pub struct Notification {
+    /// Wake the futex on the `WAKE` word ([`Producer::wake`]).
+    pub wake: bool,
+    /// Write to the CQ's signal socket.
+    pub signal: bool,
+}
+
+impl Notification {
+    /// Plain `CqNotify`: neither a wake-up nor a signal.
+    pub const EVENT: Notification = Notification {
+        wake: false,
+        signal: false,
+    };
+
+    /// Given as a `CqNotify` event.
+    pub fn is_event(self) -> bool {
+        !self.wake && !self.signal
+    }
 }
 
 /// The bytes a ring of `capacity` slots of `T` needs.
@@ -363,7 +380,7 @@ impl<T: Pod> Producer<T> {
         std::sync::atomic::fence(Ordering::SeqCst);
         let w = self.ring.word(NOTIFY);
         let cur = w.load(Ordering::Acquire);
-        let fire = match cur & !notify::WAKE {
+        let fire = match cur & !(notify::WAKE | notify::SIGNAL) {
             notify::NEXT => true,
             notify::SOLICITED => solicited_or_error,
             _ => false, // unarmed, or a value the consumer made up
@@ -371,9 +388,9 @@ impl<T: Pod> Producer<T> {
         let taken = fire
             && w.compare_exchange(cur, notify::NONE, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok();
-        taken.then_some(match cur & notify::WAKE {
-            0 => Notification::Event,
-            _ => Notification::Wake,
+        taken.then_some(Notification {
+            wake: cur & notify::WAKE != 0,
+            signal: cur & notify::SIGNAL != 0,
         })
     }
 
@@ -482,6 +499,12 @@ impl<T: Pod> Consumer<T> {
     pub fn arm(&self, how: u32) {
         self.ring.word(NOTIFY).store(how, Ordering::Release);
         std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Completion rings, consumer side: whether the last arm is still in place (the
+    /// engine has not given its notification yet).
+    pub fn is_armed(&self) -> bool {
+        self.ring.word(NOTIFY).load(Ordering::Acquire) != notify::NONE
     }
 
     /// Completion rings, consumer side: the ring's `WAKE` word, to sleep on without
@@ -703,15 +726,33 @@ mod tests {
         assert_eq!(p.take_notify(true), None);
         c.arm(notify::SOLICITED);
         assert_eq!(p.take_notify(false), None);
-        assert_eq!(p.take_notify(true), Some(Notification::Event));
+        assert_eq!(p.take_notify(true), Some(Notification::EVENT));
         assert_eq!(p.take_notify(true), None, "fires once per arm");
         c.arm(notify::NEXT);
-        assert_eq!(p.take_notify(false), Some(Notification::Event));
+        assert_eq!(p.take_notify(false), Some(Notification::EVENT));
         c.arm(notify::SOLICITED | notify::WAKE);
         assert_eq!(p.take_notify(false), None);
-        assert_eq!(p.take_notify(true), Some(Notification::Wake));
+        let wake = Notification {
+            wake: true,
+            signal: false,
+        };
+        assert_eq!(p.take_notify(true), Some(wake));
+        c.arm(notify::NEXT | notify::SIGNAL);
+        assert!(c.is_armed());
+        let signal = Notification {
+            wake: false,
+            signal: true,
+        };
+        assert_eq!(p.take_notify(false), Some(signal));
+        assert!(!c.is_armed(), "a notification given disarms");
+        c.arm(notify::NEXT | notify::SIGNAL | notify::WAKE);
+        let both = Some(Notification {
+            wake: true,
+            signal: true,
+        });
+        assert_eq!(p.take_notify(false), both);
         // Whatever else the consumer writes there arms nothing.
-        for junk in [notify::WAKE, 3, 7, u32::MAX] {
+        for junk in [notify::WAKE, notify::SIGNAL, 3, 7, 11, u32::MAX] {
             c.arm(junk);
             assert_eq!(p.take_notify(true), None, "{junk:#x}");
         }

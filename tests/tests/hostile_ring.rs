@@ -138,11 +138,22 @@ fn bad_ring_memory(door: &FrontDoor, len: usize) -> Vec<(&'static str, OwnedFd)>
 }
 
 fn raw_cq(ctx: &Context, dev: u32, memfd: i32, cqe: u32) -> rnicpi::Result<u32> {
+    raw_cq_signalled(ctx, dev, memfd, cqe, -1)
+}
+
+fn raw_cq_signalled(
+    ctx: &Context,
+    dev: u32,
+    memfd: i32,
+    cqe: u32,
+    signal: i32,
+) -> rnicpi::Result<u32> {
     let mut a = abi::CreateCq {
         dev,
         cqe,
         memfd,
         handle: 0,
+        signal,
     };
     ctx.channel().call(cmd::CREATE_CQ, &mut a).map(|_| a.handle)
 }
@@ -401,6 +412,98 @@ fn doorbell_must_be_a_non_blocking_eventfd() {
         }
         raw_destroy(&ctx, cmd::DESTROY_QP, qp2);
         raw_destroy(&ctx, cmd::DESTROY_QP, qp);
+        bystander.finish().assert_served(BOUND);
+    });
+}
+
+/// A CQ's signal socket (ABI 9): only one end of a Unix stream socket pair of the
+/// caller's user is taken. One that the tenant then makes blocking and fills never stalls
+/// the engine that writes it (its writes never wait: counted as finding the socket
+/// full), and the completions still come.
+#[test]
+fn cq_signal_socket_must_be_a_stream_pair_and_never_stalls_the_engine() {
+    use std::io::Write;
+    use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
+    each_front_door(|door| {
+        let bystander = Bystander::start(door, "siw0");
+        let ctx = door.open();
+        let dev = ctx.device("siw0").unwrap().index;
+        let before = kal_counter(&ctx, "cq_signal_refused");
+        let path = std::env::temp_dir().join(format!("krdma-sig-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let named = UnixListener::bind(&path).unwrap();
+        let client = UnixStream::connect(&path).unwrap();
+        let (dgram, _other) = UnixDatagram::pair().unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut bad: Vec<(&str, OwnedFd)> = vec![
+            ("eventfd", eventfd(libc::EFD_NONBLOCK)),
+            ("pipe", pipe_end()),
+            ("regular file", regular_file(8)),
+            ("datagram socket pair", dgram.into()),
+            ("socket connected to a named one", client.into()),
+            ("listening socket", named.into()),
+            ("TCP socket", tcp.into()),
+        ];
+        if let FrontDoor::Daemon(d) = door {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&d.path)
+                .unwrap();
+            bad.push(("a FUSE file (the device itself)", f.into()));
+        }
+        let n = bad.len() as u64;
+        for (what, fd) in bad {
+            let mem = SharedMem::create("cq", ring_bytes::<Cqe>(16)).unwrap();
+            let r = raw_cq_signalled(&ctx, dev, mem.fd().as_raw_fd(), 16, fd.as_raw_fd());
+            assert_eq!(r, Err(VerbsError::Invalid), "signal socket {what}");
+        }
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(kal_counter(&ctx, "cq_signal_refused"), before + n);
+
+        // Accepted; then filled by the tenant and made blocking (the description is
+        // the engine's too).
+        let (mut mine, _theirs) = UnixStream::pair().unwrap();
+        let cq = ctx
+            .create_cq_signalled(dev, 64, Some(mine.as_fd()))
+            .unwrap();
+        let access = tools::perf::ENDPOINT_ACCESS;
+        let ep = tools::perf::endpoint_on(&ctx, dev, cq, 4096, 16, access).unwrap();
+        mine.set_nonblocking(true).unwrap();
+        while mine.write(&[0; 4096]).is_ok() {}
+        mine.set_nonblocking(false).unwrap();
+        let ip = tools::perf::loopback_of(&ctx, dev).unwrap();
+        let listener = ctx
+            .listen(dev, std::net::SocketAddr::new(ip, 0), 4)
+            .unwrap();
+        let addr = std::net::SocketAddr::new(ip, listener.port);
+        let peer_ctx = door.open();
+        let peer = std::thread::spawn(move || {
+            let ep = tools::perf::connect_endpoint(&peer_ctx, dev, addr, 4096, 16).unwrap();
+            (peer_ctx, ep)
+        });
+        let ep = tools::perf::accept_into(&listener, ep).unwrap();
+        let (_peer_ctx, peer) = peer.join().unwrap();
+        let full = kal_counter(&ctx, "cq_signals_socket_full");
+        let rounds = 20;
+        for i in 0..rounds {
+            ep.post_recv(i, 0, 64).unwrap();
+            assert!(ep.cq.arm_to_signal(false));
+            peer.send(i, 0, 8, rnicpi::send_flags::SIGNALED).unwrap();
+            let deadline = Instant::now() + BOUND;
+            let mut got = [Cqe::default(); 1];
+            while ep.cq.poll(&mut got) == 0 {
+                assert!(Instant::now() < deadline, "completion {i} never came");
+                std::thread::yield_now();
+            }
+            assert_eq!(got[0].wr_id, i);
+            peer.complete(1).unwrap();
+        }
+        let t0 = Instant::now();
+        while kal_counter(&ctx, "cq_signals_socket_full") < full + rounds {
+            assert!(t0.elapsed() <= BOUND, "signals not given (or not counted)");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         bystander.finish().assert_served(BOUND);
     });
 }

@@ -172,6 +172,60 @@ itapi_tests! {
         assert!(matches!(s.dto.dequeue().unwrap(), Event::Dto(d) if d.cookie == 3));
     }
 
+    // krdma's `FD_ON_COMPLETION`: the engine itself makes the descriptor readable for a
+    // completion (a byte on the CQ's signal socket, counted by the kAL), not the event
+    // thread; it reads readable even for a completion that does not notify, and a
+    // dequeue that empties the SEVD clears it and arms again.
+    fn itapi_descriptor_readable_on_completion(case) {
+        let flags = EvdFlags::CREATE_FD | EvdFlags::FD_ON_COMPLETION;
+        let cfg = Cfg {
+            dto_flags: flags,
+            ..Cfg::default()
+        };
+        let (s, c) = pair_cfg(case, &cfg, &Cfg::default());
+        let fd = s.dto.fd().unwrap();
+        let ctx = s.ia.context_handle().clone();
+        let signals = || krdma_tests::kal_counter(&ctx, "cq_signals_sent");
+        let as_events = krdma_tests::kal_counter(&ctx, "cq_signals_as_events");
+        for i in 0..4 {
+            s.ep.post_recv(&[s.seg(i * 64, 64)], i, DtoFlags::empty()).unwrap();
+        }
+        assert_eq!(s.dto.dequeue().err(), Some(Error::QueueEmpty));
+        assert!(!readable(fd, 0), "nothing there");
+        for (cookie, sent) in [(0u64, 10u64), (1, 11)] {
+            let before = signals();
+            c.ep.post_send(&[c.seg(0, 8)], sent, DtoFlags::SIGNALED).unwrap();
+            c.expect(DtoKind::Send, sent);
+            assert!(readable(fd, 5000), "the engine's byte makes it readable");
+            assert_eq!(signals(), before + 1, "one signal per armed completion");
+            match s.dto.dequeue().unwrap() {
+                Event::Dto(d) => assert_eq!(d.cookie, cookie),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(s.dto.dequeue().err(), Some(Error::QueueEmpty));
+            assert!(!readable(fd, 0), "emptied: drained, and armed again");
+        }
+        assert_eq!(
+            krdma_tests::kal_counter(&ctx, "cq_signals_as_events"),
+            as_events,
+            "every signal went through the socket"
+        );
+        // A waiter still wakes (its wait arms for the event).
+        let dto = s.dto.clone();
+        let waiter = std::thread::spawn(move || dto.wait(Some(Duration::from_secs(10))));
+        std::thread::sleep(Duration::from_millis(100));
+        c.ep.post_send(&[c.seg(0, 8)], 12, DtoFlags::SIGNALED).unwrap();
+        assert!(matches!(waiter.join().unwrap().unwrap().0, Event::Dto(d) if d.cookie == 2));
+        // Only for a DTO SEVD with a descriptor.
+        for (stream, flags) in [
+            (EventStream::Dto, EvdFlags::FD_ON_COMPLETION),
+            (EventStream::Software, flags),
+        ] {
+            let r = Evd::create(&s.ia, stream, flags, 16, 1, None);
+            assert_eq!(r.err(), Some(Error::InvalidFlags), "{stream:?} {flags:?}");
+        }
+    }
+
     fn itapi_threshold_and_descriptor(case) {
         let ia = case.ia();
         let evd = software(&ia, EvdFlags::CREATE_FD, 16, 3, None);

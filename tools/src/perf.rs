@@ -48,8 +48,20 @@ pub fn new_endpoint_with(
     depth: u32,
     access: Access,
 ) -> Result<Endpoint> {
-    let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
+    endpoint_on(ctx, dev, cq, buf_len, depth, access)
+}
+
+/// [`new_endpoint_with`] over a CQ the caller made (at least `2 * depth` deep).
+pub fn endpoint_on(
+    ctx: &Arc<Context>,
+    dev: u32,
+    cq: Arc<Cq>,
+    buf_len: usize,
+    depth: u32,
+    access: Access,
+) -> Result<Endpoint> {
+    let pd = ctx.alloc_pd(dev)?;
     let caps = QpCaps {
         max_send_wr: depth,
         max_recv_wr: depth,
@@ -107,9 +119,13 @@ pub fn accept_endpoint(
     buf_len: usize,
     depth: u32,
 ) -> Result<Endpoint> {
+    accept_into(listener, new_endpoint(ctx, dev, buf_len, depth)?)
+}
+
+/// Accept one connection on `listener` into `ep` (an endpoint not yet connected).
+pub fn accept_into(listener: &Listener, mut ep: Endpoint) -> Result<Endpoint> {
     let req = listener.get_request(TIMEOUT)?;
     let remote = parse_advert(&req.private_data)?;
-    let mut ep = new_endpoint(ctx, dev, buf_len, depth)?;
     listener.accept(req.conn_id, &ep.qp, &ep.offer())?;
     let ev = ep.qp.next_event(TIMEOUT)?;
     if ev.kind != rnicpi::EventKind::Established {

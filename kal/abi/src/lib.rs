@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 mod convert;
 
 /// Version of this ABI; bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 /// The ioctl type letter (a private one: the VFS claims some generic numbers).
 pub const IOC_TYPE: u8 = b'k';
 /// Most devices `LIST_DEVICES` reports.
@@ -210,6 +210,10 @@ pub struct CreateCq {
     pub memfd: i32,
     /// out: CQ handle.
     pub handle: u32,
+    /// in: the caller's own descriptor number of one end of a Unix stream socket pair
+    /// (made by a process of the caller's user, neither end bound), or -1 for none. The
+    /// engine writes a byte to it for a notification armed with `notify::SIGNAL`.
+    pub signal: i32,
 }
 
 #[repr(C)]

@@ -219,10 +219,12 @@ impl Conn {
         let ia = &dev.ia;
         let nrx = u32::from(cfg.recv_bufs) + 1;
         let depth = (TX_SLOTS + 4 + nrx) as usize;
+        // The engine makes the descriptor readable itself (through krdmad, without the
+        // event path): every wake-up here dequeues until empty.
         let dto = Evd::create(
             ia,
             EventStream::Dto,
-            EvdFlags::CREATE_FD,
+            EvdFlags::CREATE_FD | EvdFlags::FD_ON_COMPLETION,
             4 * depth,
             1,
             None,

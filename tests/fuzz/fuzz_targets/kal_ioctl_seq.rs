@@ -39,6 +39,7 @@ enum Op {
         dev: u8,
         cqe: u16,
         short_ring: bool,
+        signal: Option<i8>,
     },
     DestroyCq(Pick),
     CreateQp {
@@ -228,6 +229,7 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             dev,
             cqe,
             short_ring,
+            signal,
         } => {
             let cap = ring_capacity((cqe as u32).max(1)).unwrap();
             let len = ring_bytes::<Cqe>(cap) - if short_ring { 64 } else { 0 };
@@ -235,6 +237,13 @@ fn run(w: &World, ctx: u32, m: &mut Model, op: Op) {
             let mut a = abi::CreateCq::zeroed();
             (a.dev, a.cqe, a.memfd) =
                 (dev as u32 % (DEVICES + 1), cqe as u32, mem.fd().as_raw_fd());
+            // None: no signal socket; Some(0): a real socket pair; else any number.
+            let pair = std::os::unix::net::UnixStream::pair().unwrap();
+            a.signal = match signal {
+                None => -1,
+                Some(0) => pair.0.as_raw_fd(),
+                Some(n) => i32::from(n),
+            };
             if let Ok(a) = call(kal, ctx, cmd::CREATE_CQ, a) {
                 m.cqs.push(a.handle);
             }

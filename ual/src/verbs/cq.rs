@@ -2,14 +2,29 @@
 //! consumer's, through its uVP), armed for notification.
 
 use super::*;
+use std::os::fd::BorrowedFd;
 
 impl Context {
     pub fn create_cq(self: &Arc<Self>, dev: u32, depth: u32) -> Result<Arc<Cq>> {
+        self.create_cq_signalled(dev, depth, None)
+    }
+
+    /// [`create_cq`](Self::create_cq), with `signal` (one end of a Unix stream socket
+    /// pair) as the CQ's signal socket: a completion armed with [`Cq::arm_to_signal`]
+    /// makes the engine write a byte to it, so the pair's other end reads readable (no
+    /// `CqNotify` event). A device whose fast path is this process's has no engine to
+    /// write it: there the socket is not used ([`Cq::arm_to_signal`] says so).
+    pub fn create_cq_signalled(
+        self: &Arc<Self>,
+        dev: u32,
+        depth: u32,
+        signal: Option<BorrowedFd<'_>>,
+    ) -> Result<Arc<Cq>> {
         if let Some(udev) = self.user_device(dev)? {
             let (handle, user) = self.mirrored(dev, abi::MIRROR_CQ, [0; 4], (0, 0), |h| {
                 udev.create_cq(depth, self.sink(h))
             })?;
-            return Ok(self.cq_object(handle, dev, CqPath::Device(user)));
+            return Ok(self.cq_object(handle, dev, CqPath::Device(user), false));
         }
         let cap = ring_capacity(depth).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-cq", ring_bytes::<Cqe>(cap))?);
@@ -18,6 +33,7 @@ impl Context {
             cqe: depth,
             memfd: mem.fd().as_raw_fd(),
             handle: 0,
+            signal: signal.map_or(-1, |f| f.as_raw_fd()),
         };
         self.call(cmd::CREATE_CQ, &mut a)?;
         let ring = Ring::attach(mem, 0, cap)?.consumer();
@@ -25,16 +41,23 @@ impl Context {
             Some(p) => UserCq::with_progress(ring, p),
             None => UserCq::new(ring),
         };
-        Ok(self.cq_object(a.handle, dev, CqPath::Ring(user)))
+        Ok(self.cq_object(a.handle, dev, CqPath::Ring(user), signal.is_some()))
     }
 
-    fn cq_object(self: &Arc<Self>, handle: u32, dev: u32, path: CqPath) -> Arc<Cq> {
+    fn cq_object(
+        self: &Arc<Self>,
+        handle: u32,
+        dev: u32,
+        path: CqPath,
+        signalled: bool,
+    ) -> Arc<Cq> {
         let events = self.subscribe(handle);
         Arc::new(Cq {
             ctx: self.clone(),
             handle,
             dev,
             path,
+            signalled,
             events,
         })
     }
@@ -54,6 +77,8 @@ pub struct Cq {
     pub handle: u32,
     pub dev: u32,
     pub(super) path: CqPath,
+    /// Created with a signal socket ([`Context::create_cq_signalled`]).
+    signalled: bool,
     events: Receiver<Event>,
 }
 
@@ -102,6 +127,34 @@ impl Cq {
                     tracing::warn!(cq = self.handle, error = %e, "arming the CQ failed");
                 }
             }
+        }
+    }
+
+    /// Arm to be told of the next completion (or the next solicited/error one) through
+    /// the CQ's signal socket ([`Context::create_cq_signalled`]) instead of a `CqNotify`
+    /// event: through krdmad the engine writes to the socket itself, and a thread asleep
+    /// in `poll` on the pair's other end wakes without the event path. As with
+    /// [`Cq::arm`], look at the ring once more after arming. False (and nothing armed)
+    /// when the CQ has no socket or no engine to write it (a uVP's CQ): use [`Cq::arm`].
+    pub fn arm_to_signal(&self, solicited_only: bool) -> bool {
+        if !self.signalled || self.ctx.here().is_err() {
+            return false;
+        }
+        match &self.path {
+            CqPath::Ring(r) => {
+                r.arm_to_signal(solicited_only);
+                true
+            }
+            CqPath::Device(_) => false,
+        }
+    }
+
+    /// Whether the last arm is still in place (its notification not given yet). A
+    /// signal (or event) has been, or is being, given for an arm no longer in place.
+    pub fn is_armed(&self) -> bool {
+        match &self.path {
+            CqPath::Ring(r) => r.is_armed(),
+            CqPath::Device(_) => false,
         }
     }
 

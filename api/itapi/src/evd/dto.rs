@@ -29,12 +29,30 @@ pub(crate) struct DtoSource {
 
 const BATCH: usize = 16;
 
+/// How [`DtoSource::take`] leaves the CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arm {
+    /// Unarmed (a polling consumer).
+    No,
+    /// Armed for a `CqNotify` event, which reaches the SEVD through the event thread.
+    Event,
+    /// Armed for the engine to write the SEVD's completion-driven descriptor (the CQ
+    /// was created with its socket).
+    Signal,
+}
+
 impl DtoSource {
-    pub fn new(ia: &Ia, queue_size: usize) -> Result<DtoSource> {
+    /// `signal`: the socket the engine is to write to for a completion armed with
+    /// [`Arm::Signal`].
+    pub fn new(
+        ia: &Ia,
+        queue_size: usize,
+        signal: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<DtoSource> {
         let depth = u32::try_from(queue_size).map_err(|_| crate::Error::InvalidQueueSize)?;
         let cq =
             ia.0.ctx
-                .create_cq(ia.dev_index(), depth)
+                .create_cq_signalled(ia.dev_index(), depth, signal)
                 .it(crate::Error::ResourceQueueSize)?;
         Ok(DtoSource {
             cq,
@@ -105,16 +123,22 @@ impl DtoSource {
     }
 
     /// Take up to `room` events from the ring into `sink` (event, notifies, wakes a
-    /// waiter). With `arm`
-    /// the CQ is left armed, so the next completion reaches the event thread (only worth
-    /// it when someone may be waiting for a notification).
+    /// waiter). Unless `how` is [`Arm::No`] the CQ is left armed, so the next completion
+    /// is told of (only worth it when someone may be waiting for a notification).
     pub fn take(
         &self,
         sevd: &SevdInner,
         room: usize,
-        arm: bool,
+        how: Arm,
         mut sink: impl FnMut(Event, bool, bool),
     ) {
+        let arm = how != Arm::No;
+        // (A CQ that cannot signal, a uVP's, is armed for the event after all.)
+        let arm_cq = || {
+            if how != Arm::Signal || !self.cq.arm_to_signal(false) {
+                self.cq.arm(false)
+            }
+        };
         let mut buf = [Cqe::default(); BATCH];
         let mut left = room;
         let mut armed = false;
@@ -125,7 +149,7 @@ impl DtoSource {
                     return;
                 }
                 // Arm, then look once more: a completion may have landed before the arm.
-                self.cq.arm(false);
+                arm_cq();
                 armed = true;
                 continue;
             }
@@ -137,7 +161,7 @@ impl DtoSource {
             }
         }
         if arm {
-            self.cq.arm(false);
+            arm_cq();
         }
     }
 

@@ -50,6 +50,7 @@ mod dto;
 mod signal;
 
 pub use aevd::Aevd;
+use dto::Arm;
 pub(crate) use dto::DtoSource;
 
 use crate::event::{
@@ -79,6 +80,12 @@ bitflags::bitflags! {
         const OVERFLOW_NOTIFY = 0x08;
         /// Clear the overflowed mark at the next dequeue.
         const OVERFLOW_AUTO_RESET = 0x10;
+        /// krdma's extension, DTO SEVDs with `CREATE_FD`: the descriptor reads readable
+        /// as soon as a completion lands, before the SEVD has looked at it — it may then
+        /// hold events that do not notify, or fewer than the threshold — and through
+        /// krdmad the engine makes it so itself, without the event path. For consumers
+        /// that dequeue whenever it reads readable (SDP's sockets).
+        const FD_ON_COMPLETION = 0x1000;
     }
 }
 
@@ -156,6 +163,8 @@ struct State {
     /// The consumer polls on: the CQ is left unarmed ([`Evd::dequeue_polling`]) until
     /// the next plain dequeue or wait.
     polling: bool,
+    /// The CQ was last armed for the engine to write the completion-driven descriptor.
+    signal_armed: bool,
 }
 
 /// A consumer polling an empty SEVD gives up its CPU once in this many empty dequeues:
@@ -213,13 +222,18 @@ impl Evd {
                 return Err(Error::InvalidAevd);
             }
         }
-        let signal = if flags.contains(EvdFlags::CREATE_FD) {
-            Some(Signal::new().map_err(|_| Error::Resources)?)
-        } else {
-            None
+        let on_completion = flags.contains(EvdFlags::FD_ON_COMPLETION);
+        if on_completion && (stream != EventStream::Dto || !flags.contains(EvdFlags::CREATE_FD)) {
+            return Err(Error::InvalidFlags);
+        }
+        let signal = match (flags.contains(EvdFlags::CREATE_FD), on_completion) {
+            (false, _) => None,
+            (true, false) => Some(Signal::new().map_err(|_| Error::Resources)?),
+            (true, true) => Some(Signal::on_completion().map_err(|_| Error::Resources)?),
         };
         let dto = if stream == EventStream::Dto {
-            Some(DtoSource::new(ia, queue_size)?)
+            let engine_end = signal.as_ref().and_then(Signal::engine_end);
+            Some(DtoSource::new(ia, queue_size, engine_end)?)
         } else {
             None
         };
@@ -243,6 +257,7 @@ impl Evd {
                 dead: false,
                 empty_polls: 0,
                 polling: false,
+                signal_armed: false,
             }),
             cv: Condvar::new(),
             signal,
@@ -477,6 +492,12 @@ impl SevdInner {
         if notified {
             st.notified = true;
         }
+        // A completion-driven descriptor still holding the SEVD's byte once it is no
+        // longer ready: the refill drains it, then arms and looks at the ring again (the
+        // drain may have taken a byte of the engine's too).
+        if st.fd_set && !st.ready() && self.completion_driven() && self.refill(st, false) {
+            st.notified = true;
+        }
         if st.waiters > 0 && st.wait_satisfied() {
             self.cv.notify_all();
             self.wake_ring_sleeper();
@@ -558,15 +579,59 @@ impl SevdInner {
     /// A polling consumer's SEVD leaves its CQ unarmed ([`Evd::dequeue_polling`]).
     fn refill(&self, st: &mut State, waiting: bool) -> bool {
         let Some(dto) = &self.dto else { return false };
-        let arm = waiting || (self.watched(st) && !st.polling);
+        let how = self.arm_for(st, waiting);
+        if let Some(s) = self.signal.as_ref().filter(|s| s.is_completion_driven()) {
+            // Drained before the ring is looked at and the CQ armed, never after: a byte
+            // the engine writes later is for a completion this look does not see.
+            let engine_wrote = st.signal_armed && !dto.cq.is_armed();
+            if engine_wrote || (st.fd_set && !st.ready()) {
+                s.drain();
+                st.fd_set = false;
+                st.signal_armed = false;
+            }
+        }
         let mut notified = false;
         let room = st.capacity.saturating_sub(st.queue.len());
-        dto.take(self, room, arm, |ev, notify, wakes| {
+        dto.take(self, room, how, |ev, notify, wakes| {
             notified |= notify;
             st.wakeable |= wakes;
             st.queue.push_back(ev);
         });
+        match how {
+            Arm::Signal => st.signal_armed = true,
+            Arm::Event => st.signal_armed = false,
+            Arm::No => {}
+        }
         notified
+    }
+
+    /// How a refill leaves the CQ: unarmed for a polling consumer or when nobody is to
+    /// be told; for the engine to write the descriptor when that descriptor is all
+    /// there is to tell ([`EvdFlags::FD_ON_COMPLETION`]); else for the event.
+    fn arm_for(&self, st: &State, waiting: bool) -> Arm {
+        if !waiting && (st.polling || !self.watched(st)) {
+            return Arm::No;
+        }
+        let descriptor_only = !waiting
+            && st.waiters == 0
+            && self.completion_driven()
+            && self.aevd.is_none()
+            && self.callback.lock().is_none()
+            && self
+                .dto
+                .as_ref()
+                .is_some_and(|d| d.closing.load(std::sync::atomic::Ordering::Acquire) == 0);
+        if descriptor_only {
+            Arm::Signal
+        } else {
+            Arm::Event
+        }
+    }
+
+    fn completion_driven(&self) -> bool {
+        self.signal
+            .as_ref()
+            .is_some_and(Signal::is_completion_driven)
     }
 
     /// Event thread: the completion ring has news.
