@@ -136,6 +136,26 @@ impl Registration {
 }
 
 impl Registration {
+    /// Stop (`true`) or go back to (`false`) watching the `index`th descriptor given to
+    /// [`register`] (one never removed), readable edge-triggered: while a caller of the
+    /// owner sleeps on it itself, a wake-up of this thread would find nothing to do.
+    /// Going back reports it at once if it is readable meanwhile.
+    pub fn mute(&self, index: usize, muted: bool) -> std::io::Result<()> {
+        let fd = self
+            .fds
+            .get(index)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        let flags = if muted {
+            EpollFlags::empty()
+        } else {
+            EpollFlags::EPOLLIN | EpollFlags::EPOLLET
+        };
+        reactor()
+            .epoll
+            .modify(fd, &mut EpollEvent::new(flags, self.key))?;
+        Ok(())
+    }
+
     /// Watch `fd` (one of this registration's) edge-triggered for input, room for output
     /// and the peer's shutdown — a face that has become a data path.
     pub fn watch_data(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {

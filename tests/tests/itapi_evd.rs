@@ -210,12 +210,34 @@ itapi_tests! {
             as_events,
             "every signal went through the socket"
         );
+        // `dequeue_all` takes both at once, and the SEVD never showed ready on the way.
+        for sent in [12, 13] {
+            c.ep.post_send(&[c.seg(0, 8)], sent, DtoFlags::SIGNALED).unwrap();
+            c.expect(DtoKind::Send, sent);
+        }
+        assert!(readable(fd, 5000));
+        let mut all = Vec::new();
+        let until = Instant::now() + Duration::from_secs(10);
+        while all.len() < 2 && Instant::now() < until {
+            s.dto.dequeue_all(&mut all, false).unwrap();
+        }
+        let cookies: Vec<u64> = all
+            .iter()
+            .map(|e| match e {
+                Event::Dto(d) => d.cookie,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(cookies, [2, 3]);
+        assert!(!readable(fd, 0), "all taken: not readable");
+        assert_eq!(s.dto.dequeue_all(&mut all, false), Ok(0));
         // A waiter still wakes (its wait arms for the event).
+        s.ep.post_recv(&[s.seg(0, 64)], 4, DtoFlags::empty()).unwrap();
         let dto = s.dto.clone();
         let waiter = std::thread::spawn(move || dto.wait(Some(Duration::from_secs(10))));
         std::thread::sleep(Duration::from_millis(100));
-        c.ep.post_send(&[c.seg(0, 8)], 12, DtoFlags::SIGNALED).unwrap();
-        assert!(matches!(waiter.join().unwrap().unwrap().0, Event::Dto(d) if d.cookie == 2));
+        c.ep.post_send(&[c.seg(0, 8)], 14, DtoFlags::SIGNALED).unwrap();
+        assert!(matches!(waiter.join().unwrap().unwrap().0, Event::Dto(d) if d.cookie == 4));
         // Only for a DTO SEVD with a descriptor.
         for (stream, flags) in [
             (EventStream::Dto, EvdFlags::FD_ON_COMPLETION),

@@ -25,7 +25,9 @@
 //! sees the program's waits, turns it on ([`waits_are_seen`]); a program on the Rust API
 //! (whose faces mio or tokio may be polling) has every call arm, and only its blocking
 //! calls poll before they sleep. Through krdmad polling drives nothing (the daemon's
-//! sockets are not the consumer's) and connections are never left hot.
+//! sockets are not the consumer's), so blocking calls do not poll there, but connections
+//! are left hot all the same: an armed connection's every completion — a send's too —
+//! wakes whoever watches its descriptor, most often the progress thread for nothing.
 
 use super::Conn;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -48,6 +48,9 @@ const DEFAULT_ZCOPY_THRESHOLD: usize = 1024 * 1024;
 /// How long a blocking call polls before it sleeps, by default ([`spin_time`]).
 const SPIN: Duration = Duration::from_micros(50);
 
+/// The completion descriptor's place in the connection's [`Registration`].
+const DTO_FD: usize = 0;
+
 /// How long a connection waits for its connect or accept to complete.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -180,6 +183,8 @@ pub struct State {
     reset_reported: bool,
     /// The face carries the data ([`Conn::relay`]).
     relay: Option<relay::Relay>,
+    /// Scratch for [`Conn::take_completions`].
+    events: Vec<Event>,
 }
 
 /// One SDP connection.
@@ -290,6 +295,7 @@ impl Conn {
                 touched: false,
                 reset_reported: false,
                 relay: None,
+                events: Vec::new(),
             }),
             reg: Mutex::new(None),
             local,
@@ -299,6 +305,7 @@ impl Conn {
             conn.post_recv(b, cfg.recv_size)?;
         }
         let me: Weak<dyn Reactive> = Arc::downgrade(&conn) as Weak<dyn Reactive>;
+        // The completion descriptor first: `DTO_FD`.
         let reg = {
             let st = conn.lock();
             reactor::register(
@@ -408,7 +415,7 @@ impl Conn {
         if st.relay.is_some() {
             return Err(relay::relayed_error());
         }
-        self.progress_with(&mut st, self.spin.is_zero() || !hot::may_stay_hot());
+        self.progress_with(&mut st, !hot::may_stay_hot());
         Ok(st)
     }
 
@@ -501,21 +508,19 @@ impl Conn {
     /// Handle every completion queued; whether there was any.
     fn take_completions(&self, st: &mut State, arm: bool) -> bool {
         let mut took = false;
-        loop {
-            let next = if arm {
-                self.dto.dequeue()
-            } else {
-                self.dto.dequeue_polling()
-            };
-            match next {
-                Ok(Event::Dto(d)) => {
-                    took = true;
+        let mut events = std::mem::take(&mut st.events);
+        // All at once: the SEVD then never shows ready halfway (its descriptor's
+        // wake-up would only rouse the progress thread).
+        while matches!(self.dto.dequeue_all(&mut events, !arm), Ok(n) if n > 0) {
+            took = true;
+            for ev in events.drain(..) {
+                if let Event::Dto(d) = ev {
                     self.on_dto(st, d.kind, d.cookie, d.status, d.transferred_length)
                 }
-                Ok(_) => took = true,
-                Err(_) => return took,
             }
         }
+        st.events = events;
+        took
     }
 
     fn on_dto(&self, st: &mut State, kind: DtoKind, cookie: u64, status: DtoStatus, len: u32) {
@@ -851,6 +856,10 @@ impl Conn {
         }
         let me = waker()?;
         st.sleepers.push(me.clone());
+        if st.sleepers.len() == 1 && st.relay.is_none() {
+            // The progress thread leaves the events to sleepers: spare it the wake-ups.
+            self.mute_progress_thread(true);
+        }
         drop(st);
         let dto = self.dto.fd().expect("DTO EVD has a descriptor");
         let mut p = [
@@ -870,11 +879,29 @@ impl Conn {
         // No kick can come any more: take the one that may have (the next sleep, on
         // whatever socket, starts clean).
         let _ = me.read();
-        self.progress(&mut st);
+        // Take what woke us; the connection stays hot if it may ([`hot`]: a call that
+        // sleeps again arms first).
+        self.progress_with(&mut st, !hot::may_stay_hot());
+        if st.sleepers.is_empty() {
+            // After the progress drained the descriptor: the progress thread is told
+            // only of what comes later.
+            self.mute_progress_thread(false);
+        }
         match r {
             Ok(_) => Ok(()),
             Err(nix::errno::Errno::EINTR) => Err(io::ErrorKind::Interrupted.into()),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether the progress thread watches the completion descriptor ([`reactor`]): not
+    /// while callers sleep on it themselves (it would wake for every completion only to
+    /// leave it to them, [`Reactive::on_ready`]). Called under the state lock.
+    fn mute_progress_thread(&self, muted: bool) {
+        if let Some(r) = self.reg.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Err(e) = r.mute(DTO_FD, muted) {
+                tracing::debug!(error = %e, muted, "SDP progress thread watch not changed");
+            }
         }
     }
 

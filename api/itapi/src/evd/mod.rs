@@ -308,6 +308,15 @@ impl Evd {
         self.0.dequeue(false)
     }
 
+    /// krdma's extension: take every event there is — queued, and waiting in the
+    /// completion ring — into `out`, oldest first; how many were taken (0: none, or the
+    /// IA is gone: `IaCatastrophe`). Readiness is settled once, at the end, so an SEVD
+    /// emptied this way never shows ready in between (its descriptor is not made readable
+    /// only to be cleared). `polling` as in [`dequeue_polling`](Self::dequeue_polling).
+    pub fn dequeue_all(&self, out: &mut Vec<Event>, polling: bool) -> Result<usize> {
+        self.0.dequeue_all(out, !polling)
+    }
+
     /// krdma's extension: whether a consumer waiting for this SEVD's completions does
     /// better to poll it for a while than to sleep at once — its polls drive the engine
     /// (an embedded software provider) or the device works by itself (a uVP's adapter).
@@ -674,6 +683,29 @@ impl SevdInner {
                 }
                 Err(Error::QueueEmpty)
             }
+        }
+    }
+
+    fn dequeue_all(&self, out: &mut Vec<Event>, arm: bool) -> Result<usize> {
+        let mut st = self.st.lock();
+        st.polling = !arm;
+        let start = out.len();
+        loop {
+            self.refill(&mut st, false);
+            let before = out.len();
+            while let Some(ev) = self.pop(&mut st) {
+                out.push(ev);
+            }
+            if out.len() == before {
+                break;
+            }
+        }
+        let dead = st.dead;
+        // Everything is taken: no readiness to show for what notified meanwhile.
+        self.finish(st, false);
+        match out.len() - start {
+            0 if dead => Err(Error::IaCatastrophe),
+            n => Ok(n),
         }
     }
 
