@@ -137,7 +137,7 @@ impl Cq {
     /// [`Cq::arm`], look at the ring once more after arming. False (and nothing armed)
     /// when the CQ has no socket or no engine to write it (a uVP's CQ): use [`Cq::arm`].
     pub fn arm_to_signal(&self, solicited_only: bool) -> bool {
-        if !self.signalled || self.ctx.here().is_err() {
+        if !self.can_signal() || self.ctx.here().is_err() {
             return false;
         }
         match &self.path {
@@ -147,6 +147,11 @@ impl Cq {
             }
             CqPath::Device(_) => false,
         }
+    }
+
+    /// Whether [`Cq::arm_to_signal`] can arm: a signal socket, and an engine to write it.
+    pub fn can_signal(&self) -> bool {
+        self.signalled && matches!(self.path, CqPath::Ring(_))
     }
 
     /// Whether the last arm is still in place (its notification not given yet). A

@@ -624,6 +624,7 @@ impl SevdInner {
         let descriptor_only = !waiting
             && st.waiters == 0
             && self.completion_driven()
+            && self.dto.as_ref().is_some_and(|d| d.cq.can_signal())
             && self.aevd.is_none()
             && self.callback.lock().is_none()
             && self
