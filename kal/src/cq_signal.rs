@@ -90,6 +90,17 @@ impl SignalStats {
     }
 }
 
+/// What became of one signal ([`CqSignal::give`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Given {
+    /// Its byte is in the socket.
+    Written,
+    /// The socket is full: no byte written, none needed (it reads as readable).
+    Full,
+    /// The consumer's end is gone (or the socket broke): give the event instead.
+    Failed,
+}
+
 /// A CQ's signal socket, daemon side.
 #[derive(Debug)]
 pub struct CqSignal {
@@ -103,24 +114,23 @@ impl CqSignal {
         CqSignal { sock, stats }
     }
 
-    /// Write the signal; false when it could not be given this way (the consumer's end
-    /// is gone, or the socket broke): the caller makes the event instead.
-    pub fn give(&self) -> bool {
+    /// Write the signal's byte.
+    pub fn give(&self) -> Given {
         let flags =
             nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL;
         match nix::sys::socket::send(self.sock.as_fd().as_raw_fd(), &[1], flags) {
             Ok(_) => {
                 self.stats.sent.fetch_add(1, Ordering::Relaxed);
-                true
+                Given::Written
             }
             Err(nix::errno::Errno::EAGAIN) => {
                 self.stats.full.fetch_add(1, Ordering::Relaxed);
-                true
+                Given::Full
             }
             Err(e) => {
                 self.stats.fell_back.fetch_add(1, Ordering::Relaxed);
                 rnicpi::warn_limited!(error = %e, "CQ signal socket failed: signalling by event");
-                false
+                Given::Failed
             }
         }
     }
@@ -175,9 +185,10 @@ mod tests {
         let sig = CqSignal::new(OwnedFd::from(a), stats.clone());
         let start = std::time::Instant::now();
         for _ in 0..1_000_000 {
-            assert!(sig.give());
-            if stats.full.load(Ordering::Relaxed) > 0 {
-                break;
+            match sig.give() {
+                Given::Written => {}
+                Given::Full => break,
+                Given::Failed => panic!("the consumer's end is there"),
             }
         }
         assert!(
@@ -188,7 +199,11 @@ mod tests {
         let mut buf = [0u8; 64];
         assert!(b.read(&mut buf).unwrap() > 0);
         drop(b);
-        assert!(!sig.give(), "the consumer's end is gone: the event instead");
+        assert_eq!(
+            sig.give(),
+            Given::Failed,
+            "the consumer's end is gone: the event instead"
+        );
         assert_eq!(stats.fell_back.load(Ordering::Relaxed), 1);
     }
 }

@@ -9,7 +9,7 @@
 //! rejects it) rather than queued, so a flood of them never costs the consumer its other
 //! events.
 
-use crate::cq_signal::CqSignal;
+use crate::cq_signal::{CqSignal, Given};
 use parking_lot::Mutex;
 use rnicpi::{Event, EventKind, EventSink};
 use std::collections::VecDeque;
@@ -161,9 +161,14 @@ impl EventSink for ObjectSink {
         }
     }
 
-    fn signal(&self) {
-        if !self.signal.as_ref().is_some_and(CqSignal::give) {
-            self.deliver(Event::new(EventKind::CqNotify));
+    fn signal(&self) -> bool {
+        match self.signal.as_ref().map(CqSignal::give) {
+            Some(Given::Written) => true,
+            Some(Given::Full) => false,
+            Some(Given::Failed) | None => {
+                self.deliver(Event::new(EventKind::CqNotify));
+                false
+            }
         }
     }
 

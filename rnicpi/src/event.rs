@@ -158,10 +158,12 @@ pub trait EventSink: Send + Sync {
     }
 
     /// Give a completion queue's notification through the socket bound to it when the
-    /// consumer armed with [`notify::SIGNAL`](crate::queue::notify::SIGNAL). A sink with no
-    /// socket queues the `CqNotify` event instead: a notification is never lost.
-    fn signal(&self) {
+    /// consumer armed with [`notify::SIGNAL`](crate::queue::notify::SIGNAL); whether a
+    /// byte was written. A sink with no socket (or whose socket's other end is gone)
+    /// queues the `CqNotify` event instead: a notification is never lost.
+    fn signal(&self) -> bool {
         self.deliver(Event::new(EventKind::CqNotify));
+        false
     }
 }
 

@@ -465,9 +465,10 @@ impl UserCq {
         self.arm_as(solicited_only, crate::queue::notify::SIGNAL);
     }
 
-    /// Whether the last arm is still in place: the engine has not given its notification.
-    pub fn is_armed(&self) -> bool {
-        self.ring.lock().is_armed()
+    /// How many notifications the engine has given through the signal socket (see
+    /// `Consumer::signals_given`).
+    pub fn signals_given(&self) -> u32 {
+        self.ring.lock().signals_given()
     }
 
     /// Arm to be woken directly by the next completion (or the next solicited/error
@@ -587,11 +588,18 @@ impl EngineCq {
             if n.wake {
                 ring.wake();
             }
+            if n.signal {
+                // Counted before the byte is written, taken back if none was
+                // (`Consumer::signals_given`); one non-blocking system call under the
+                // ring's lock.
+                ring.count_signal(1);
+                if !self.sink.signal() {
+                    ring.count_signal(-1);
+                }
+            }
             drop(ring);
             if n.is_event() {
                 self.sink.deliver(Event::new(EventKind::CqNotify));
-            } else if n.signal {
-                self.sink.signal();
             }
         }
         true

@@ -168,11 +168,13 @@ impl SharedMem {
 /// line. `NOTIFY` is the consumer's arm word on a completion ring ([`notify`]), and on a
 /// receive ring the engine's word saying whether a post needs a doorbell
 /// ([`Consumer::want_doorbells`]). `WAKE`, beside it, counts the notifications a
-/// completion ring's engine gave by waking the futex on that word ([`notify::WAKE`]).
+/// completion ring's engine gave by waking the futex on that word ([`notify::WAKE`]),
+/// and `SIGNALS` the bytes it wrote to the CQ's signal socket ([`notify::SIGNAL`]).
 pub const PRODUCER: usize = 0;
 pub const CONSUMER: usize = 64;
 pub const NOTIFY: usize = 128;
 pub const WAKE: usize = 132;
+pub const SIGNALS: usize = 136;
 /// Bytes before the first slot.
 pub const RING_HEADER: usize = 192;
 
@@ -400,6 +402,14 @@ impl<T: Pod> Producer<T> {
     pub fn wake(&self) {
         count_and_wake(self.ring.word(WAKE));
     }
+
+    /// Completion rings, engine side: count a [`Notification::signal`] in the `SIGNALS`
+    /// word (+1) before its byte is written, and take it back (-1) if none was.
+    pub fn count_signal(&self, delta: i32) {
+        self.ring
+            .word(SIGNALS)
+            .fetch_add(delta as u32, Ordering::AcqRel);
+    }
 }
 
 /// The consuming end of a ring: the producer's index is read from shared memory, our own
@@ -501,10 +511,11 @@ impl<T: Pod> Consumer<T> {
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
-    /// Completion rings, consumer side: whether the last arm is still in place (the
-    /// engine has not given its notification yet).
-    pub fn is_armed(&self) -> bool {
-        self.ring.word(NOTIFY).load(Ordering::Acquire) != notify::NONE
+    /// Completion rings, consumer side: how many bytes the engine has written to the
+    /// signal socket (the `SIGNALS` word; each counted just before it is written, so a
+    /// consumer that has read fewer knows more are in the socket or about to be).
+    pub fn signals_given(&self) -> u32 {
+        self.ring.word(SIGNALS).load(Ordering::Acquire)
     }
 
     /// Completion rings, consumer side: the ring's `WAKE` word, to sleep on without
@@ -738,13 +749,17 @@ mod tests {
         };
         assert_eq!(p.take_notify(true), Some(wake));
         c.arm(notify::NEXT | notify::SIGNAL);
-        assert!(c.is_armed());
         let signal = Notification {
             wake: false,
             signal: true,
         };
         assert_eq!(p.take_notify(false), Some(signal));
-        assert!(!c.is_armed(), "a notification given disarms");
+        assert_eq!(p.take_notify(false), None, "a notification given disarms");
+        assert_eq!(c.signals_given(), 0);
+        p.count_signal(1);
+        p.count_signal(1);
+        p.count_signal(-1);
+        assert_eq!(c.signals_given(), 1);
         c.arm(notify::NEXT | notify::SIGNAL | notify::WAKE);
         let both = Some(Notification {
             wake: true,

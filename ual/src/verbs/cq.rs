@@ -154,12 +154,13 @@ impl Cq {
         self.signalled && matches!(self.path, CqPath::Ring(_))
     }
 
-    /// Whether the last arm is still in place (its notification not given yet). A
-    /// signal (or event) has been, or is being, given for an arm no longer in place.
-    pub fn is_armed(&self) -> bool {
+    /// How many notifications the engine has given through the signal socket so far
+    /// (a count in the ring's header, bumped after each byte is written): a consumer that
+    /// read it before draining the socket knows whether a byte came since.
+    pub fn signals_given(&self) -> u32 {
         match &self.path {
-            CqPath::Ring(r) => r.is_armed(),
-            CqPath::Device(_) => false,
+            CqPath::Ring(r) => r.signals_given(),
+            CqPath::Device(_) => 0,
         }
     }
 

@@ -124,13 +124,17 @@ impl DtoSource {
 
     /// Take up to `room` events from the ring into `sink` (event, notifies, wakes a
     /// waiter). Unless `how` is [`Arm::No`] the CQ is left armed, so the next completion
-    /// is told of (only worth it when someone may be waiting for a notification).
+    /// is told of (only worth it when someone may be waiting for a notification): armed,
+    /// then looked at once more, until a look after the arm finds nothing (a completion
+    /// taken after an arm may have fired it: `before_rearm` runs before the CQ is armed
+    /// again, where a signal the fired arm gave is drained).
     pub fn take(
         &self,
         sevd: &SevdInner,
         room: usize,
         how: Arm,
         mut sink: impl FnMut(Event, bool, bool),
+        mut before_rearm: impl FnMut(),
     ) {
         let arm = how != Arm::No;
         // (A CQ that cannot signal, a uVP's, is armed for the event after all.)
@@ -141,7 +145,9 @@ impl DtoSource {
         };
         let mut buf = [Cqe::default(); BATCH];
         let mut left = room;
+        // Armed, and nothing taken since.
         let mut armed = false;
+        let mut arms = 0u32;
         while left > 0 {
             let n = self.cq.poll(&mut buf[..left.min(BATCH)]);
             if n == 0 {
@@ -149,10 +155,15 @@ impl DtoSource {
                     return;
                 }
                 // Arm, then look once more: a completion may have landed before the arm.
+                if arms > 0 {
+                    before_rearm();
+                }
                 arm_cq();
                 armed = true;
+                arms += 1;
                 continue;
             }
+            armed = false;
             for c in &buf[..n] {
                 if let Some((ev, notify, wakes)) = self.translate(sevd, c) {
                     sink(ev, notify, wakes);

@@ -163,8 +163,9 @@ struct State {
     /// The consumer polls on: the CQ is left unarmed ([`Evd::dequeue_polling`]) until
     /// the next plain dequeue or wait.
     polling: bool,
-    /// The CQ was last armed for the engine to write the completion-driven descriptor.
-    signal_armed: bool,
+    /// The engine's bytes read from the completion-driven descriptor so far: fewer than
+    /// its count (`ual::Cq::signals_given`) means more are in the socket or about to be.
+    signals_read: u32,
 }
 
 /// A consumer polling an empty SEVD gives up its CPU once in this many empty dequeues:
@@ -257,7 +258,7 @@ impl Evd {
                 dead: false,
                 empty_polls: 0,
                 polling: false,
-                signal_armed: false,
+                signals_read: 0,
             }),
             cv: Condvar::new(),
             signal,
@@ -589,27 +590,47 @@ impl SevdInner {
     fn refill(&self, st: &mut State, waiting: bool) -> bool {
         let Some(dto) = &self.dto else { return false };
         let how = self.arm_for(st, waiting);
-        if let Some(s) = self.signal.as_ref().filter(|s| s.is_completion_driven()) {
-            // Drained before the ring is looked at and the CQ armed, never after: a byte
-            // the engine writes later is for a completion this look does not see.
-            let engine_wrote = st.signal_armed && !dto.cq.is_armed();
-            if engine_wrote || (st.fd_set && !st.ready()) {
-                s.drain();
-                st.fd_set = false;
-                st.signal_armed = false;
+        // A completion-driven descriptor is drained before the ring is looked at and the
+        // CQ armed, never after: a byte the engine writes later is for a completion this
+        // look does not see. The engine counts its bytes just before writing them, so
+        // while fewer were read than counted, every refill drains again — a byte never
+        // outlives the look that follows it, however late it comes, and no drain costs
+        // a system call for nothing.
+        let signal = self.signal.as_ref().filter(|s| s.is_completion_driven());
+        let read = std::cell::Cell::new(st.signals_read);
+        let drained = std::cell::Cell::new(false);
+        let drain = |s: &Signal| {
+            read.set(read.get().wrapping_add(s.drain()));
+            drained.set(true);
+        };
+        let drain_new = || {
+            if let Some(s) = signal.filter(|_| dto.cq.signals_given() != read.get()) {
+                drain(s);
+            }
+        };
+        drain_new();
+        if !drained.get() && st.fd_set && !st.ready() {
+            // The SEVD's own byte, stale.
+            if let Some(s) = signal {
+                drain(s);
             }
         }
         let mut notified = false;
         let room = st.capacity.saturating_sub(st.queue.len());
-        dto.take(self, room, how, |ev, notify, wakes| {
-            notified |= notify;
-            st.wakeable |= wakes;
-            st.queue.push_back(ev);
-        });
-        match how {
-            Arm::Signal => st.signal_armed = true,
-            Arm::Event => st.signal_armed = false,
-            Arm::No => {}
+        dto.take(
+            self,
+            room,
+            how,
+            |ev, notify, wakes| {
+                notified |= notify;
+                st.wakeable |= wakes;
+                st.queue.push_back(ev);
+            },
+            drain_new,
+        );
+        st.signals_read = read.get();
+        if drained.get() {
+            st.fd_set = false;
         }
         notified
     }

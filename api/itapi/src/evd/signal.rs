@@ -16,6 +16,9 @@ use nix::sys::socket::MsgFlags;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+/// The byte the SEVD writes itself (the engine's are any other value).
+const OWN_BYTE: u8 = b'R';
+
 pub(crate) enum Signal {
     Exact(EventFd),
     /// `read` is the descriptor handed out; `write` the end the SEVD and the engine (its
@@ -60,7 +63,7 @@ impl Signal {
             (Signal::Exact(fd), false) => fd.read().map(drop),
             (Signal::OnCompletion { write, .. }, true) => {
                 let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-                nix::sys::socket::send(write.as_raw_fd(), &[1], flags).map(drop)
+                nix::sys::socket::send(write.as_raw_fd(), &[OWN_BYTE], flags).map(drop)
             }
             (Signal::OnCompletion { .. }, false) => return,
         };
@@ -71,15 +74,23 @@ impl Signal {
     }
 
     /// Completion-driven descriptors: empty the socket (the SEVD's byte and the
-    /// engine's). The caller arms the CQ and looks at the ring afterwards.
-    pub fn drain(&self) {
+    /// engine's); how many of the engine's bytes were read. The caller arms the CQ and
+    /// looks at the ring afterwards.
+    pub fn drain(&self) -> u32 {
+        let mut engine = 0u32;
         if let Signal::OnCompletion { read, .. } = self {
             let mut buf = [0u8; 64];
-            while matches!(
-                nix::sys::socket::recv(read.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT),
-                Ok(n) if n == buf.len()
-            ) {}
+            while let Ok(n) =
+                nix::sys::socket::recv(read.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT)
+            {
+                let ours = buf[..n].iter().filter(|&&b| b == OWN_BYTE).count();
+                engine = engine.wrapping_add((n - ours) as u32);
+                if n < buf.len() {
+                    break;
+                }
+            }
         }
+        engine
     }
 
     pub fn is_completion_driven(&self) -> bool {
