@@ -125,16 +125,21 @@ fn bad_ring_memory(door: &FrontDoor, len: usize) -> Vec<(&'static str, OwnedFd)>
         ("regular file", regular_file(len)),
         ("pipe", pipe_end()),
     ];
-    if let FrontDoor::Daemon(d) = door {
-        // The daemon's own device file: a FUSE file that the daemon itself serves.
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&d.path)
-            .unwrap();
-        v.push(("the device file itself", f.into()));
-    }
+    v.extend(device_file(door));
     v
+}
+
+/// Through the daemon, its own device file: a FUSE file that the daemon itself serves.
+fn device_file(door: &FrontDoor) -> Option<(&'static str, OwnedFd)> {
+    let FrontDoor::Daemon(d) = door else {
+        return None;
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&d.path)
+        .unwrap();
+    Some(("the device file itself (FUSE)", f.into()))
 }
 
 fn raw_cq(ctx: &Context, dev: u32, memfd: i32, cqe: u32) -> rnicpi::Result<u32> {
@@ -334,14 +339,7 @@ fn doorbell_must_be_a_non_blocking_eventfd() {
             ("regular file", regular_file(8)),
             ("socket", udp.into()),
         ];
-        if let FrontDoor::Daemon(d) = door {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&d.path)
-                .unwrap();
-            bad.push(("a FUSE file (the device itself)", f.into()));
-        }
+        bad.extend(device_file(door));
         let n = bad.len() as u64;
         for (what, fd) in bad {
             let mem = SharedMem::create("qp", qp_layout().total).unwrap();
@@ -444,14 +442,7 @@ fn cq_signal_socket_must_be_a_stream_pair_and_never_stalls_the_engine() {
             ("listening socket", named.into()),
             ("TCP socket", tcp.into()),
         ];
-        if let FrontDoor::Daemon(d) = door {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&d.path)
-                .unwrap();
-            bad.push(("a FUSE file (the device itself)", f.into()));
-        }
+        bad.extend(device_file(door));
         let n = bad.len() as u64;
         for (what, fd) in bad {
             let mem = SharedMem::create("cq", ring_bytes::<Cqe>(16)).unwrap();
