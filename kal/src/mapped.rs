@@ -134,6 +134,10 @@ impl MemoryAccess for MappedMemory {
         self.map.len() as u64
     }
 
+    fn span(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        self.at(addr, len).ok()
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let p = self.at(addr, buf.len())?;
         // SAFETY: `p..p+len` is inside our mapping, which stays valid while we hold it

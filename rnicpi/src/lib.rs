@@ -95,7 +95,7 @@ pub use error::{Result, VerbsError};
 pub use event::{Event, EventKind, EventSink, NullSink, UdPeer};
 pub use fastpath::{Doorbell, EngineCq, EngineSrq, RingStats, UserCq, UserQp, UserSrq};
 pub use ids::IdAllocator;
-pub use memory::{AccessError, BindError, LocalMemory, MemoryAccess, MrTable, Region, Sgl};
+pub use memory::{AccessError, BindError, Lease, LocalMemory, MemoryAccess, MrTable, Region, Sgl};
 pub use progress::{Driven, Progress, ProgressSources};
 pub use provider::{
     Counter, CqInit, IfAddr, KalServices, Provider, ProviderCq, ProviderListener, ProviderQp,

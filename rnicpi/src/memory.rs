@@ -30,6 +30,13 @@ pub trait MemoryAccess: Send + Sync + std::fmt::Debug {
     fn mapped_bytes(&self) -> u64 {
         0
     }
+    /// Where `[addr, addr+len)` of the consumer lies in this process's address space, when
+    /// the accessor maps it there (so a system call may read or write the bytes in place,
+    /// without a copy through a buffer of the engine's); `None` when it copies.
+    /// Producing the pointer touches nothing; using it is for [`Region::lend`]'s callers.
+    fn span(&self, _addr: u64, _len: usize) -> Option<*mut u8> {
+        None
+    }
     /// Read-modify-write of an aligned 64-bit word (RDMA atomics). Atomic with respect
     /// to other RDMA atomics through this accessor (verbs `ATOMIC_HCA` semantics).
     fn atomic(&self, addr: u64, op: &mut dyn FnMut(u64) -> u64) -> Result<u64> {
@@ -66,6 +73,10 @@ impl MemoryAccess for LocalMemory {
         // SAFETY: as for `read`; the registration granted write access to the range.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
         Ok(())
+    }
+
+    fn span(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        (addr != 0 && addr.checked_add(len as u64).is_some()).then_some(addr as *mut u8)
     }
 
     fn atomic(&self, addr: u64, op: &mut dyn FnMut(u64) -> u64) -> Result<u64> {
@@ -223,6 +234,37 @@ impl Region {
         })
     }
 
+    /// Whether [`lend`](Self::lend) can hand out `[addr, addr+len)` (the accessor maps
+    /// it); rights and bounds are checked by `lend` itself.
+    pub fn lendable(&self, addr: u64, len: usize) -> bool {
+        self.mem.span(addr, len).is_some()
+    }
+
+    /// `[addr, addr+len)` for a system call to read or write in place (a socket send
+    /// from it, a receive into it): checked as [`read`](Self::read) and
+    /// [`write`](Self::write) check, and held against invalidation until the lease is
+    /// dropped — so hold it only for calls that never wait. `Fault` when the accessor
+    /// does not map the range (see [`lendable`](Self::lendable)).
+    pub fn lend(
+        &self,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> Result<Lease<'_>, AccessError> {
+        // Recursive: one batch leases several pieces of one registration, and a plain
+        // read behind a waiting `invalidate` would wait for the lease it already holds.
+        let mine = self.in_flight.read_recursive();
+        let parent = self.parent.as_ref().map(|p| p.in_flight.read_recursive());
+        self.check(pd, addr, len as u64, need)?;
+        let ptr = self.mem.span(addr, len).ok_or(AccessError::Fault)?;
+        Ok(Lease {
+            ptr,
+            len,
+            _held: (mine, parent),
+        })
+    }
+
     /// RDMA atomic on an aligned word inside the registration.
     pub fn atomic(
         &self,
@@ -235,6 +277,44 @@ impl Region {
             return Err(AccessError::OutOfBounds);
         }
         self.access(pd, (addr, 8), Access::REMOTE_ATOMIC, |m| m.atomic(addr, op))
+    }
+}
+
+/// Consumer bytes lent out by [`Region::lend`]: a checked range of a registration,
+/// mapped in this process, that cannot be invalidated while the lease lives.
+pub struct Lease<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _held: (
+        parking_lot::RwLockReadGuard<'a, ()>,
+        Option<parking_lot::RwLockReadGuard<'a, ()>>,
+    ),
+}
+
+impl Lease<'_> {
+    /// The first byte, for a system call's I/O vector. The bytes may change under the
+    /// caller (the consumer's, and for RDMA that is allowed), so never make a Rust
+    /// reference of them: hand them to the kernel, or [`copy_out`](Self::copy_out).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copy the lent bytes from `off` into `out` (as many as both have).
+    pub fn copy_out(&self, off: usize, out: &mut [u8]) -> usize {
+        let n = self.len.saturating_sub(off).min(out.len());
+        // SAFETY: `off + n <= len`, and `ptr..ptr+len` is a checked range of a
+        // registration the accessor maps, valid while the lease holds off invalidation
+        // (as for `MemoryAccess::read`); `out` is a distinct buffer of ours.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), out.as_mut_ptr(), n) };
+        n
     }
 }
 
@@ -327,6 +407,17 @@ impl Sgl {
     /// The elements, in order.
     pub fn parts(&self) -> impl Iterator<Item = (&Arc<Region>, &Sge)> {
         self.parts.iter().map(|(r, s)| (r, s))
+    }
+
+    /// The protection domain the list was checked in.
+    pub fn pd(&self) -> u32 {
+        self.pd
+    }
+
+    /// The pieces `n` bytes from message offset `off` span: each touched element's
+    /// registration, the address in it and the byte count.
+    pub fn pieces(&self, off: u64, n: usize) -> impl Iterator<Item = (&Arc<Region>, u64, usize)> {
+        walk(self.parts(), off, n).map(|(r, _, addr, take)| (r, addr, take))
     }
 
     /// Fill `out` from message offset `off` (`need`: the right the read requires).
@@ -861,6 +952,50 @@ mod tests {
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("deregistration returns once the write is done");
         dereg.join().unwrap();
+    }
+
+    /// Leases check as accesses do, hold off invalidation while they live, and a second
+    /// lease of the same registration never waits behind a waiting invalidation.
+    #[test]
+    fn leases_hold_off_invalidation_and_nest() {
+        let t = MrTable::new(4);
+        let mut b = vec![3u8; 64];
+        let r = buf_region(&t, &mut b, Access::LOCAL_WRITE);
+        assert_eq!(
+            r.lend(2, r.base, 8, Access::empty()).err(),
+            Some(AccessError::PdMismatch)
+        );
+        assert_eq!(
+            r.lend(1, r.base + 60, 8, Access::empty()).err(),
+            Some(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            r.lend(1, r.base, 8, Access::REMOTE_READ).err(),
+            Some(AccessError::NoRight)
+        );
+        assert!(r.lendable(r.base, 8));
+        let first = r.lend(1, r.base + 4, 8, Access::empty()).unwrap();
+        let mut got = [0u8; 8];
+        assert_eq!(first.copy_out(2, &mut got), 6);
+        assert_eq!(got, [3, 3, 3, 3, 3, 3, 0, 0]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let r2 = r.clone();
+            s.spawn(move || {
+                r2.invalidate();
+                tx.send(()).unwrap();
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(rx.try_recv().is_err(), "invalidation waits for the lease");
+            let second = r.lend(1, r.base, 8, Access::empty()).unwrap();
+            drop((first, second));
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("invalidation returns once the leases are gone");
+        });
+        assert_eq!(
+            r.lend(1, r.base, 8, Access::empty()).err(),
+            Some(AccessError::Invalidated)
+        );
     }
 
     #[test]

@@ -38,6 +38,9 @@ rnicpi::counters!(
         rx_fpdus,
         tx_bytes,
         rx_bytes,
+        /// Transmits failed because a payload's registration was invalidated between its
+        /// emission and its write (the consumer deregistered memory under a request).
+        tx_lend_refused,
         crc_errors,
         bad_fpdus,
         terminates_sent,

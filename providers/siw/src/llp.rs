@@ -8,7 +8,7 @@
 use nix::sys::socket::{self, sockopt, MsgFlags};
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 /// Read what the stream holds now without waiting: `None` when it holds nothing.
 pub(crate) fn read_now(s: &TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
@@ -28,6 +28,23 @@ pub(crate) trait Llp: Send + Sync {
     fn write_all(&self, bytes: &[u8]) -> io::Result<()>;
     /// Write what fits now without waiting; returns how many bytes were taken.
     fn write_now(&self, bytes: &[u8]) -> io::Result<usize>;
+    /// [`write_now`](Self::write_now) of the bytes an I/O vector names, in order.
+    ///
+    /// # Safety
+    /// Every entry must name `iov_len` readable bytes that stay mapped for the call.
+    unsafe fn write_now_vectored(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let mut flat = Vec::new();
+        for v in iov {
+            // SAFETY: the caller's promise: `iov_len` readable bytes at `iov_base`.
+            let part = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+            flat.extend_from_slice(part);
+        }
+        self.write_now(&flat)
+    }
+    /// Wait until a write can take bytes again (or the stream failed).
+    fn wait_writable(&self) -> io::Result<()> {
+        Ok(())
+    }
     /// Close one or both directions in order (a FIN after what was written).
     fn shutdown(&self, how: Shutdown);
     /// Abortive close: a TCP reset now, unsent data discarded; readers and writers
@@ -46,6 +63,40 @@ impl Llp for TcpStream {
             match socket::send(self.as_raw_fd(), bytes, flags) {
                 Ok(n) => return Ok(n),
                 Err(nix::errno::Errno::EAGAIN) => return Ok(0),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    unsafe fn write_now_vectored(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: an all-zero msghdr is a valid value of the plain C struct.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len();
+        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        loop {
+            // SAFETY: the kernel reads the caller's I/O vector (valid, per this method's
+            // contract) and the msghdr, both live for the call; it writes nothing.
+            let n = unsafe { libc::sendmsg(self.as_raw_fd(), &msg, flags) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(0),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn wait_writable(&self) -> io::Result<()> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.as_fd(), PollFlags::POLLOUT)];
+        loop {
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => return Ok(()),
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             }

@@ -2,6 +2,7 @@
 //! its two threads, the tx thread and the transmit pump that writes the batches the core
 //! emits (the receive side is in `rx`).
 
+use super::batch::{Batch, LendRefused};
 use super::requester::{After, Transmit};
 use super::rx::RxSide;
 use super::state::{Conn, INITIATOR_PAUSE, RESPONDER_WAIT};
@@ -49,19 +50,26 @@ pub(super) struct Writer<'a> {
 
 impl Writer<'_> {
     /// Hand `out` to the LLP and clear it. Inline, what the socket does not take now
-    /// goes to `unsent` (and so does everything after it).
-    fn put(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
+    /// goes to `unsent` (and so does everything after it), lent payloads copied out.
+    fn put(&mut self, out: &mut Batch) -> std::io::Result<()> {
         if out.is_empty() {
             return Ok(());
         }
-        match self.mode {
-            Mode::Thread => self.tx.llp.write_all(out)?,
-            Mode::Inline if self.tx.unsent.is_empty() => {
-                let n = self.tx.llp.write_now(out)?;
-                self.tx.unsent.extend_from_slice(&out[n..]);
+        let r = match self.mode {
+            Mode::Thread => out.write_all(&*self.tx.llp),
+            Mode::Inline if self.tx.unsent.is_empty() => out
+                .write_now(&*self.tx.llp, 0)
+                .and_then(|n| out.copy_rest(n, &mut self.tx.unsent)),
+            Mode::Inline => out.copy_rest(0, &mut self.tx.unsent),
+        };
+        if let Err(e) = &r {
+            if e.get_ref().is_some_and(|e| e.is::<LendRefused>()) {
+                self.counters
+                    .tx_lend_refused
+                    .fetch_add(1, Ordering::Relaxed);
             }
-            Mode::Inline => self.tx.unsent.extend_from_slice(out),
         }
+        r?;
         self.counters
             .tx_bytes
             .fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -223,7 +231,7 @@ impl SiwQp {
                 return false;
             }
         }
-        let mut out = Vec::with_capacity(64 * 1024);
+        let mut out = Batch::with_capacity(64 * 1024);
         loop {
             let now = Instant::now();
             let after = match self

@@ -20,6 +20,7 @@
 //! drains them. The rx thread only reads the socket and never writes to it, so two
 //! peers that both send large messages cannot deadlock on full TCP buffers.
 
+mod batch;
 mod io;
 mod requester;
 mod responder;

@@ -4,6 +4,7 @@
 //! [`State::poll_transmit`] decides what goes out next (a Terminate, a Read Response,
 //! a request) and emits it batch by batch; [`State::written`] hears how the write went.
 
+use super::batch::Batch;
 use super::responder::tagged_err;
 use super::state::{Conn, Env, Inflight, State, TermTx};
 use super::*;
@@ -146,7 +147,7 @@ impl State {
         mode: Mode,
         budget: &mut u32,
         env: &Env,
-        out: &mut Vec<u8>,
+        out: &mut Batch,
     ) -> Transmit {
         loop {
             match self.tx_cur.take() {
@@ -161,7 +162,7 @@ impl State {
                 Work::Idle => return Transmit::Idle,
                 Work::Finish => return Transmit::Finish,
                 Work::Terminate(t) => {
-                    out.extend_from_slice(&t);
+                    out.bytes().extend_from_slice(&t);
                     return Transmit::Write(After::Terminate);
                 }
                 Work::Response { rr, crc, mtu } => {
@@ -331,7 +332,7 @@ impl State {
 
     /// Start a send-queue request: a message's first batch, a Read Request, or a local
     /// operation performed here.
-    fn emit_request(&mut self, env: &Env, out: &mut Vec<u8>, t: Taken) -> Transmit {
+    fn emit_request(&mut self, env: &Env, out: &mut Batch, t: Taken) -> Transmit {
         let Taken { wqe, crc, mtu, msn } = t;
         let failed = |status| Transmit::Write(After::Failed { wqe, msn, status });
         let Some(op) = wqe.opcode() else {
@@ -365,7 +366,7 @@ impl State {
                 base: wqe.remote_addr,
             },
             WrOpcode::RdmaRead => {
-                return match read_request(env, out, &wqe, crc, msn) {
+                return match read_request(env, out.bytes(), &wqe, crc, msn) {
                     Ok(()) => Transmit::Write(After::Settle {
                         wqe,
                         complete_now: false,
@@ -431,7 +432,7 @@ impl State {
 
     /// The next batch of FPDUs of a Send or Write: up to [`TX_BATCH`] bytes, or the
     /// rest of the message (then it settles once written).
-    fn emit_message(&mut self, env: &Env, out: &mut Vec<u8>, mut m: MessageTx) -> Transmit {
+    fn emit_message(&mut self, env: &Env, out: &mut Batch, mut m: MessageTx) -> Transmit {
         let (wqe, msg) = (m.wqe, m.msg);
         let opcode = msg.opcode();
         let chunk = (m.mtu - opcode.header_len()) as u64;
@@ -446,20 +447,21 @@ impl State {
         loop {
             let off = m.off;
             let n = (total - off).min(chunk);
-            let start = wire::begin_fpdu(out);
-            let h = Header {
+            let start = out.begin_fpdu(&Header {
                 opcode,
                 last: off + n == total,
                 model: msg.model(off),
-            };
-            h.emit(wire::grow(out, h.buffer_len()));
-            let payload = wire::grow(out, n as usize);
+            });
             if wqe.is_inline() {
-                payload.copy_from_slice(&wqe.inline_data[off as usize..(off + n) as usize]);
-            } else if m.regions.read_at(off, payload, Access::empty()).is_err() {
+                out.copied_payload(n as usize)
+                    .copy_from_slice(&wqe.inline_data[off as usize..(off + n) as usize]);
+            } else if out
+                .payload_from(&m.regions, (off, n as usize), Access::empty(), m.crc)
+                .is_err()
+            {
                 return failed(WcStatus::LocProtErr);
             }
-            if wire::finish_fpdu(out, start, m.crc).is_err() {
+            if out.finish_fpdu(start, m.crc).is_err() {
                 return failed(WcStatus::LocLenErr);
             }
             env.counters.tx_fpdus.fetch_add(1, Ordering::Relaxed);

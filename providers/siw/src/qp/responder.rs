@@ -2,6 +2,7 @@
 //! QP's and the registration's rights), then placed (RDMA Write, Read Response), matched
 //! to a posted receive (Send), or queued for an answer (Read Request).
 
+use super::batch::Batch;
 use super::requester::{After, ResponseTx, Transmit, TxCursor, TX_BATCH};
 use super::state::{next_offset, Conn, Env, RecvInProgress, State};
 use super::*;
@@ -18,7 +19,7 @@ impl State {
     pub(super) fn emit_read_response(
         &mut self,
         env: &Env,
-        out: &mut Vec<u8>,
+        out: &mut Batch,
         mut r: ResponseTx,
     ) -> Option<Transmit> {
         let (rr, crc) = (r.rr, r.crc);
@@ -27,25 +28,28 @@ impl State {
         loop {
             let off = r.off;
             let n = (total - off).min(chunk);
-            let start = wire::begin_fpdu(out);
-            let h = Header {
+            let start = out.begin_fpdu(&Header {
                 opcode: Opcode::ReadResponse,
                 last: off + n == total,
                 model: Model::Tagged {
                     stag: rr.sink_stag,
                     to: rr.sink_to.wrapping_add(off),
                 },
-            };
-            h.emit(wire::grow(out, h.buffer_len()));
-            let payload = wire::grow(out, n as usize);
+            });
             let read = match &r.region {
-                Some(src) => src
-                    .read(env.base.pd, rr.src_to + off, payload, Access::REMOTE_READ)
+                Some(src) => out
+                    .payload_of(
+                        src,
+                        env.base.pd,
+                        (rr.src_to + off, n as usize),
+                        Access::REMOTE_READ,
+                        crc,
+                    )
                     .map_err(access_term),
                 None => Ok(()),
             };
             let framed = read.and_then(|_| {
-                wire::finish_fpdu(out, start, crc).map_err(|_| TermCode {
+                out.finish_fpdu(start, crc).map_err(|_| TermCode {
                     layer: term::LAYER_RDMAP,
                     etype: term::RDMAP_REMOTE_OP,
                     ecode: term::RDMAP_CATASTROPHIC_LOCAL,

@@ -165,6 +165,17 @@ pub fn finish_fpdu(out: &mut Vec<u8>, start: usize, crc: bool) -> Result<()> {
     Ok(())
 }
 
+/// Finish the FPDU begun at `start` whose ULPDU ends with `lent` payload bytes that are
+/// not in `out` (they go out from consumer memory between `out`'s bytes so far and the
+/// pad): length, the zero pad, and a zero CRC — a lent payload is never under a CRC.
+pub fn finish_fpdu_lent(out: &mut Vec<u8>, start: usize, lent: usize) -> Result<()> {
+    let ulpdu = out.len() - start - HEADER_LEN + lent;
+    let len = u16::try_from(ulpdu).map_err(|_| Error::BadLength)?;
+    out.resize(start + fpdu_len(ulpdu) - lent, 0);
+    wr16(&mut out[start..], field::ULPDU_LENGTH, len);
+    Ok(())
+}
+
 /// Check a complete FPDU at the start of `fpdu` (its CRC when `crc`) and return its ULPDU.
 pub fn check_fpdu(fpdu: &[u8], crc: bool) -> Result<&[u8]> {
     let p = Packet::new_checked(fpdu)?;

@@ -57,8 +57,8 @@ pub mod term;
 
 pub use ddp::Model;
 pub use fpdu::{
-    begin_fpdu, check_fpdu, finish_fpdu, fpdu_len, max_ulpdu_for_mss, FpduDecoder, Framing,
-    Packet as FpduPacket,
+    begin_fpdu, check_fpdu, finish_fpdu, finish_fpdu_lent, fpdu_len, max_ulpdu_for_mss,
+    FpduDecoder, Framing, Packet as FpduPacket,
 };
 pub use mpa::{Frame as MpaFrame, Packet as MpaPacket};
 pub use rdmap::{
