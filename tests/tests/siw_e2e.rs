@@ -66,3 +66,58 @@ fn send_with_invalidate_invalidates_the_stag() {
 fn polling_consumers_read_the_stream_in_their_own_thread() {
     each_front_door(|door| polling_consumers_drive(door, "siw0", "rx_reads_polled", "rx_fpdus"));
 }
+
+/// Large payloads go out from the registration in place (`siw::qp::batch`: no copy into
+/// a buffer of the engine's before the socket's), byte for byte, for RDMA Write, Send
+/// (into a receive of two elements) and RDMA Read Responses; through krdmad too, where
+/// the buffers are the sealed memfds the daemon maps.
+#[test]
+fn large_payloads_go_out_in_place() {
+    use krdma_tests::{device_counter, fill_pattern};
+    const MSG: usize = 3 << 20;
+    each_front_door(|door| {
+        let (a, _b, s, c) = pair(door, 2 * MSG);
+        let lent0 = device_counter(&a, "siw0", "tx_bytes_lent");
+        let mut pattern = vec![0u8; MSG];
+        let check = |ep: &Endpoint, off: usize, seed: u32, what: &str| {
+            let mut want = vec![0u8; MSG];
+            fill_pattern(&mut want, seed);
+            let mut got = vec![0u8; MSG];
+            ep.buf.read(off, &mut got);
+            assert!(got == want, "{what}: the payload arrived changed");
+        };
+        // RDMA Write, client -> server.
+        fill_pattern(&mut pattern, 1);
+        c.buf.write(0, &pattern);
+        c.write(1, 0, MSG as u32, 0, SIG).unwrap();
+        c.complete(1).unwrap();
+        // A Send ordered behind the Write tells the server it has landed.
+        fill_pattern(&mut pattern, 2);
+        c.buf.write(MSG, &pattern);
+        let part = (MSG / 3) as u32; // a piece boundary inside an FPDU
+        let sges = [
+            s.mr.sge(MSG as u64, part),
+            s.mr.sge(MSG as u64 + part as u64, MSG as u32 - part),
+        ];
+        s.qp.post_recv(&Wqe::recv(2, &sges)).unwrap();
+        c.send(3, MSG as u64, MSG as u32, SIG).unwrap();
+        c.complete(1).unwrap();
+        assert_eq!(s.complete(1).unwrap()[0].byte_len, MSG as u32);
+        check(&s, 0, 1, "RDMA Write");
+        check(&s, MSG, 2, "Send");
+        // RDMA Read, server -> client, into the client's second half.
+        fill_pattern(&mut pattern, 3);
+        s.buf.write(0, &pattern);
+        c.read(4, MSG as u64, MSG as u32, 0).unwrap();
+        c.complete(1).unwrap();
+        check(&c, MSG, 3, "RDMA Read");
+        // The three messages went out in place but for FPDUs under 4 KiB (a message's
+        // last).
+        let lent = device_counter(&a, "siw0", "tx_bytes_lent") - lent0;
+        assert!(
+            lent >= 3 * MSG as u64 - 3 * 4096,
+            "sent in place: {lent} of {}",
+            3 * MSG
+        );
+    });
+}

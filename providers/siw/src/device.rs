@@ -38,6 +38,8 @@ rnicpi::counters!(
         rx_fpdus,
         tx_bytes,
         rx_bytes,
+        /// Payload bytes sent from consumer memory in place (`qp::batch`).
+        tx_bytes_lent,
         /// Transmits failed because a payload's registration was invalidated between its
         /// emission and its write (the consumer deregistered memory under a request).
         tx_lend_refused,

@@ -56,7 +56,12 @@ impl Batch {
 
     /// Bytes the batch puts on the stream.
     pub(crate) fn len(&self) -> usize {
-        self.bytes.len() + self.lent.iter().map(|l| l.len).sum::<usize>()
+        self.bytes.len() + self.lent_len()
+    }
+
+    /// Bytes of it that go out from consumer memory in place.
+    pub(crate) fn lent_len(&self) -> usize {
+        self.lent.iter().map(|l| l.len).sum()
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -73,6 +73,9 @@ impl Writer<'_> {
         self.counters
             .tx_bytes
             .fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.counters
+            .tx_bytes_lent
+            .fetch_add(out.lent_len() as u64, Ordering::Relaxed);
         out.clear();
         Ok(())
     }
