@@ -11,7 +11,9 @@
 //! FPDUs are built in place in the batch the transmit side writes: [`begin_fpdu`] leaves
 //! room for the length, the caller appends the ULPDU (its header emitted into room that
 //! [`grow`] adds, the payload read straight from memory after it), and
-//! [`finish_fpdu`] writes the length, the pad and the CRC through a [`Packet`] view.
+//! [`finish_fpdu`] writes the length, the pad and the CRC through a [`Packet`] view. A
+//! payload sent from consumer memory in place is not appended: [`finish_fpdu_lent`]
+//! frames the FPDU around where it goes.
 
 use super::{grow, Error, Result};
 use rnicpi::wire::{check_len, rd16, wr16};
@@ -337,6 +339,9 @@ mod tests {
         let s = begin_fpdu(&mut out);
         out.resize(HEADER_LEN + 65536, 0);
         assert_eq!(finish_fpdu(&mut out, s, true), Err(Error::BadLength));
+        let mut out = Vec::new();
+        let s = begin_fpdu(&mut out);
+        assert_eq!(finish_fpdu_lent(&mut out, s, 65536), Err(Error::BadLength));
     }
 
     #[test]
@@ -387,6 +392,27 @@ mod tests {
             prop_assert_eq!(check_fpdu(&b, crc), Ok(&ulpdu[..]));
             let p = Packet::new_checked(&b[..]).unwrap();
             prop_assert_eq!(p.crc(), if crc { p.computed_crc() } else { 0 });
+        }
+
+        #[test]
+        fn framed_around_a_lent_payload_as_around_a_copied_one(
+            head in proptest::collection::vec(any::<u8>(), 0..40),
+            payload in proptest::collection::vec(any::<u8>(), 0..600),
+        ) {
+            let mut copied = Vec::new();
+            let s = begin_fpdu(&mut copied);
+            copied.extend_from_slice(&head);
+            copied.extend_from_slice(&payload);
+            finish_fpdu(&mut copied, s, false).unwrap();
+            // Framed with a gap where the payload goes, then the payload spliced in: the
+            // stream the socket sends from the two places.
+            let mut lent = vec![0xee];
+            let s = begin_fpdu(&mut lent);
+            lent.extend_from_slice(&head);
+            let gap = lent.len();
+            finish_fpdu_lent(&mut lent, s, payload.len()).unwrap();
+            lent.splice(gap..gap, payload.iter().copied());
+            prop_assert_eq!(&lent[1..], &copied[..]);
         }
 
         #[test]
