@@ -3,14 +3,18 @@
 //! socket — a post returns at once in embedded mode (where the doorbell transmits in the
 //! caller's thread), and in daemon mode the shared doorbell reactor keeps serving every
 //! other QP — so the stalled peer costs only its own QP: a bystander tenant stays served
-//! and the daemon's control path answers. Both front doors.
+//! and the daemon's control path answers; and the Sends' payloads, which go out from the
+//! registration in place (`siw::qp::batch`), never hold it while the socket is full: the
+//! victim deregisters it at once. Both front doors.
 
 use krdma_tests::raw_siw::RawSiwPeer;
 use krdma_tests::{each_front_door, Bystander, FrontDoor};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::{
-    send_flags, Access, ConnParam, EventKind, QpCaps, QpConfig, RegBuf, VerbsError, Wqe, WrOpcode,
+    send_flags, Access, ConnParam, EventKind, Mr, QpCaps, QpConfig, RegBuf, VerbsError, Wqe,
+    WrOpcode,
 };
 
 const MSG: usize = 16 * 1024;
@@ -20,9 +24,9 @@ const SENDS: usize = 1000;
 const BOUND: Duration = Duration::from_secs(2);
 
 /// How long the slowest `post_send` took, and how many went in, posting `SENDS` Sends
-/// to a peer that reads nothing (stopping once the send queue stays full); and the
-/// victim's objects and the peer, kept until the test is done.
-fn flood(door: &FrontDoor) -> (Duration, usize, impl Sized) {
+/// to a peer that reads nothing (stopping once the send queue stays full); the Sends'
+/// registration; and the victim's other objects and the peer, kept until the test is done.
+fn flood(door: &FrontDoor) -> (Duration, usize, Arc<Mr>, impl Sized) {
     let ctx = door.open();
     let dev = ctx.device("siw0").unwrap().index;
     let pd = ctx.alloc_pd(dev).unwrap();
@@ -89,14 +93,14 @@ fn flood(door: &FrontDoor) -> (Duration, usize, impl Sized) {
             Err(e) => panic!("post_send: {e:?}"),
         }
     }
-    (slowest, posted, (peer, qp, cq, mr, buf, listener, pd, ctx))
+    (slowest, posted, mr, (peer, qp, cq, buf, listener, pd, ctx))
 }
 
 #[test]
 fn a_peer_that_stops_reading_costs_only_its_own_qp() {
     each_front_door(|door| {
         let by = Bystander::start(door, "siw0");
-        let (slowest, posted, victim) = flood(door);
+        let (slowest, posted, mr, victim) = flood(door);
         eprintln!(
             "{}: {posted} Sends of 16 KiB posted, slowest post {slowest:?}",
             door.name()
@@ -112,6 +116,14 @@ fn a_peer_that_stops_reading_costs_only_its_own_qp() {
         let dev = other.device("siw0").unwrap().index;
         other.alloc_pd(dev).unwrap();
         assert!(t0.elapsed() < BOUND, "control path took {:?}", t0.elapsed());
+        // The transmitter waits for the socket with no lease on the payload's memory.
+        let t0 = Instant::now();
+        drop(mr);
+        assert!(
+            t0.elapsed() < BOUND,
+            "deregistration took {:?}",
+            t0.elapsed()
+        );
         by.finish().assert_served(BOUND);
         drop(victim);
     });
