@@ -46,15 +46,14 @@ impl From<SignalError> for rnicpi::VerbsError {
 /// a process of user `uid` (see the module's notes).
 pub fn verify(fd: BorrowedFd<'_>, uid: u32) -> Result<(), SignalError> {
     // (A socket of another family has no `UnixAddr` name: `getsockname` refuses it.)
-    let unix_stream = nix::sys::stat::fstat(fd)
+    let stream = nix::sys::stat::fstat(fd)
         .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK)
-        && getsockopt(&fd, sockopt::SockType).ok() == Some(SockType::Stream)
-        && getsockname::<UnixAddr>(fd.as_raw_fd()).is_ok();
-    if !unix_stream {
-        return Err(SignalError::NotUnixStream);
-    }
+        && getsockopt(&fd, sockopt::SockType).ok() == Some(SockType::Stream);
+    let me = getsockname::<UnixAddr>(fd.as_raw_fd())
+        .ok()
+        .filter(|_| stream)
+        .ok_or(SignalError::NotUnixStream)?;
     let peer = getpeername::<UnixAddr>(fd.as_raw_fd()).map_err(|_| SignalError::NotConnected)?;
-    let me = getsockname::<UnixAddr>(fd.as_raw_fd()).map_err(|_| SignalError::NotUnixStream)?;
     let unnamed = |a: &UnixAddr| a.path_len() == 0;
     if !unnamed(&peer) || !unnamed(&me) {
         return Err(SignalError::Named);
