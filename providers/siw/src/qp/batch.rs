@@ -37,13 +37,16 @@ struct Lent {
     need: Access,
 }
 
+/// Whether a payload of `n` bytes is worth lending (and may be: no CRC covers it).
+fn lends(crc: bool, n: usize) -> bool {
+    !crc && n >= LEND_MIN
+}
+
 /// FPDUs to write: own bytes with lent payloads between them (see the module docs).
 #[derive(Default)]
 pub(crate) struct Batch {
     bytes: Vec<u8>,
     lent: Vec<Lent>,
-    /// Lent bytes of the FPDU being built.
-    lent_in_fpdu: usize,
 }
 
 impl Batch {
@@ -71,7 +74,6 @@ impl Batch {
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.lent.clear();
-        self.lent_in_fpdu = 0;
     }
 
     /// The batch's own bytes, for what is built with no payload to lend (a Terminate, a
@@ -83,7 +85,6 @@ impl Batch {
     /// Start an FPDU with ULPDU header `h`; returns its start for
     /// [`finish_fpdu`](Self::finish_fpdu).
     pub(crate) fn begin_fpdu(&mut self, h: &Header) -> usize {
-        self.lent_in_fpdu = 0;
         let start = wire::begin_fpdu(&mut self.bytes);
         h.emit(wire::grow(&mut self.bytes, h.buffer_len()));
         start
@@ -104,8 +105,7 @@ impl Batch {
         need: Access,
         crc: bool,
     ) -> Result<(), AccessError> {
-        let lend = !crc
-            && n >= LEND_MIN
+        let lend = lends(crc, n)
             && sgl
                 .pieces(off, n)
                 .all(|(r, addr, len)| r.lendable(addr, len));
@@ -131,7 +131,7 @@ impl Batch {
         need: Access,
         crc: bool,
     ) -> Result<(), AccessError> {
-        if crc || n < LEND_MIN || !region.lendable(addr, n) {
+        if !lends(crc, n) || !region.lendable(addr, n) {
             return region.read(pd, addr, self.copied_payload(n), need);
         }
         region.check(pd, addr, n as u64, need)?;
@@ -148,13 +148,13 @@ impl Batch {
             len,
             need,
         });
-        self.lent_in_fpdu += len;
     }
 
     /// Finish the FPDU begun at `start`: length, pad and CRC (a CRC only over a payload
     /// of our own: [`payload_from`](Self::payload_from) never lends one it covers).
     pub(crate) fn finish_fpdu(&mut self, start: usize, crc: bool) -> wire::Result<()> {
-        match self.lent_in_fpdu {
+        let lent_here = self.lent.iter().rev().take_while(|l| l.at > start);
+        match lent_here.map(|l| l.len).sum() {
             0 => wire::finish_fpdu(&mut self.bytes, start, crc),
             lent => wire::finish_fpdu_lent(&mut self.bytes, start, lent),
         }
