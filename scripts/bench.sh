@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The data-path benchmarks of docs/benchmarks.md: `krdma demo` on every device, embedded
-# and through krdmad, ROUNDS times each, every figure beside the raw TCP / UDP baseline
+# and through krdmad (siw0's engine in the consumer, the default, then on the daemon's
+# engine: KRDMA_FAST_PATH=kal), ROUNDS times each, every figure beside the raw TCP / UDP baseline
 # measured in the same run. The tables replace the generated block of docs/benchmarks.md
 # (between the bench:begin and bench:end markers), headed by commit, date and machine.
 #
@@ -53,7 +54,14 @@ cpu=$(bench_cpu)
         for round in $(seq 1 "$ROUNDS"); do
             echo "### Through krdmad, round $round"
             echo
+            echo "(siw0's engine in the consumer's process, the default; rxe0's in krdmad.)"
+            echo
             KRDMA_DEVICE=$dev "$KRDMA" demo --markdown --bytes "$DAEMON_BYTES"
+        done
+        for round in $(seq 1 "$ROUNDS"); do
+            echo "### Through krdmad, siw0 on the daemon's engine (KRDMA_FAST_PATH=kal), round $round"
+            echo
+            KRDMA_FAST_PATH=kal KRDMA_DEVICE=$dev "$KRDMA" demo --markdown --bytes "$DAEMON_BYTES" --device siw0
         done
     fi
     echo "<!-- bench:end -->"

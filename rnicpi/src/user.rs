@@ -111,6 +111,24 @@ pub enum FastPath {
     /// In the consumer's process, through user verbs provider `driver`, which knows the
     /// device as `device` (e.g. driver `ibverbs`, device `mlx5_0`).
     Consumer { driver: String, device: String },
+    /// Either: the kAL serves shared rings to its engine, and a consumer may instead run
+    /// the same engine in its own process through user verbs provider `driver` (a
+    /// software device whose wire is a socket the consumer can open itself: siw). The
+    /// consumer chooses per context; objects it makes itself are mirrored as for
+    /// [`FastPath::Consumer`].
+    Either { driver: String, device: String },
+}
+
+impl FastPath {
+    /// The uVP that can drive the device in the consumer's process, and its name for it.
+    pub fn user_provider(&self) -> Option<(&str, &str)> {
+        match self {
+            FastPath::Kal => None,
+            FastPath::Consumer { driver, device } | FastPath::Either { driver, device } => {
+                Some((driver, device))
+            }
+        }
+    }
 }
 
 /// A user verbs provider: how a consumer process opens the devices it drives.
@@ -126,6 +144,18 @@ pub trait UserDevice: Send + Sync {
     fn alloc_pd(&self) -> Result<Arc<dyn UserPd>>;
     /// A CQ of at least `depth` entries; notifications and CQ errors go to `sink`.
     fn create_cq(&self, depth: u32, sink: Arc<dyn EventSink>) -> Result<Arc<dyn UserCq>>;
+    /// [`UserDevice::create_cq`] with a signal socket (one end of a Unix stream socket
+    /// pair) for [`UserCq::arm_to_signal`]; a device that cannot write one makes a plain
+    /// CQ (its [`UserCq::can_signal`] says so).
+    fn create_cq_signalled(
+        &self,
+        depth: u32,
+        sink: Arc<dyn EventSink>,
+        signal: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Arc<dyn UserCq>> {
+        let _ = signal;
+        self.create_cq(depth, sink)
+    }
     /// Active connection setup of `qp` (in state Reset or Init) with `peer`: the device's
     /// connection manager brings the QP to RTS and delivers `Established`, `Rejected` or
     /// `Unreachable` to the QP's sink, later `Disconnected` or `ConnectionBroken`.
@@ -215,6 +245,43 @@ pub trait UserCq: Send + Sync {
     fn poll(&self, out: &mut [Cqe]) -> usize;
     /// Ask for one `CqNotify` on the next (solicited) completion.
     fn arm(&self, solicited_only: bool) -> Result<()>;
+    /// Whether a thread polling an empty CQ moves the device's work on (a software
+    /// engine run by its pollers) or only waits for it (hardware works by itself). Both
+    /// make polling for a while before sleeping worth it (the uAL's `Cq::wait`).
+    fn worth_spinning(&self) -> bool {
+        true
+    }
+    /// Whether [`UserCq::arm_to_sleep`] and [`UserCq::sleep`] work: a completion wakes a
+    /// sleeping thread without a `CqNotify` event. Otherwise sleepers wait for the event.
+    fn can_sleep(&self) -> bool {
+        false
+    }
+    /// Arm so that the next (solicited) completion wakes the threads in
+    /// [`UserCq::sleep`]; returns the token `sleep` takes.
+    fn arm_to_sleep(&self, solicited_only: bool) -> u32 {
+        let _ = self.arm(solicited_only);
+        0
+    }
+    /// Sleep until the completion armed for by [`UserCq::arm_to_sleep`] (which returned
+    /// `armed`), [`UserCq::wake_sleepers`] or `timeout`.
+    fn sleep(&self, armed: u32, timeout: std::time::Duration) {
+        let _ = (armed, timeout);
+    }
+    /// End the sleep of the threads in [`UserCq::sleep`].
+    fn wake_sleepers(&self) {}
+    /// Whether the CQ has a signal socket it can write ([`UserDevice::create_cq_signalled`]).
+    fn can_signal(&self) -> bool {
+        false
+    }
+    /// Arm so that the next (solicited) completion writes a byte to the signal socket
+    /// instead of making a `CqNotify` event (only where [`UserCq::can_signal`]).
+    fn arm_to_signal(&self, solicited_only: bool) {
+        let _ = self.arm(solicited_only);
+    }
+    /// How many bytes the CQ has written to its signal socket so far.
+    fn signals_given(&self) -> u32 {
+        0
+    }
     fn as_any(&self) -> &dyn Any;
 }
 

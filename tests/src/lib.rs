@@ -129,7 +129,14 @@ impl Daemon {
         Self::start_with(&[])
     }
 
+    /// Start a daemon with `extra` arguments. Contexts this process then opens through it
+    /// without a choice (`Context::open_target`, IT-API's `Ia::open_on`) reach its engine
+    /// through shared rings (`FastPathChoice::Kal`): the tests written against a daemon
+    /// read its engine's counters and rings. Tests of siw's engine in the consumer
+    /// (`siw_uvp.rs`) and the programs the tests spawn (which take the default) open the
+    /// consumer's path.
     pub fn start_with(extra: &[&str]) -> Daemon {
+        ual::FastPathChoice::Kal.set_for_process();
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = private_dir("krdma-e2e");

@@ -97,8 +97,11 @@ fn a_privileged_port_needs_cap_net_bind_service() {
                 "root refused: {errno}"
             );
         }
+        // The tenant's rxe0 listen was the daemon's to refuse; its siw0 engine ran in the
+        // tenant's own process (the default through krdmad), where the kernel refused
+        // the unprivileged bind itself.
         let counters: HashMap<String, u64> = ctx.stat_kal().unwrap().into_iter().collect();
-        assert!(counters["listen_refused_privileged_port"] >= 2);
+        assert!(counters["listen_refused_privileged_port"] >= 1);
     }
     if let Some(b) = bystander {
         b.finish().assert_served(Duration::from_secs(2));

@@ -281,7 +281,10 @@ fn role_uffd_tenant() {
     let Ok(dev) = std::env::var("KRDMA_TEST_DEVICE") else {
         return;
     };
-    let ctx = Context::open_target(&Target::Device(dev.into())).unwrap();
+    // The daemon's engine: siw's engine in this process would register the memory in
+    // this process's own kAL, where a userfaultfd can stall only its owner (as embedded).
+    let target = Target::Device(dev.into());
+    let ctx = Context::open_target_with(&target, ual::FastPathChoice::Kal).unwrap();
     let pd = ctx.alloc_pd(ctx.device("siw0").unwrap().index).unwrap();
     let m = Anonymous::new(1 << 20);
     let _uffd = userfaultfd_on(m.addr(), 1 << 20).expect("userfaultfd");

@@ -46,7 +46,11 @@ pub struct Door {
 
 impl Door {
     pub(crate) fn open() -> Result<Door> {
-        let kal = embedded_kal()?;
+        Door::open_on(embedded_kal()?)
+    }
+
+    /// A context in `kal`, an in-process kAL of this process's own (a uVP's engine).
+    pub(crate) fn open_on(kal: Arc<Kal>) -> Result<Door> {
         let me = kal::Caller {
             pid: std::process::id(),
             uid: nix::unistd::geteuid().as_raw(),

@@ -37,7 +37,8 @@ pub use device::DeviceFile;
 pub use embedded::{configure_embedded, embedded_kal};
 pub use events::Handler;
 pub use verbs::{
-    Ah, Armed, Context, Cq, DeviceInfo, Listener, Mr, Mw, Pd, PortInfo, Qp, QpConfig, Srq,
+    Ah, Armed, Context, Cq, DeviceInfo, FastPathChoice, Listener, Mr, Mw, Pd, PortInfo, Qp,
+    QpConfig, Srq,
 };
 
 pub use abi;

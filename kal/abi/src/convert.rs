@@ -3,8 +3,8 @@
 //! the uAL does the reverse. Decoding checks every value a hostile caller could set.
 
 use crate::{
-    name_to_str, str_to_name, QpAttrs, QueryDevice, QueryPort, FAST_PATH_CONSUMER, FAST_PATH_KAL,
-    MAX_GIDS,
+    name_to_str, str_to_name, QpAttrs, QueryDevice, QueryPort, FAST_PATH_CONSUMER,
+    FAST_PATH_EITHER, FAST_PATH_KAL, MAX_GIDS,
 };
 use rnicpi::{
     Access, DeviceAttr, FastPath, PortAttr, PortState, PrivateDataLimits, QpAttr, QpAttrMask,
@@ -40,19 +40,20 @@ impl QueryDevice {
             fast_path: match d.fast_path {
                 FastPath::Kal => FAST_PATH_KAL,
                 FastPath::Consumer { .. } => FAST_PATH_CONSUMER,
+                FastPath::Either { .. } => FAST_PATH_EITHER,
             },
             _pad: 0,
             max_ah: d.max_ah,
             max_mr_size: d.max_mr_size,
             name: str_to_name(&d.name),
-            uvp_driver: match &d.fast_path {
-                FastPath::Consumer { driver, .. } => str_to_name(driver),
-                FastPath::Kal => [0; 32],
-            },
-            uvp_device: match &d.fast_path {
-                FastPath::Consumer { device, .. } => str_to_name(device),
-                FastPath::Kal => [0; 32],
-            },
+            uvp_driver: d
+                .fast_path
+                .user_provider()
+                .map_or([0; 32], |(driver, _)| str_to_name(driver)),
+            uvp_device: d
+                .fast_path
+                .user_provider()
+                .map_or([0; 32], |(_, device)| str_to_name(device)),
         }
     }
 
@@ -88,6 +89,10 @@ impl QueryDevice {
             fast_path: match self.fast_path {
                 FAST_PATH_KAL => FastPath::Kal,
                 FAST_PATH_CONSUMER => FastPath::Consumer {
+                    driver: name_to_str(&self.uvp_driver).to_string(),
+                    device: name_to_str(&self.uvp_device).to_string(),
+                },
+                FAST_PATH_EITHER => FastPath::Either {
                     driver: name_to_str(&self.uvp_driver).to_string(),
                     device: name_to_str(&self.uvp_device).to_string(),
                 },

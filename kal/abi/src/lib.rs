@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 mod convert;
 
 /// Version of this ABI; bumped on any incompatible change.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 /// The ioctl type letter (a private one: the VFS claims some generic numbers).
 pub const IOC_TYPE: u8 = b'k';
 /// Most devices `LIST_DEVICES` reports.
@@ -111,15 +111,16 @@ pub struct QueryDevice {
     pub pdata_connect: u16,
     pub pdata_accept: u16,
     pub pdata_reject: u16,
-    /// out: where the fast path runs: [`FAST_PATH_KAL`] or [`FAST_PATH_CONSUMER`].
+    /// out: where the fast path runs: [`FAST_PATH_KAL`], [`FAST_PATH_CONSUMER`] or
+    /// [`FAST_PATH_EITHER`].
     pub fast_path: u8,
     pub _pad: u8,
     /// out: address handles the device holds (0: no UD QPs).
     pub max_ah: u32,
     pub max_mr_size: u64,
     pub name: Name,
-    /// out, for [`FAST_PATH_CONSUMER`]: the user verbs provider that drives the device in
-    /// the consumer's process, and its name for the device.
+    /// out, for [`FAST_PATH_CONSUMER`] and [`FAST_PATH_EITHER`]: the user verbs provider
+    /// that drives the device in the consumer's process, and its name for the device.
     pub uvp_driver: Name,
     pub uvp_device: Name,
 }
@@ -129,6 +130,9 @@ pub const FAST_PATH_KAL: u8 = 0;
 /// The device's fast path runs in the consumer's process (`rnicpi::user`); the consumer
 /// records what it creates there with [`Mirror`].
 pub const FAST_PATH_CONSUMER: u8 = 1;
+/// Either: shared rings to the kAL's engine, or (the consumer's choice) the same engine in
+/// the consumer's process through the named uVP, its objects recorded with [`Mirror`].
+pub const FAST_PATH_EITHER: u8 = 2;
 
 /// `MIRROR`: record an object the consumer created through a device's user verbs provider,
 /// so the kAL keeps its resource tree, limits, quotas and pin allowance for it as for an
@@ -137,7 +141,8 @@ pub const FAST_PATH_CONSUMER: u8 = 1;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct Mirror {
-    /// in: device number; its fast path must be [`FAST_PATH_CONSUMER`].
+    /// in: device number; its fast path must be [`FAST_PATH_CONSUMER`] or
+    /// [`FAST_PATH_EITHER`].
     pub dev: u32,
     /// in: one of the `MIRROR_*` kinds.
     pub kind: u32,

@@ -89,3 +89,18 @@ pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
     }
     Ok(())
 }
+
+/// The driver name under which siw offers its engine to consumers (`FastPath::Either`).
+pub use siw::UVP_DRIVER as SIW_UVP_DRIVER;
+
+/// Register in `kal` the one device a software provider's uVP names (`driver`, `device`
+/// from the daemon's `FastPath::Either`): the engine a consumer runs in its own process
+/// instead of reaching the daemon's. `Unsupported` for a driver that has no such engine.
+pub fn start_uvp(kal: &Kal, driver: &str, device: &str) -> Result<()> {
+    if driver != SIW_UVP_DRIVER {
+        return Err(rnicpi::VerbsError::Unsupported);
+    }
+    let config = siw::SiwConfig::from_uvp_device(device).ok_or(rnicpi::VerbsError::Invalid)?;
+    kal.register(siw::SiwDevice::new(config, Arc::new(HostServices)))?;
+    Ok(())
+}

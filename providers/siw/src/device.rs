@@ -21,6 +21,42 @@ pub struct SiwConfig {
     pub crc_required: bool,
 }
 
+/// The driver name of siw's user verbs provider (the engine run in the consumer's own
+/// process; the uAL holds it).
+pub const UVP_DRIVER: &str = "siw";
+
+impl SiwConfig {
+    /// The device as its uVP is told of it (`QUERY_DEVICE`'s 31-byte `uvp_device`):
+    /// `siw0`, then `,netdev=NAME` and `,crc` as configured; `None` when that does not fit.
+    pub fn uvp_device(&self) -> Option<String> {
+        let mut s = self.name.clone();
+        if let Some(n) = &self.netdev {
+            s += &format!(",netdev={n}");
+        }
+        if self.crc_required {
+            s += ",crc";
+        }
+        (s.len() < 32 && !self.name.contains(',')).then_some(s)
+    }
+
+    /// The configuration [`SiwConfig::uvp_device`] described.
+    pub fn from_uvp_device(s: &str) -> Option<SiwConfig> {
+        let mut parts = s.split(',');
+        let mut c = SiwConfig {
+            name: parts.next().filter(|n| !n.is_empty())?.to_string(),
+            ..SiwConfig::default()
+        };
+        for p in parts {
+            match p.split_once('=') {
+                None if p == "crc" => c.crc_required = true,
+                Some(("netdev", n)) if !n.is_empty() => c.netdev = Some(n.to_string()),
+                _ => return None,
+            }
+        }
+        Some(c)
+    }
+}
+
 impl Default for SiwConfig {
     fn default() -> Self {
         SiwConfig {
@@ -141,7 +177,14 @@ impl SiwDevice {
                 accept: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
                 reject: mpa::MAX_CONSUMER_PRIVATE_DATA as u16,
             },
-            fast_path: rnicpi::FastPath::Kal,
+            // The consumer may run this engine itself: its wire is TCP sockets it can open.
+            fast_path: match config.uvp_device() {
+                Some(device) => rnicpi::FastPath::Either {
+                    driver: UVP_DRIVER.into(),
+                    device,
+                },
+                None => rnicpi::FastPath::Kal,
+            },
         };
         let shared = Arc::new(Shared {
             res: soft::SoftResources::new(attr.max_mr),
@@ -238,5 +281,42 @@ impl Provider for SiwDevice {
             backlog,
             sink,
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What krdmad tells a consumer of the device (`FastPath::Either`'s `device`) brings
+    /// back the same configuration, and a description that would not fit the ABI's
+    /// 31 bytes keeps the device on the kAL's rings.
+    #[test]
+    fn the_uvp_description_round_trips() {
+        for (netdev, crc) in [
+            (None, false),
+            (Some("veth-krdma0"), true),
+            (Some("lo"), false),
+        ] {
+            let c = SiwConfig {
+                name: "siw0".into(),
+                netdev: netdev.map(String::from),
+                crc_required: crc,
+            };
+            let s = c.uvp_device().unwrap();
+            let back = SiwConfig::from_uvp_device(&s).unwrap();
+            assert_eq!(
+                (back.name, back.netdev, back.crc_required),
+                (c.name, c.netdev, crc)
+            );
+        }
+        let long = SiwConfig {
+            netdev: Some("an-interface-name-far-too-long".into()),
+            ..SiwConfig::default()
+        };
+        assert_eq!(long.uvp_device(), None);
+        for bad in ["", ",crc", "siw0,mtu=9000", "siw0,netdev="] {
+            assert!(SiwConfig::from_uvp_device(bad).is_none(), "{bad}");
+        }
     }
 }

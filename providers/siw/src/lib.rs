@@ -29,4 +29,4 @@ mod qp;
 pub mod sim;
 pub mod wire;
 
-pub use device::{SiwConfig, SiwDevice};
+pub use device::{SiwConfig, SiwDevice, UVP_DRIVER};

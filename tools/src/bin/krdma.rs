@@ -553,6 +553,10 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             rnicpi::FastPath::Consumer { driver, device } => {
                 println!("\tfast path:\t\tin the consumer, through {driver} ({device})")
             }
+            rnicpi::FastPath::Either { driver, device } => println!(
+                "\tfast path:\t\tin the consumer, through {driver} ({device}), \
+                 or shared rings to the kAL's engine (KRDMA_FAST_PATH=kal)"
+            ),
         }
         println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
         for port in 1..=q.phys_port_cnt {

@@ -12,8 +12,8 @@ impl Context {
     /// [`create_cq`](Self::create_cq), with `signal` (one end of a Unix stream socket
     /// pair) as the CQ's signal socket: a completion armed with [`Cq::arm_to_signal`]
     /// makes the engine write a byte to it, so the pair's other end reads readable (no
-    /// `CqNotify` event). A device whose fast path is this process's has no engine to
-    /// write it: there the socket is not used ([`Cq::arm_to_signal`] says so).
+    /// `CqNotify` event). A uVP's CQ uses it where the uVP can ([`Cq::can_signal`]
+    /// says so).
     pub fn create_cq_signalled(
         self: &Arc<Self>,
         dev: u32,
@@ -22,9 +22,9 @@ impl Context {
     ) -> Result<Arc<Cq>> {
         if let Some(udev) = self.user_device(dev)? {
             let (handle, user) = self.mirrored(dev, abi::MIRROR_CQ, [0; 4], (0, 0), |h| {
-                udev.create_cq(depth, self.sink(h))
+                udev.create_cq_signalled(depth, self.sink(h), signal)
             })?;
-            return Ok(self.cq_object(handle, dev, CqPath::Device(user), false));
+            return Ok(self.cq_object(handle, dev, CqPath::Device(user), signal.is_some()));
         }
         let cap = ring_capacity(depth).ok_or(VerbsError::Invalid)?;
         let mem = Arc::new(SharedMem::create("krdma-cq", ring_bytes::<Cqe>(cap))?);
@@ -111,7 +111,7 @@ impl Cq {
     pub fn worth_spinning(&self) -> bool {
         match &self.path {
             CqPath::Ring(r) => r.drives_progress(),
-            CqPath::Device(_) => true,
+            CqPath::Device(d) => d.worth_spinning(),
         }
     }
 
@@ -135,23 +135,26 @@ impl Cq {
     /// event: through krdmad the engine writes to the socket itself, and a thread asleep
     /// in `poll` on the pair's other end wakes without the event path. As with
     /// [`Cq::arm`], look at the ring once more after arming. False (and nothing armed)
-    /// when the CQ has no socket or no engine to write it (a uVP's CQ): use [`Cq::arm`].
+    /// when the CQ has no socket or no engine to write it ([`Cq::can_signal`]): use
+    /// [`Cq::arm`].
     pub fn arm_to_signal(&self, solicited_only: bool) -> bool {
         if !self.can_signal() || self.ctx.here().is_err() {
             return false;
         }
         match &self.path {
-            CqPath::Ring(r) => {
-                r.arm_to_signal(solicited_only);
-                true
-            }
-            CqPath::Device(_) => false,
+            CqPath::Ring(r) => r.arm_to_signal(solicited_only),
+            CqPath::Device(d) => d.arm_to_signal(solicited_only),
         }
+        true
     }
 
     /// Whether [`Cq::arm_to_signal`] can arm: a signal socket, and an engine to write it.
     pub fn can_signal(&self) -> bool {
-        self.signalled && matches!(self.path, CqPath::Ring(_))
+        self.signalled
+            && match &self.path {
+                CqPath::Ring(_) => true,
+                CqPath::Device(d) => d.can_signal(),
+            }
     }
 
     /// How many notifications the engine has given through the signal socket so far
@@ -160,7 +163,7 @@ impl Cq {
     pub fn signals_given(&self) -> u32 {
         match &self.path {
             CqPath::Ring(r) => r.signals_given(),
-            CqPath::Device(_) => 0,
+            CqPath::Device(d) => d.signals_given(),
         }
     }
 
@@ -176,12 +179,17 @@ impl Cq {
     /// On a completion ring shared with the engine the engine wakes the sleeper itself
     /// (a futex in the ring's header): no `CqNotify` event is made (none reaches
     /// [`Cq::events`]), so through krdmad the wake-up skips the event queue, the
-    /// device-file round trips and the uAL's event threads. On a uVP's CQ this is
-    /// [`Cq::arm`] and the sleep waits for the `CqNotify` event.
+    /// device-file round trips and the uAL's event threads. On a uVP's CQ the uVP does
+    /// the same where it can ([`Cq::sleeps_on_ring`]); elsewhere this is [`Cq::arm`] and
+    /// the sleep waits for the `CqNotify` event.
     pub fn arm_to_sleep(&self, solicited_only: bool) -> Armed {
+        if self.ctx.here().is_err() {
+            return Armed(0);
+        }
         match &self.path {
-            CqPath::Ring(r) if self.ctx.here().is_ok() => Armed(r.arm_to_sleep(solicited_only)),
-            _ => {
+            CqPath::Ring(r) => Armed(r.arm_to_sleep(solicited_only)),
+            CqPath::Device(d) if d.can_sleep() => Armed(d.arm_to_sleep(solicited_only)),
+            CqPath::Device(_) => {
                 self.arm(solicited_only);
                 Armed(0)
             }
@@ -191,14 +199,18 @@ impl Cq {
     /// Whether [`Cq::sleep`] sleeps on the completion ring (woken by the engine itself,
     /// no `CqNotify` event made) rather than waiting for a `CqNotify` event.
     pub fn sleeps_on_ring(&self) -> bool {
-        matches!(self.path, CqPath::Ring(_))
+        match &self.path {
+            CqPath::Ring(_) => true,
+            CqPath::Device(d) => d.can_sleep(),
+        }
     }
 
     /// End the sleep of this process's threads in [`Cq::sleep`] on the ring, for
     /// something other than a completion (a layer above waits for more than the CQ).
     pub fn wake_sleepers(&self) {
-        if let CqPath::Ring(r) = &self.path {
-            r.wake_sleepers();
+        match &self.path {
+            CqPath::Ring(r) => r.wake_sleepers(),
+            CqPath::Device(d) => d.wake_sleepers(),
         }
     }
 
@@ -212,6 +224,12 @@ impl Cq {
             CqPath::Ring(r) => {
                 // The daemon's death wakes no futex: look for it every slice.
                 r.sleep(armed.0, slice);
+                if self.ctx.dispatcher.is_dead() {
+                    return Err(VerbsError::Dead);
+                }
+            }
+            CqPath::Device(d) if d.can_sleep() => {
+                d.sleep(armed.0, slice);
                 if self.ctx.dispatcher.is_dead() {
                     return Err(VerbsError::Dead);
                 }
@@ -268,7 +286,7 @@ impl Cq {
 /// What [`Cq::arm_to_sleep`] hands [`Cq::sleep`]: the count of the ring's wake-ups
 /// before the arm.
 #[derive(Debug, Clone, Copy)]
-pub struct Armed(u32);
+pub struct Armed(pub(crate) u32);
 
 /// The longest [`Cq::sleep`] sleeps at a time (on a completion ring it then looks
 /// whether the access layer died).

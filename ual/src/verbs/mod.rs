@@ -60,6 +60,48 @@ pub struct Context {
     opened: uvp::Opened,
 }
 
+/// Where a context runs the engine of a device that offers both fast paths
+/// (`FastPath::Either`, siw through krdmad).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastPathChoice {
+    /// In this process, through the device's uVP (objects mirrored in the kAL): post,
+    /// poll and the engine's socket I/O never cross the daemon.
+    Consumer,
+    /// Shared rings to the engine behind the kAL, and its doorbell.
+    Kal,
+}
+
+/// [`FastPathChoice::set_for_process`]'s choice: 0 none, 1 consumer, 2 kAL.
+static PROCESS_CHOICE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl FastPathChoice {
+    /// The choice of contexts opened without one ([`Context::open`],
+    /// [`Context::open_target`]): what [`FastPathChoice::set_for_process`] set, else
+    /// `KRDMA_FAST_PATH=kal` selects [`FastPathChoice::Kal`] and anything else (or nothing)
+    /// [`FastPathChoice::Consumer`].
+    pub fn from_env() -> FastPathChoice {
+        match PROCESS_CHOICE.load(std::sync::atomic::Ordering::Acquire) {
+            1 => return FastPathChoice::Consumer,
+            2 => return FastPathChoice::Kal,
+            _ => {}
+        }
+        match std::env::var("KRDMA_FAST_PATH") {
+            Ok(v) if v == "kal" => FastPathChoice::Kal,
+            _ => FastPathChoice::Consumer,
+        }
+    }
+
+    /// Make `self` the choice of every context this process opens from now on without
+    /// one (a program, or a test, that wants one path whatever the environment says).
+    pub fn set_for_process(self) {
+        let v = match self {
+            FastPathChoice::Consumer => 1,
+            FastPathChoice::Kal => 2,
+        };
+        PROCESS_CHOICE.store(v, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// What `QUERY_DEVICE` reports, decoded (name, transport and GUID also at hand on top).
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
@@ -81,7 +123,17 @@ impl Context {
     }
 
     pub fn open_target(target: &Target) -> Result<Arc<Context>> {
-        let chan = Channel::open(target)?;
+        Self::open_target_with(target, FastPathChoice::from_env())
+    }
+
+    /// [`Context::open_target`], choosing where the engine of a device that offers both
+    /// fast paths (`FastPath::Either`: siw through krdmad) runs for this context.
+    pub fn open_target_with(target: &Target, choice: FastPathChoice) -> Result<Arc<Context>> {
+        Self::open_channel(Channel::open(target)?, choice)
+    }
+
+    /// A context over an open front door.
+    pub(crate) fn open_channel(chan: Channel, choice: FastPathChoice) -> Result<Arc<Context>> {
         let mut q = abi::QueryAbi::zeroed();
         chan.call(cmd::QUERY_ABI, &mut q)?;
         if q.version != abi::ABI_VERSION || q.event_size as usize != abi::EVENT_SIZE {
@@ -92,6 +144,7 @@ impl Context {
             );
             return Err(VerbsError::Unsupported);
         }
+        let chan_embedded = chan.is_embedded();
         let chan = Arc::new(chan);
         let dispatcher = Dispatcher::new();
         let events = start_event_thread(q.context, chan.clone(), dispatcher.clone());
@@ -101,7 +154,8 @@ impl Context {
             id: q.context,
             events: Mutex::new(Some(events)),
             home: Lineage::here(),
-            opened: uvp::Opened::default(),
+            // In embedded mode the engine is in this process already.
+            opened: uvp::Opened::new(choice == FastPathChoice::Consumer && !chan_embedded),
         }))
     }
 

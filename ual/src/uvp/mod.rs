@@ -8,34 +8,61 @@ use rnicpi::{Event, EventSink, Result, VerbsError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+#[cfg(feature = "embedded")]
+mod engine;
+
 /// The user verbs provider that calls itself `driver`.
 fn provider(driver: &str) -> Option<&'static dyn UserProvider> {
-    let known = [mlx::user_provider()];
+    let known = [
+        mlx::user_provider(),
+        #[cfg(feature = "embedded")]
+        engine::user_provider(),
+    ];
     known.into_iter().find(|p| p.driver() == driver)
 }
 
 /// The devices of one context opened in this process, by kAL device number (`None`: a
 /// device whose fast path is the kAL's, asked once).
-#[derive(Default)]
-pub struct Opened(parking_lot::Mutex<HashMap<u32, Option<Arc<dyn UserDevice>>>>);
+pub struct Opened {
+    map: parking_lot::Mutex<HashMap<u32, Option<Arc<dyn UserDevice>>>>,
+    /// Whether devices that offer both fast paths (`FastPath::Either`) are opened here.
+    either_here: bool,
+}
 
 impl Opened {
+    pub fn new(either_here: bool) -> Opened {
+        Opened {
+            map: Default::default(),
+            either_here,
+        }
+    }
+
     /// Device `dev` opened through its uVP, or `None` when its fast path (which
-    /// `fast_path` asks the kAL for) is the kAL's.
+    /// `fast_path` asks the kAL for) is the kAL's, or is either and this context takes
+    /// the kAL's.
     pub fn get(
         &self,
         dev: u32,
         fast_path: impl FnOnce() -> Result<FastPath>,
     ) -> Result<Option<Arc<dyn UserDevice>>> {
-        let mut map = self.0.lock();
+        let mut map = self.map.lock();
         if let Some(d) = map.get(&dev) {
             return Ok(d.clone());
         }
-        let FastPath::Consumer { driver, device } = fast_path()? else {
-            map.insert(dev, None);
-            return Ok(None);
+        let (driver, device, either) = match fast_path()? {
+            FastPath::Consumer { driver, device } => (driver, device, false),
+            FastPath::Either { driver, device } if self.either_here => (driver, device, true),
+            FastPath::Either { .. } | FastPath::Kal => {
+                map.insert(dev, None);
+                return Ok(None);
+            }
         };
         let Some(p) = provider(&driver) else {
+            if either {
+                // This build has no such engine: the kAL's is as good.
+                map.insert(dev, None);
+                return Ok(None);
+            }
             tracing::warn!(
                 driver,
                 device,
@@ -53,7 +80,7 @@ impl Opened {
 impl Opened {
     /// Forget the open devices without closing them (a fork child: they are the parent's).
     pub fn leak(&self) {
-        std::mem::forget(std::mem::take(&mut *self.0.lock()));
+        std::mem::forget(std::mem::take(&mut *self.map.lock()));
     }
 }
 
