@@ -160,6 +160,11 @@ pub trait UserDevice: Send + Sync {
     /// connection manager brings the QP to RTS and delivers `Established`, `Rejected` or
     /// `Unreachable` to the QP's sink, later `Disconnected` or `ConnectionBroken`.
     fn connect(&self, qp: &Arc<dyn UserQp>, peer: SocketAddr, param: ConnParam) -> Result<()>;
+    /// The device's counters as this process's half counts them (name, value), as
+    /// `krdma stat` shows a kAL device's; none where the device keeps its own.
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
     /// Listen on `addr` (port 0 picks one); `ConnectRequest`s go to `sink`.
     fn listen(
         &self,

@@ -16,6 +16,14 @@ use ual::{Access, Context, Cqe, FastPathChoice, WcStatus, Wqe, WrOpcode};
 
 const MIB: usize = 1 << 20;
 
+/// What a context on the daemon's engine reports of an engine in its process.
+fn k_none(d: &Daemon) -> Option<Vec<(String, u64)>> {
+    let k = open(d, FastPathChoice::Kal);
+    let dev = k.device("siw0").unwrap().index;
+    let _pd = k.alloc_pd(dev).unwrap();
+    k.stat_in_process(dev)
+}
+
 fn open(d: &Daemon, choice: FastPathChoice) -> Arc<Context> {
     Context::open_target_with(&d.target(), choice).expect("open a context through krdmad")
 }
@@ -100,6 +108,20 @@ fn the_engine_runs_in_the_consumer_and_the_daemon_keeps_the_books() {
         daemon_fpdus(&a),
         before,
         "no FPDU went through the daemon's engine"
+    );
+    let dev = a.device("siw0").unwrap().index;
+    let here: std::collections::HashMap<_, _> = a
+        .stat_in_process(dev)
+        .expect("the engine in this process")
+        .into_iter()
+        .collect();
+    assert!(
+        here["tx_fpdus"] > 0 && here["rx_fpdus"] > 0,
+        "the engine in this process carried them: {here:?}"
+    );
+    assert!(
+        k_none(&d).is_none(),
+        "a context on the daemon's engine has no engine here"
     );
     drop((s, c));
     let (_, rows) = a.stat_contexts().unwrap();

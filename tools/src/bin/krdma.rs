@@ -626,6 +626,13 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             t.add_row(vec![n, v.to_string()]);
         }
         println!("{}:\n{t}", d.name);
+        if let Some(counters) = ctx.stat_in_process(d.index) {
+            let mut t = table(&["counter", "value"]);
+            for (n, v) in counters {
+                t.add_row(vec![n, v.to_string()]);
+            }
+            println!("{}, the engine in this process:\n{t}", d.name);
+        }
     }
     let mut t = table(&["counter", "value"]);
     for (n, v) in ctx.stat_kal()? {
@@ -709,8 +716,14 @@ fn demo_device(
             datagram: server.query_port(dev.index, 1)?.active_mtu as usize,
         },
     };
+    // Through krdmad, where the engine runs: the daemon's, or this process's (siw0).
+    let engine = match (server.is_embedded(), server.device_in_process(dev.index)?) {
+        (true, _) => "",
+        (false, true) => ", engine in this process",
+        (false, false) => ", engine in krdmad",
+    };
     let heading = format!(
-        "krdma demo: {device} ({}) over loopback, kAL front door: {}",
+        "krdma demo: {device} ({}) over loopback, kAL front door: {}{engine}",
         dev.transport.name(),
         target.describe()
     );

@@ -54,18 +54,22 @@ impl UserProvider for EngineProvider {
     }
 }
 
-/// This process's kAL holding the engine of `device`, started on first use.
+/// This process's kAL holding the engine of `device`, started on first use. Keyed by
+/// process too: a fork child has the parent's map but none of its engines' threads, so
+/// it starts its own.
 fn engine_kal(driver: &str, device: &str) -> Result<Arc<Kal>> {
-    static KALS: Mutex<Option<HashMap<String, Arc<Kal>>>> = Mutex::new(None);
+    type ByProcessAndDevice = HashMap<(u32, String), Arc<Kal>>;
+    static KALS: Mutex<Option<ByProcessAndDevice>> = Mutex::new(None);
+    let key = (std::process::id(), device.to_string());
     let mut kals = KALS.lock();
     let kals = kals.get_or_insert_with(HashMap::new);
-    if let Some(k) = kals.get(device) {
+    if let Some(k) = kals.get(&key) {
         return Ok(k.clone());
     }
     let kal = Kal::new(kal::Config::default());
     stack::start_uvp(&kal, driver, device)?;
     tracing::info!(driver, device, "engine started in this process");
-    kals.insert(device.to_string(), kal.clone());
+    kals.insert(key, kal.clone());
     Ok(kal)
 }
 
@@ -118,6 +122,10 @@ impl UserDevice for EngineDevice {
 
     fn connect(&self, qp: &Arc<dyn UserQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
         ours::<EngineQp>(qp.as_any())?.qp.connect(peer, &param)
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        self.ctx.stat_device(DEV).unwrap_or_default()
     }
 
     fn listen(

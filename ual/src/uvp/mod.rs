@@ -78,6 +78,11 @@ impl Opened {
 }
 
 impl Opened {
+    /// Device `dev`, if it has been opened in this process (nothing is opened here).
+    pub fn opened(&self, dev: u32) -> Option<Arc<dyn UserDevice>> {
+        self.map.lock().get(&dev).cloned().flatten()
+    }
+
     /// Forget the open devices without closing them (a fork child: they are the parent's).
     pub fn leak(&self) {
         std::mem::forget(std::mem::take(&mut *self.map.lock()));

@@ -206,6 +206,13 @@ impl Context {
             .get(dev, || Ok(self.query_device(dev)?.attr.fast_path))
     }
 
+    /// Whether device `dev`'s objects are made in this process by its user verbs
+    /// provider (a hardware device's uVP, or siw's engine through krdmad unless this
+    /// context chose the daemon's) rather than by the kAL.
+    pub fn device_in_process(&self, dev: u32) -> Result<bool> {
+        Ok(self.user_device(dev)?.is_some())
+    }
+
     /// Record in the kAL an object about to be made by a uVP, make it with `make` (given
     /// the object's handle), and take the record back if that fails.
     fn mirrored<T>(
@@ -324,6 +331,13 @@ impl Context {
     /// what the engines could not do with consumers' rings.
     pub fn stat_kal(&self) -> Result<Vec<(String, u64)>> {
         self.stat_device(abi::KAL_COUNTERS)
+    }
+
+    /// The counters of device `dev`'s engine in this process, when this context has
+    /// opened it here (siw0 through krdmad): what [`Context::stat_device`], the kAL's
+    /// view, does not see.
+    pub fn stat_in_process(&self, dev: u32) -> Option<Vec<(String, u64)>> {
+        self.opened.opened(dev).map(|d| d.counters())
     }
 
     pub fn stat_device(&self, dev: u32) -> Result<Vec<(String, u64)>> {
