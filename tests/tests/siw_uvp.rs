@@ -28,6 +28,21 @@ fn open(d: &Daemon, choice: FastPathChoice) -> Arc<Context> {
     Context::open_target_with(&d.target(), choice).expect("open a context through krdmad")
 }
 
+/// A daemon and two contexts through it running siw's engine themselves (`None` where no
+/// daemon can run: not root, no FUSE).
+fn two_consumers() -> Option<(Daemon, Arc<Context>, Arc<Context>)> {
+    if !daemon_possible() {
+        return None;
+    }
+    init_logging();
+    let d = Daemon::start();
+    let (a, b) = (
+        open(&d, FastPathChoice::Consumer),
+        open(&d, FastPathChoice::Consumer),
+    );
+    Some((d, a, b))
+}
+
 /// FPDUs the daemon's own siw engine sent and received.
 fn daemon_fpdus(ctx: &Context) -> (u64, u64) {
     (
@@ -78,15 +93,9 @@ fn exchange(s: &Endpoint, c: &Endpoint, len: usize) {
 
 #[test]
 fn the_engine_runs_in_the_consumer_and_the_daemon_keeps_the_books() {
-    if !daemon_possible() {
+    let Some((d, a, b)) = two_consumers() else {
         return;
-    }
-    init_logging();
-    let d = Daemon::start();
-    let (a, b) = (
-        open(&d, FastPathChoice::Consumer),
-        open(&d, FastPathChoice::Consumer),
-    );
+    };
     let before = daemon_fpdus(&a);
     let (s, c) = connect_pair(&a, &b, "siw0", 4 * MIB, 64).unwrap();
     assert!(
@@ -135,15 +144,10 @@ fn the_engine_runs_in_the_consumer_and_the_daemon_keeps_the_books() {
 
 #[test]
 fn an_engine_in_a_consumer_and_the_daemons_talk_both_ways() {
-    if !daemon_possible() {
+    let Some((d, _, u)) = two_consumers() else {
         return;
-    }
-    init_logging();
-    let d = Daemon::start();
-    let (k, u) = (
-        open(&d, FastPathChoice::Kal),
-        open(&d, FastPathChoice::Consumer),
-    );
+    };
+    let k = open(&d, FastPathChoice::Kal);
     for (server, client, who) in [(&k, &u, "daemon serves"), (&u, &k, "consumer serves")] {
         let before = daemon_fpdus(&k);
         let (s, c) = connect_pair(server, client, "siw0", 2 * MIB, 16).unwrap();
@@ -158,15 +162,9 @@ fn an_engine_in_a_consumer_and_the_daemons_talk_both_ways() {
 
 #[test]
 fn a_sleeper_is_woken_by_the_engine_without_an_event() {
-    if !daemon_possible() {
+    let Some((_d, a, b)) = two_consumers() else {
         return;
-    }
-    init_logging();
-    let d = Daemon::start();
-    let (a, b) = (
-        open(&d, FastPathChoice::Consumer),
-        open(&d, FastPathChoice::Consumer),
-    );
+    };
     let (s, c) = connect_pair(&a, &b, "siw0", 65536, 16).unwrap();
     assert!(s.cq.sleeps_on_ring(), "the engine wakes sleepers itself");
     for i in 0..3 {
@@ -202,15 +200,9 @@ fn a_sleeper_is_woken_by_the_engine_without_an_event() {
 
 #[test]
 fn windows_and_shared_receive_queues_work_through_the_consumer_engine() {
-    if !daemon_possible() {
+    let Some((_d, a, b)) = two_consumers() else {
         return;
-    }
-    init_logging();
-    let d = Daemon::start();
-    let (a, b) = (
-        open(&d, FastPathChoice::Consumer),
-        open(&d, FastPathChoice::Consumer),
-    );
+    };
     let dev = a.device("siw0").unwrap().index;
     let ip = tools::perf::loopback_of(&a, dev).unwrap();
     let listener = a.listen(dev, std::net::SocketAddr::new(ip, 0), 8).unwrap();
