@@ -621,28 +621,27 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("{t}");
     for d in ctx.devices()? {
-        let mut t = table(&["counter", "value"]);
-        for (n, v) in ctx.stat_device(d.index)? {
-            t.add_row(vec![n, v.to_string()]);
-        }
-        println!("{}:\n{t}", d.name);
+        println!("{}:\n{}", d.name, counter_table(ctx.stat_device(d.index)?));
         if let Some(counters) = ctx.stat_in_process(d.index) {
-            let mut t = table(&["counter", "value"]);
-            for (n, v) in counters {
-                t.add_row(vec![n, v.to_string()]);
-            }
+            let t = counter_table(counters);
             println!("{}, the engine in this process:\n{t}", d.name);
         }
     }
-    let mut t = table(&["counter", "value"]);
-    for (n, v) in ctx.stat_kal()? {
-        t.add_row(vec![n, v.to_string()]);
-    }
+    let t = counter_table(ctx.stat_kal()?);
     println!(
         "kAL (quotas, refused rings and doorbells, requests not from a context's opener, \
          refused registrations and ports, consumers' rings):\n{t}"
     );
     Ok(())
+}
+
+/// A two-column table of named counters.
+fn counter_table(counters: Vec<(String, u64)>) -> Table {
+    let mut t = table(&["counter", "value"]);
+    for (n, v) in counters {
+        t.add_row(vec![n, v.to_string()]);
+    }
+    t
 }
 
 fn gbits(bps: f64) -> String {

@@ -221,25 +221,20 @@ impl Cq {
         self.ctx.here()?;
         let slice = timeout.min(DEATH_CHECK);
         match &self.path {
-            CqPath::Ring(r) => {
-                // The daemon's death wakes no futex: look for it every slice.
-                r.sleep(armed.0, slice);
-                if self.ctx.dispatcher.is_dead() {
-                    return Err(VerbsError::Dead);
+            CqPath::Ring(r) => r.sleep(armed.0, slice),
+            CqPath::Device(d) if d.can_sleep() => d.sleep(armed.0, slice),
+            CqPath::Device(_) => {
+                return match self.events.recv_timeout(slice) {
+                    Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => {
+                        Err(VerbsError::Dead)
+                    }
+                    _ => Ok(()),
                 }
             }
-            CqPath::Device(d) if d.can_sleep() => {
-                d.sleep(armed.0, slice);
-                if self.ctx.dispatcher.is_dead() {
-                    return Err(VerbsError::Dead);
-                }
-            }
-            CqPath::Device(_) => match self.events.recv_timeout(slice) {
-                Ok(ev) if ev.kind == rnicpi::EventKind::AccessLayerDead => {
-                    return Err(VerbsError::Dead)
-                }
-                _ => {}
-            },
+        }
+        // The daemon's death wakes no futex: look for it every slice.
+        if self.ctx.dispatcher.is_dead() {
+            return Err(VerbsError::Dead);
         }
         Ok(())
     }
