@@ -68,9 +68,9 @@ fn polling_consumers_read_the_stream_in_their_own_thread() {
 }
 
 /// Large payloads go out from the registration in place (`siw::qp::batch`: no copy into
-/// a buffer of the engine's before the socket's), byte for byte, for RDMA Write, Send
-/// (into a receive of two elements) and RDMA Read Responses; through krdmad too, where
-/// the buffers are the sealed memfds the daemon maps.
+/// a buffer of the engine's before the socket's, even when the socket is full), byte for
+/// byte, for RDMA Write, Send (into a receive of two elements) and RDMA Read Responses;
+/// through krdmad too, where the buffers are the sealed memfds the daemon maps.
 #[test]
 fn large_payloads_go_out_in_place() {
     use krdma_tests::{device_counter, fill_pattern};
@@ -78,6 +78,7 @@ fn large_payloads_go_out_in_place() {
     each_front_door(|door| {
         let (a, _b, s, c) = pair(door, 2 * MSG);
         let lent0 = device_counter(&a, "siw0", "tx_bytes_lent");
+        let copied0 = device_counter(&a, "siw0", "tx_bytes_lent_copied");
         let mut pattern = vec![0u8; MSG];
         let check = |ep: &Endpoint, off: usize, seed: u32, what: &str| {
             let mut want = vec![0u8; MSG];
@@ -119,5 +120,8 @@ fn large_payloads_go_out_in_place() {
             "sent in place: {lent} of {}",
             3 * MSG
         );
+        // A full socket is waited for, never a reason to copy a lent payload out.
+        let copied = device_counter(&a, "siw0", "tx_bytes_lent_copied") - copied0;
+        assert_eq!(copied, 0, "lent bytes copied out over a socket");
     });
 }

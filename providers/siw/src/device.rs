@@ -76,6 +76,9 @@ rnicpi::counters!(
         rx_bytes,
         /// Payload bytes sent from consumer memory in place (`qp::batch`).
         tx_bytes_lent,
+        /// Lent payload bytes copied out after all: what an LLP with no room to wait for
+        /// (one in memory, `harness`/`sim`) did not take at once. Zero over a socket.
+        tx_bytes_lent_copied,
         /// Transmits failed because a payload's registration was invalidated between its
         /// emission and its write (the consumer deregistered memory under a request).
         tx_lend_refused,

@@ -41,9 +41,11 @@ pub(crate) trait Llp: Send + Sync {
         }
         self.write_now(&flat)
     }
-    /// Wait until a write can take bytes again (or the stream failed).
-    fn wait_writable(&self) -> io::Result<()> {
-        Ok(())
+    /// Wait until a write can take bytes again (or the stream failed). `false`: this LLP
+    /// has no room to wait for (one in memory), so the caller copies out what is left and
+    /// hands it to [`write_all`](Self::write_all).
+    fn wait_writable(&self) -> io::Result<bool> {
+        Ok(false)
     }
     /// Close one or both directions in order (a FIN after what was written).
     fn shutdown(&self, how: Shutdown);
@@ -91,12 +93,12 @@ impl Llp for TcpStream {
         }
     }
 
-    fn wait_writable(&self) -> io::Result<()> {
+    fn wait_writable(&self) -> io::Result<bool> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut fds = [PollFd::new(self.as_fd(), PollFlags::POLLOUT)];
         loop {
             match poll(&mut fds, PollTimeout::NONE) {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(true),
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             }

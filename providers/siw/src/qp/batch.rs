@@ -223,48 +223,51 @@ impl Batch {
         Ok(taken)
     }
 
-    /// Write everything: in place while the LLP takes bytes, waiting for room between
-    /// sends with no lease held; once a send takes nothing, the rest is copied out and
-    /// written as the LLP's waiting write does it (an LLP in memory has no room to wait
-    /// for).
-    pub(crate) fn write_all(&self, llp: &dyn Llp) -> io::Result<()> {
+    /// Write everything from stream offset `from` on: in place while the LLP takes bytes,
+    /// waiting for room between sends with no lease held. An LLP with no room to wait for
+    /// (one in memory) gets the rest copied out, through its waiting write. Returns the
+    /// lent bytes so copied (none over a socket).
+    pub(crate) fn write_all_from(&self, llp: &dyn Llp, from: usize) -> io::Result<usize> {
         if self.lent.is_empty() {
-            return llp.write_all(&self.bytes);
+            llp.write_all(&self.bytes[from..])?;
+            return Ok(0);
         }
         let total = self.len();
-        let mut done = 0;
-        loop {
+        let mut done = from;
+        while done < total {
             let n = self.write_now(llp, done)?;
             done += n;
-            if done == total {
-                return Ok(());
+            if n == 0 && done < total && !llp.wait_writable()? {
+                let mut rest = Vec::with_capacity(total - done);
+                let copied = self.copy_rest(done, &mut rest)?;
+                llp.write_all(&rest)?;
+                return Ok(copied);
             }
-            if n == 0 {
-                break;
-            }
-            llp.wait_writable()?;
         }
-        let mut rest = Vec::with_capacity(total - done);
-        self.copy_rest(done, &mut rest)?;
-        llp.write_all(&rest)
+        Ok(0)
     }
 
-    /// Append the bytes from stream offset `from` on to `to`, the lent ones copied out
-    /// (for the transmitter that finishes what a doorbell could not write).
-    pub(crate) fn copy_rest(&self, from: usize, to: &mut Vec<u8>) -> io::Result<()> {
+    /// Append the bytes from stream offset `from` on to `to`, the lent ones copied out;
+    /// returns how many of them were lent.
+    fn copy_rest(&self, from: usize, to: &mut Vec<u8>) -> io::Result<usize> {
         if self.lent.is_empty() {
             to.extend_from_slice(&self.bytes[from..]);
-            return Ok(());
+            return Ok(0);
         }
         let leases = self.leases()?;
+        let ours = self.bytes.as_ptr_range();
+        let mut lent = 0;
         for (p, len) in self.pieces(&leases, from) {
+            if !ours.contains(&p) {
+                lent += len;
+            }
             let at = to.len();
             to.resize(at + len, 0);
             // SAFETY: as in `write_now`, `p..p+len` is a piece of our bytes or of a held
             // lease; `to` is a distinct buffer of ours with room for `len` bytes at `at`.
             unsafe { std::ptr::copy_nonoverlapping(p, to[at..].as_mut_ptr(), len) };
         }
-        Ok(())
+        Ok(lent)
     }
 }
 
@@ -282,11 +285,13 @@ mod tests {
     use std::net::Shutdown;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// An LLP that keeps what it is given, taking at most `room` bytes per write.
+    /// An LLP that keeps what it is given, taking at most `room` bytes per write; with
+    /// `waits` it is a socket whose wait for room ends with room for everything.
     #[derive(Default)]
     struct Sink {
         got: parking_lot::Mutex<Vec<u8>>,
         room: AtomicUsize,
+        waits: Option<AtomicUsize>,
     }
 
     impl Llp for Sink {
@@ -298,6 +303,14 @@ mod tests {
             let n = bytes.len().min(self.room.load(Ordering::Relaxed));
             self.got.lock().extend_from_slice(&bytes[..n]);
             Ok(n)
+        }
+        fn wait_writable(&self) -> io::Result<bool> {
+            let Some(waits) = &self.waits else {
+                return Ok(false);
+            };
+            waits.fetch_add(1, Ordering::Relaxed);
+            self.room.store(usize::MAX, Ordering::Relaxed);
+            Ok(true)
         }
         fn shutdown(&self, _: Shutdown) {}
         fn abort(&self) {}
@@ -385,7 +398,7 @@ mod tests {
         // part-way: always the same stream, the same payload.
         let sink = Sink::default();
         sink.room.store(usize::MAX, Ordering::Relaxed);
-        lent.write_all(&sink).unwrap();
+        assert_eq!(lent.write_all_from(&sink, 0).unwrap(), 0, "nothing copied");
         let whole = sink.got.lock().clone();
         assert_eq!(whole.len(), lent.len());
         assert_eq!(payloads(&whole, false), (buf.clone(), fpdus));
@@ -398,6 +411,27 @@ mod tests {
         let mut rest = slow.got.lock().clone();
         lent.copy_rest(at, &mut rest).unwrap();
         assert_eq!(rest, whole);
+        // A full LLP in memory has no room to wait for: the rest is copied out.
+        slow.room.store(0, Ordering::Relaxed);
+        let copied_out = lent.write_all_from(&slow, at).unwrap();
+        assert_eq!(*slow.got.lock(), whole);
+        let left = lent.len() - at;
+        assert!(
+            copied_out <= left && copied_out + 200 > left,
+            "{copied_out} of {left} copied"
+        );
+        // A full socket is waited for, and the rest still goes out in place.
+        let socket = Sink {
+            waits: Some(AtomicUsize::new(0)),
+            ..Sink::default()
+        };
+        assert_eq!(
+            lent.write_all_from(&socket, 0).unwrap(),
+            0,
+            "nothing copied"
+        );
+        assert_eq!(*socket.got.lock(), whole);
+        assert_eq!(socket.waits.as_ref().unwrap().load(Ordering::Relaxed), 1);
         let (got, n) = payloads(&copied_stream(&copied), true);
         assert_eq!((got, n), (buf, fpdus));
     }

@@ -14,9 +14,11 @@ use std::time::Instant;
 /// The transmit side of a connected QP, owned by whoever holds the `tx` lock.
 pub(super) struct Tx {
     llp: Arc<dyn Llp>,
-    /// Bytes a doorbell could not write without waiting: the tx thread writes them
-    /// before anything else.
-    unsent: Vec<u8>,
+    /// The batch a doorbell could not write without waiting, from stream offset
+    /// `unsent_from` on (lent payloads still lent): the tx thread writes it before
+    /// anything else.
+    unsent: Batch,
+    unsent_from: usize,
     /// The request whose last bytes are in `unsent` (it is settled once they are out).
     owed: Option<(Wqe, bool)>,
 }
@@ -25,7 +27,8 @@ impl Tx {
     pub(super) fn new(llp: Arc<dyn Llp>) -> Tx {
         Tx {
             llp,
-            unsent: Vec::new(),
+            unsent: Batch::default(),
+            unsent_from: 0,
             owed: None,
         }
     }
@@ -49,19 +52,31 @@ pub(super) struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    /// Hand `out` to the LLP and clear it. Inline, what the socket does not take now
-    /// goes to `unsent` (and so does everything after it), lent payloads copied out.
+    /// Hand `out` to the LLP; `out` is left empty. Inline, what the socket does not take
+    /// now stays in `unsent` as it is (the pump then stops: the tx thread writes it).
     fn put(&mut self, out: &mut Batch) -> std::io::Result<()> {
         if out.is_empty() {
             return Ok(());
         }
+        debug_assert!(
+            self.tx.unsent.is_empty(),
+            "a doorbell wrote past unsent bytes"
+        );
+        let (len, lent) = (out.len(), out.lent_len());
         let r = match self.mode {
-            Mode::Thread => out.write_all(&*self.tx.llp),
-            Mode::Inline if self.tx.unsent.is_empty() => out
-                .write_now(&*self.tx.llp, 0)
-                .and_then(|n| out.copy_rest(n, &mut self.tx.unsent)),
-            Mode::Inline => out.copy_rest(0, &mut self.tx.unsent),
+            Mode::Thread => out.write_all_from(&*self.tx.llp, 0).map(|copied| {
+                self.counters
+                    .tx_bytes_lent_copied
+                    .fetch_add(copied as u64, Ordering::Relaxed);
+            }),
+            Mode::Inline => out.write_now(&*self.tx.llp, 0).map(|n| {
+                if n < len {
+                    std::mem::swap(&mut self.tx.unsent, out);
+                    self.tx.unsent_from = n;
+                }
+            }),
         };
+        out.clear();
         if let Err(e) = &r {
             if e.get_ref().is_some_and(|e| e.is::<LendRefused>()) {
                 self.counters
@@ -72,11 +87,10 @@ impl Writer<'_> {
         r?;
         self.counters
             .tx_bytes
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
+            .fetch_add(len as u64, Ordering::Relaxed);
         self.counters
             .tx_bytes_lent
-            .fetch_add(out.lent_len() as u64, Ordering::Relaxed);
-        out.clear();
+            .fetch_add(lent as u64, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -222,8 +236,13 @@ impl SiwQp {
             if mode == Mode::Inline {
                 return true;
             }
-            let r = w.tx.llp.write_all(&w.tx.unsent);
+            let r = w.tx.unsent.write_all_from(&*w.tx.llp, w.tx.unsent_from);
             w.tx.unsent.clear();
+            let r = r.map(|copied| {
+                w.counters
+                    .tx_bytes_lent_copied
+                    .fetch_add(copied as u64, Ordering::Relaxed);
+            });
             if let Some((wqe, complete_now)) = w.tx.owed.take() {
                 self.with_core(|st, env| st.settle(env, &wqe, r.is_ok(), complete_now));
             }
@@ -240,12 +259,7 @@ impl SiwQp {
             let after = match self
                 .with_core(|st, env| st.poll_transmit(now, mode, &mut budget, env, &mut out))
             {
-                Transmit::Idle => {
-                    if !w.tx.unsent.is_empty() {
-                        self.kick_tx(); // the socket was full: the tx thread writes the rest
-                    }
-                    return true;
-                }
+                Transmit::Idle => return true,
                 Transmit::Finish => {
                     w.tx.llp.shutdown(Shutdown::Write);
                     return false;
@@ -253,21 +267,24 @@ impl SiwQp {
                 Transmit::Write(after) => after,
             };
             let r = w.put(&mut out);
-            out.clear();
-            if let (After::Settle { wqe, complete_now }, Ok(())) = (&after, &r) {
-                if !w.tx.unsent.is_empty() {
-                    // The socket is full: the tx thread finishes this request.
-                    w.tx.owed = Some((*wqe, *complete_now));
-                    self.kick_tx();
-                    return true;
-                }
+            // The socket was full for a doorbell: the tx thread writes the rest, then
+            // emits what follows.
+            let held = !w.tx.unsent.is_empty();
+            if let (After::Settle { wqe, complete_now }, true) = (&after, held) {
+                // It finishes this request too.
+                w.tx.owed = Some((*wqe, *complete_now));
+            } else {
+                self.with_core(|st, env| st.written(after, r.is_ok(), env));
             }
-            self.with_core(|st, env| st.written(after, r.is_ok(), env));
             if let Err(e) = r {
                 tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
                 drop(guard);
                 self.connection_lost(false);
                 return false;
+            }
+            if held {
+                self.kick_tx();
+                return true;
             }
         }
     }
