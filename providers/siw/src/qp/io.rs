@@ -64,27 +64,17 @@ impl Writer<'_> {
         );
         let (len, lent) = (out.len(), out.lent_len());
         let r = match self.mode {
-            Mode::Thread => out.write_all_from(&*self.tx.llp, 0).map(|copied| {
-                self.counters
-                    .tx_bytes_lent_copied
-                    .fetch_add(copied as u64, Ordering::Relaxed);
-            }),
+            Mode::Thread => out.write_all_from(&*self.tx.llp, 0),
             Mode::Inline => out.write_now(&*self.tx.llp, 0).map(|n| {
                 if n < len {
                     std::mem::swap(&mut self.tx.unsent, out);
                     self.tx.unsent_from = n;
                 }
+                0
             }),
         };
         out.clear();
-        if let Err(e) = &r {
-            if e.get_ref().is_some_and(|e| e.is::<LendRefused>()) {
-                self.counters
-                    .tx_lend_refused
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        r?;
+        self.counted(r)?;
         self.counters
             .tx_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
@@ -92,6 +82,25 @@ impl Writer<'_> {
             .tx_bytes_lent
             .fetch_add(lent as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Count what a write returned: the lent bytes it had to copy out, or a lent
+    /// payload's registration refused at write time.
+    fn counted(&self, r: std::io::Result<usize>) -> std::io::Result<()> {
+        match &r {
+            Ok(copied) => {
+                self.counters
+                    .tx_bytes_lent_copied
+                    .fetch_add(*copied as u64, Ordering::Relaxed);
+            }
+            Err(e) if e.get_ref().is_some_and(|e| e.is::<LendRefused>()) => {
+                self.counters
+                    .tx_lend_refused
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+        r.map(drop)
     }
 }
 
@@ -238,11 +247,7 @@ impl SiwQp {
             }
             let r = w.tx.unsent.write_all_from(&*w.tx.llp, w.tx.unsent_from);
             w.tx.unsent.clear();
-            let r = r.map(|copied| {
-                w.counters
-                    .tx_bytes_lent_copied
-                    .fetch_add(copied as u64, Ordering::Relaxed);
-            });
+            let r = w.counted(r);
             if let Some((wqe, complete_now)) = w.tx.owed.take() {
                 self.with_core(|st, env| st.settle(env, &wqe, r.is_ok(), complete_now));
             }
