@@ -107,6 +107,9 @@ struct End {
     rx_stopped: bool,
     /// The receive thread has ended (the connection is lost for this QP).
     rx_done: bool,
+    /// The transmitter has ended (its pump said so), which the tx thread does on its own
+    /// time: after the receive side's, when it still had bytes to write then.
+    tx_done: bool,
 }
 
 /// Two connected siw QPs and the stream between them.
@@ -153,6 +156,7 @@ impl Sim {
                 framing: FpduDecoder::new(),
                 rx_stopped: false,
                 rx_done: false,
+                tx_done: false,
             }
         };
         let ends = [end(), end()];
@@ -184,6 +188,16 @@ impl Sim {
         self.corrupt_at = Some(offset);
     }
 
+    /// A reset reaches end `i` now, before its transmitter runs again (its receive
+    /// thread sees it first): its socket fails, reads and writes, and the connection is
+    /// lost for it; the other end sees the reset on its stream.
+    pub fn reset_reaches(&mut self, i: usize) {
+        let e = &mut self.ends[i];
+        e.out.state.lock().reset = true;
+        e.rx_done = true;
+        e.engine.connection_lost(false);
+    }
+
     /// Bytes moved so far from end `i` to the other.
     pub fn moved_from(&self, i: usize) -> u64 {
         self.moved[i]
@@ -206,9 +220,9 @@ impl Sim {
     /// One step: both transmitters run, then one direction chosen by the seed moves a
     /// chunk (or delivers the end of its stream). False when nothing is left to do.
     pub fn step(&mut self) -> bool {
-        for e in &self.ends {
-            if !e.rx_done {
-                e.engine.transmit();
+        for e in &mut self.ends {
+            if !e.tx_done {
+                e.tx_done = !e.engine.transmit();
             }
         }
         let ready: Vec<usize> = (0..2).filter(|&i| self.has_news(i)).collect();
@@ -261,7 +275,9 @@ impl Sim {
         });
         let to = &mut self.ends[1 - from];
         if reset || to.out.state.lock().reset {
-            // A reset, from the peer or our own abortive close: the reader's socket fails.
+            // A reset, from the peer or our own abortive close: the reader's socket fails,
+            // for its writes too.
+            to.out.state.lock().reset = true;
             to.rx_done = true;
             to.engine.connection_lost(false);
             return;

@@ -311,3 +311,35 @@ fn an_abortive_close_mid_transfer_completes_every_request_once() {
         );
     }
 }
+
+/// A doorbell that fills the socket part-way through a message larger than a batch
+/// leaves the rest to the tx thread; a reset that comes before that thread writes it
+/// still completes the request, and every one after it, exactly once (flushed).
+#[test]
+fn a_message_a_doorbell_left_part_way_completes_once_after_a_reset() {
+    for seed in seeds(20) {
+        let model = StreamModel {
+            max_chunk: 65536,
+            window: 65536,
+            mss: 9000,
+            crc: false,
+        };
+        let mut sim = Sim::new(seed, model, 2 << 20, 8);
+        let (b_addr, b_key) = sim.qp(1).remote();
+        let remote = Some((b_addr, b_key));
+        send(sim.qp(0), 1, WrOpcode::RdmaWrite, (0, 1 << 20), remote);
+        send(sim.qp(0), 2, WrOpcode::RdmaWrite, (0, 4096), remote);
+        sim.reset_reaches(0);
+        let [ca, _] = settle(&mut sim, seed);
+        assert_eq!(ids(&ca), [1, 2], "seed {seed}");
+        assert!(
+            ca.iter().all(|c| c.status() == WcStatus::WrFlushErr),
+            "seed {seed}: {ca:?}"
+        );
+        assert_eq!(
+            sim.qp(0).events.kinds(),
+            [EventKind::ConnectionBroken],
+            "seed {seed}"
+        );
+    }
+}

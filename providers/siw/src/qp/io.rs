@@ -16,11 +16,11 @@ pub(super) struct Tx {
     llp: Arc<dyn Llp>,
     /// The batch a doorbell could not write without waiting, from stream offset
     /// `unsent_from` on (lent payloads still lent): the tx thread writes it before
-    /// anything else.
+    /// anything else, then tells the core how that went with `unsent_after` (`written`:
+    /// a request settled, or a message part-way out given up).
     unsent: Batch,
     unsent_from: usize,
-    /// The request whose last bytes are in `unsent` (it is settled once they are out).
-    owed: Option<(Wqe, bool)>,
+    unsent_after: Option<After>,
 }
 
 impl Tx {
@@ -29,7 +29,7 @@ impl Tx {
             llp,
             unsent: Batch::default(),
             unsent_from: 0,
-            owed: None,
+            unsent_after: None,
         }
     }
 }
@@ -248,9 +248,8 @@ impl SiwQp {
             let r = w.tx.unsent.write_all_from(&*w.tx.llp, w.tx.unsent_from);
             w.tx.unsent.clear();
             let r = w.counted(r);
-            if let Some((wqe, complete_now)) = w.tx.owed.take() {
-                self.with_core(|st, env| st.settle(env, &wqe, r.is_ok(), complete_now));
-            }
+            let after = w.tx.unsent_after.take().unwrap_or(After::Nothing);
+            self.with_core(|st, env| st.written(after, r.is_ok(), env));
             if let Err(e) = r {
                 tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
                 drop(guard);
@@ -272,24 +271,19 @@ impl SiwQp {
                 Transmit::Write(after) => after,
             };
             let r = w.put(&mut out);
-            // The socket was full for a doorbell: the tx thread writes the rest, then
-            // emits what follows.
-            let held = !w.tx.unsent.is_empty();
-            if let (After::Settle { wqe, complete_now }, true) = (&after, held) {
-                // It finishes this request too.
-                w.tx.owed = Some((*wqe, *complete_now));
-            } else {
-                self.with_core(|st, env| st.written(after, r.is_ok(), env));
+            if r.is_ok() && !w.tx.unsent.is_empty() {
+                // The socket was full for a doorbell: the tx thread writes the rest, tells
+                // the core, then emits what follows.
+                w.tx.unsent_after = Some(after);
+                self.kick_tx();
+                return true;
             }
+            self.with_core(|st, env| st.written(after, r.is_ok(), env));
             if let Err(e) = r {
                 tracing::debug!(qpn = self.base.qpn, error = %e, "siw transmit failed");
                 drop(guard);
                 self.connection_lost(false);
                 return false;
-            }
-            if held {
-                self.kick_tx();
-                return true;
             }
         }
     }
