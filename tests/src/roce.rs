@@ -43,8 +43,8 @@ impl RawPeer {
     /// A peer at `ip` (a loopback address of the test's own).
     pub fn new(ip: Ipv4Addr) -> RawPeer {
         use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
-        // SO_REUSEADDR: an rxe0 elsewhere on the host may hold the wildcard port 4791 (with
-        // it too); the datagrams to our own address still come to this socket.
+        // SO_REUSEPORT: an rxe0 elsewhere on the host (of this user) may hold the wildcard
+        // port 4791 (with it too); the datagrams to our own address still come here.
         let fd = socket::socket(
             AddressFamily::Inet,
             SockType::Datagram,
@@ -52,7 +52,7 @@ impl RawPeer {
             None,
         )
         .unwrap();
-        socket::setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+        socket::setsockopt(&fd, sockopt::ReusePort, &true).unwrap();
         // Room for every answer a test provokes before it reads them (a stream of Read
         // responses ahead of the one NAK a test looks for): a full buffer would drop the
         // NAK when the host is loaded and the reads are slow to be answered.

@@ -585,4 +585,49 @@ mod tests {
         assert_eq!((d.src, d.dst), (lo, lo));
         assert_eq!(d.roce, &pkt[..]);
     }
+
+    /// No other process can bind the device's address and port beside it: not with
+    /// `SO_REUSEADDR` (which for UDP would let anyone take its datagrams), nor another
+    /// user with `SO_REUSEPORT`.
+    #[test]
+    fn nobody_else_binds_beside_the_device() {
+        use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+        let addr = Ipv4Addr::new(127, 91, 17, 3);
+        let dev = bind_udp(std::net::SocketAddrV4::new(addr, 0)).unwrap();
+        let Ok(std::net::SocketAddr::V4(sa)) = dev.local_addr() else {
+            panic!("an IPv4 socket");
+        };
+        let try_bind = move |port_too: bool| {
+            let fd = socket::socket(
+                AddressFamily::Inet,
+                SockType::Datagram,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .unwrap();
+            if port_too {
+                socket::setsockopt(&fd, sockopt::ReusePort, &true).unwrap();
+            } else {
+                socket::setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+            }
+            socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(sa))
+        };
+        assert_eq!(try_bind(false), Err(nix::errno::Errno::EADDRINUSE));
+        // Another user: a socket belongs to the file-system uid of the thread that
+        // creates it (only root can take another's).
+        if nix::unistd::geteuid().is_root() {
+            let other = std::thread::spawn(move || {
+                // setfsuid changes only this thread's file-system ids.
+                nix::unistd::setfsuid(nix::unistd::Uid::from_raw(65534));
+                try_bind(true)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(other, Err(nix::errno::Errno::EADDRINUSE));
+        } else {
+            assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+        }
+        // The same user may (tests share the wildcard port with their own addresses).
+        assert_eq!(try_bind(true), Ok(()));
+    }
 }

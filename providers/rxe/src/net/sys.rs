@@ -93,14 +93,16 @@ pub(super) fn udp_port_filter(port: u16, dst: Option<Ipv4Addr>) -> Vec<libc::soc
     prog
 }
 
-/// A UDP socket on `sa` bound as rxe binds its own: `SO_REUSEADDR` lets instances bound to
-/// distinct addresses (127.0.0.x in tests) share the port with one bound to the wildcard.
-/// Public for peers beside an rxe device (test and fuzz rigs).
+/// A UDP socket on `sa` bound as rxe binds its own. `SO_REUSEPORT` lets instances of one
+/// user bound to distinct addresses (127.0.0.x in tests) share the port with one bound to
+/// the wildcard; unlike `SO_REUSEADDR`, which for UDP checks no user, it keeps any other
+/// user's process from binding the device's address and port beside it and taking its
+/// datagrams. Public for peers beside an rxe device (test and fuzz rigs).
 pub fn bind_udp(sa: SocketAddrV4) -> io::Result<UdpSocket> {
     let sock = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
     let fd = sock.as_raw_fd();
     let on: libc::c_int = 1;
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, &on)?;
     bind(fd, &sockaddr_in(sa))?;
     Ok(UdpSocket::from(sock))
 }
@@ -111,7 +113,7 @@ pub(super) fn open_udp6(port: u16) -> io::Result<UdpSocket> {
     let owned = socket(libc::AF_INET6, libc::SOCK_DGRAM, 0)?;
     let fd = owned.as_raw_fd();
     let on: libc::c_int = 1;
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)?;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, &on)?; // as `bind_udp`
     setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &on)?;
     setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)?;
     bind(
