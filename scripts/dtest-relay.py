@@ -22,7 +22,7 @@ PORT = 15828
 def main():
     listen_addr, server_addr = sys.argv[1], sys.argv[2]
     hold = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
-    lsock = socket.create_server((listen_addr, PORT), reuse_port=False)
+    lsock = socket.create_server((listen_addr, PORT))
     print("relay listening", flush=True)
     client, _ = lsock.accept()
     lsock.close()

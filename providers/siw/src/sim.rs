@@ -112,6 +112,16 @@ struct End {
     tx_done: bool,
 }
 
+impl End {
+    /// A reset reached this end: its socket fails, for writes too, and the connection is
+    /// lost for its QP.
+    fn reset(&mut self) {
+        self.out.state.lock().reset = true;
+        self.rx_done = true;
+        self.engine.connection_lost(false);
+    }
+}
+
 /// Two connected siw QPs and the stream between them.
 pub struct Sim {
     _dev: Arc<SiwDevice>,
@@ -192,10 +202,7 @@ impl Sim {
     /// thread sees it first): its socket fails, reads and writes, and the connection is
     /// lost for it; the other end sees the reset on its stream.
     pub fn reset_reaches(&mut self, i: usize) {
-        let e = &mut self.ends[i];
-        e.out.state.lock().reset = true;
-        e.rx_done = true;
-        e.engine.connection_lost(false);
+        self.ends[i].reset();
     }
 
     /// Bytes moved so far from end `i` to the other.
@@ -275,11 +282,8 @@ impl Sim {
         });
         let to = &mut self.ends[1 - from];
         if reset || to.out.state.lock().reset {
-            // A reset, from the peer or our own abortive close: the reader's socket fails,
-            // for its writes too.
-            to.out.state.lock().reset = true;
-            to.rx_done = true;
-            to.engine.connection_lost(false);
+            // A reset, from the peer or our own abortive close.
+            to.reset();
             return;
         }
         if !to.rx_stopped && !chunk.is_empty() {
