@@ -297,6 +297,17 @@ pub struct Connection {
     pub counters: Counters,
 }
 
+/// Move the first `out.len()` bytes of `q` into `out` (the caller checked that `q` holds
+/// them): two slice copies, not a loop over the bytes.
+fn take_front(q: &mut VecDeque<u8>, out: &mut [u8]) {
+    let (a, b) = q.as_slices();
+    let from_a = a.len().min(out.len());
+    out[..from_a].copy_from_slice(&a[..from_a]);
+    let rest = out.len() - from_a;
+    out[from_a..].copy_from_slice(&b[..rest]);
+    q.drain(..out.len());
+}
+
 /// Sequence comparison modulo 2^32.
 fn seq_le(a: u32, b: u32) -> bool {
     (b.wrapping_sub(a) as i32) >= 0
@@ -1023,9 +1034,7 @@ impl Connection {
             let n = self.tx.len().min(room);
             let oob = self.oob_out.filter(|_| n == self.tx.len() && n < room);
             let payload = &mut out[BSDH_LEN..BSDH_LEN + n + usize::from(oob.is_some())];
-            for (dst, src) in payload.iter_mut().zip(self.tx.drain(..n)) {
-                *dst = src;
-            }
+            take_front(&mut self.tx, &mut payload[..n]);
             let mut flags = 0;
             if let Some(b) = oob {
                 payload[n] = b;

@@ -600,3 +600,20 @@ fn sink_cancel_is_acknowledged_and_unsolicited_write_completions_abort() {
         Err(ConnError::Protocol(Violation::Unexpected(Mid::RdmaWrCompl)))
     ));
 }
+
+#[test]
+fn bytes_leave_the_send_queue_in_order_across_its_wrap() {
+    let data = pattern(7, 1);
+    let mut q: VecDeque<u8> = VecDeque::with_capacity(8);
+    q.extend(&[0, 0, 0, 0]);
+    q.extend(&data[..2]);
+    q.drain(..4);
+    q.extend(&data[2..]); // wraps: the ring's end, then its start
+    assert!(!q.as_slices().1.is_empty() && q.capacity() == 8);
+    let mut out = [0u8; 5];
+    take_front(&mut q, &mut out);
+    assert_eq!(out[..], data[..5]);
+    assert_eq!(q.iter().copied().collect::<Vec<_>>(), data[5..]);
+    take_front(&mut q, &mut []);
+    assert_eq!(q.len(), 2);
+}

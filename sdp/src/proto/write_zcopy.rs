@@ -102,9 +102,7 @@ impl Connection {
             return None;
         }
         let n = self.tx.len().min(size);
-        for (dst, src) in out[..n].iter_mut().zip(self.tx.drain(..n)) {
-            *dst = src;
-        }
+        take_front(&mut self.tx, &mut out[..n]);
         self.peer_sink = None;
         self.counters.zcopy_write_tx_bytes += n as u64;
         // Nothing may go between the write and its completion message.
