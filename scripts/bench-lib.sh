@@ -1,5 +1,6 @@
 # What the benchmark scripts that write a generated block of docs/benchmarks.md share.
-# Sourced (from the repository's root) by scripts/bench.sh and scripts/bench-libfabric.sh.
+# Sourced (from the repository's root) by scripts/bench.sh, bench-fastpath.sh,
+# bench-libfabric.sh and bench-sdp.sh.
 
 # The short commit measured, marked when the code (not docs/) has uncommitted changes.
 bench_commit() {
