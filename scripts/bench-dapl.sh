@@ -1,66 +1,101 @@
 #!/usr/bin/env bash
 # uDAPL benchmark (not a test): dapltest -T P RDMA Write throughput and dtest's 8-byte
 # message ping-pong latency over krdma's DAT provider, siw0 and rxe0, embedded and
-# through krdmad (root), next to raw TCP loopback measured in the same run.
+# through krdmad (root), next to raw TCP loopback measured in the same run (iperf3 with
+# 64 KiB writes, sockperf's ping-pong). Writes the `dapl` generated block of
+# docs/benchmarks.md (commit, date, machine).
 #
 #   bash scripts/bench-dapl.sh          # builds release, needs dapl2-utils (installs as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v dtest >/dev/null || { apt-get update -qq && apt-get install -y -qq dapl2-utils libdapl2 >/dev/null; }
+need=()
+command -v dtest >/dev/null || need+=(dapl2-utils libdapl2)
+command -v iperf3 >/dev/null || need+=(iperf3)
+command -v sockperf >/dev/null || need+=(sockperf)
+[ ${#need[@]} -eq 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null; }
 cargo build --release -q -p krdma-dapl-provider -p krdma-stack -p krdma-tools
+source scripts/bench-lib.sh
+ROUNDS=${ROUNDS:-2}
 T=$(mktemp -d)
 trap 'kill $DAEMON 2>/dev/null || true; umount -l $T/krdma 2>/dev/null || true; rm -rf $T' EXIT
 DAEMON=
 ./target/release/krdma dat-conf --lib target/release/libdaplkrdma.so --install --conf $T/dat.conf >/dev/null
 export DAT_OVERRIDE=$T/dat.conf
+commit=$(bench_commit)
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
 
-echo "== raw TCP loopback (same run)"
-python3 - <<'PY'
-import socket, threading, time
-def serve(l):
-    c, _ = l.accept()
-    while True:
-        d = c.recv(1 << 16)
-        if not d: break
-        if len(d) == 8 and d[:4] == b'ping': c.sendall(d)
-l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1)
-threading.Thread(target=serve, args=(l,), daemon=True).start()
-s = socket.create_connection(l.getsockname()); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-n = 2000; t = time.perf_counter()
-for i in range(n):
-    s.sendall(b'ping' + i.to_bytes(4, 'little')); s.recv(8)
-print(f"raw TCP 8 B ping-pong: {(time.perf_counter()-t)/n/2*1e6:.1f} us one-way")
-l2 = socket.socket(); l2.bind(('127.0.0.1', 0)); l2.listen(1)
-def sink(l):
-    c, _ = l.accept()
-    while c.recv(1 << 20): pass
-threading.Thread(target=sink, args=(l2,), daemon=True).start()
-s2 = socket.create_connection(l2.getsockname()); buf = b'x' * 65536; total = 2000 * 65536
-t = time.perf_counter()
-for _ in range(2000): s2.sendall(buf)
-s2.close(); dt = time.perf_counter() - t
-print(f"raw TCP 64 KiB stream: {total/dt/2**20:.0f} MB/s")
-PY
+tcp() { # -> "MB/s µs": iperf3 one stream of 64 KiB writes, sockperf 16 B ping-pong (its least)
+    local port=$((31000 + RANDOM % 2000)) bw lat
+    iperf3 -s -1 -p $port >/dev/null 2>&1 &
+    local s=$!
+    sleep 1
+    bw=$(iperf3 -c 127.0.0.1 -p $port -t 2 -l 64K -J |
+        python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8 / 2**20))')
+    wait $s || true
+    sockperf sr --tcp -i 127.0.0.1 -p $((port + 1)) >/dev/null 2>&1 &
+    s=$!
+    sleep 1
+    lat=$(sockperf pp --tcp -i 127.0.0.1 -p $((port + 1)) -t 2 -m 16 2>&1 | sed -n 's/.*Summary: Latency is *\([0-9.]*\).*/\1/p' | head -1)
+    kill $s 2>/dev/null; wait $s 2>/dev/null || true
+    echo "$bw $lat"
+}
 
-run() { # door dev addr
-    local door=$1 dev=$2 addr=$3 env=(KRDMA_DEVICE=$1)
+run() { # door dev addr -> "MB/s µs"
+    local door=$1 dev=$2 addr=$3 env=(KRDMA_DEVICE=$1) bw lat
     [ "$door" = embedded ] || env=(KRDMA_DEVICE=$T/krdma)
     env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.81 dapltest -T S -D krdma-$dev >/dev/null 2>&1 &
     local srv=$!; sleep 1
-    env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.82 dapltest -T P -D krdma-$dev -s $addr -i 4000 RW 65536 1 | grep -E "Bandwidth" | sed "s/^/$dev $door dapltest -T P RW 64 KiB: /"
+    bw=$(env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.82 dapltest -T P -D krdma-$dev -s $addr -i 4000 RW 65536 1 |
+        sed -n 's/.*Bandwidth *: *\([0-9.]*\) MB\/sec.*/\1/p' | head -1)
     env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.82 dapltest -T Q -D krdma-$dev -s $addr >/dev/null 2>&1 || true
     wait $srv || true
     env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.81 dtest -P krdma-$dev -s -b 8 >/dev/null 2>&1 &
     srv=$!; sleep 1
-    env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.82 dtest -P krdma-$dev -h $addr -b 8 | grep "Message PingPong" | sed "s/^[0-9]*: /$dev $door dtest 8 B /"
+    lat=$(env "${env[@]}" KRDMA_RXE_ADDR=127.0.0.82 dtest -P krdma-$dev -h $addr -b 8 |
+        sed -n 's/.*Message PingPong.*latency \([0-9.]*\) us.*/\1/p' | head -1)
     wait $srv || true
+    echo "${bw:-?} ${lat:-?}"
 }
-echo "== krdma uDAPL"
-run embedded siw0 127.0.0.1
-run embedded rxe0 127.0.0.81
+
+ratio() { # a b -> a / b
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f×", a / b; else print "—" }'
+}
+
+rows=$T/rows
 if [ "$(id -u)" = 0 ]; then
     ./target/release/krdmad --device $T/krdma --rxe-addr 127.0.0.80 >/dev/null 2>&1 &
     DAEMON=$!; sleep 2
-    run daemon siw0 127.0.0.1
-    run daemon rxe0 127.0.0.80
 fi
+for round in $(seq 1 "$ROUNDS"); do
+    echo "round $round of $ROUNDS" >&2
+    read -r tbw tlat < <(tcp)
+    echo "| $round | raw TCP (iperf3, sockperf) | $tbw | | $tlat | |" >>"$rows"
+    cases=("embedded siw0 127.0.0.1" "embedded rxe0 127.0.0.81")
+    [ -z "$DAEMON" ] || cases+=("daemon siw0 127.0.0.1" "daemon rxe0 127.0.0.80")
+    for c in "${cases[@]}"; do
+        set -- $c
+        read -r bw lat < <(run "$1" "$2" "$3")
+        name="$2 $([ "$1" = embedded ] && echo embedded || echo "through krdmad")"
+        echo "| $round | $name | $bw | $(ratio "$bw" "$tbw") | $lat | $(ratio "$lat" "$tlat") |" >>"$rows"
+    done
+done
+
+{
+    echo "<!-- dapl:begin — generated by scripts/bench-dapl.sh; do not edit by hand -->"
+    echo
+    echo "Generated $started on commit $commit: $(nproc) vCPUs ($(bench_cpu)),"
+    echo "Linux $(uname -r), release build, $ROUNDS rounds. Debian's unmodified \`dapltest -T P -i 4000"
+    echo "RW 65536 1\` (RDMA Write throughput, blocking reaps) and \`dtest -b 8\` (100-round 8-byte"
+    echo "message ping-pong, one way, waiting in \`dat_evd_wait\`) over \`libdaplkrdma.so\`; raw TCP"
+    echo "in the same round: iperf3, one stream of 64 KiB writes, and sockperf's 16-byte"
+    echo "ping-pong (its least size; average one way). Ratios to that round's TCP (latency: below"
+    echo "1 is faster). MB = 2^20 bytes, as dapltest counts."
+    echo
+    echo "| round | case | RW 64 KiB MB/s | against TCP | 8 B ping-pong µs | against TCP |"
+    echo "|---|---|---|---|---|---|"
+    cat "$rows"
+    echo
+    echo "<!-- dapl:end -->"
+} >$T/block
+cat $T/block
+bench_write_block dapl $T/block
