@@ -15,7 +15,9 @@ command -v python3 >/dev/null || need_apt+=(python3)
 command -v ethtool >/dev/null || need_apt+=(ethtool)
 command -v ip >/dev/null || need_apt+=(iproute2)
 # Debian's uDAPL: libdat2 and the unmodified test programs the dapl tests run.
-command -v dtest >/dev/null || need_apt+=(dapl2-utils libdapl2 libdapl-dev)
+# (Each checked by what it ships: a machine may hold the programs without the headers.)
+command -v dtest >/dev/null || need_apt+=(dapl2-utils libdapl2)
+[ -e /usr/include/dat2/udat.h ] || need_apt+=(libdapl-dev)
 command -v stdbuf >/dev/null || need_apt+=(coreutils)
 # Unmodified programs the SDP preload library is tested with (tests/tests/sdp_programs.rs).
 command -v iperf3 >/dev/null || need_apt+=(iperf3)
