@@ -44,3 +44,18 @@ impl Device {
         }
     }
 }
+
+/// An embedded kAL in this process (if one is started) runs only what SDP over `device`
+/// needs: without rxe0 unless `device` is rxe0. An embedded rxe0 serves UDP port 4791 of
+/// every address the host has (unless `KRDMA_RXE_ADDR` names one), which a program moved
+/// onto SDP over siw0 would otherwise take from krdmad, the kernel's rxe and every other
+/// such program. The preload library calls this before the program's first socket; it
+/// returns false when the embedded kAL's options were already fixed.
+#[cfg(feature = "embedded")]
+pub fn configure_embedded_for(device: &str) -> bool {
+    let mut opts = ual::embedded::StackOptions::from_env();
+    if !device.starts_with("rxe") {
+        opts.rxe_off = true;
+    }
+    ual::configure_embedded(opts)
+}

@@ -351,6 +351,104 @@ fn iperf3_rxe0() {
     iperf3("rxe0");
 }
 
+/// The local ports of the UDP sockets process `pid` holds, and how many raw sockets.
+fn udp_ports_and_raw(pid: u32) -> (Vec<u16>, usize) {
+    let inodes: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.flatten().collect::<Vec<_>>())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect();
+    let (mut ports, mut raw) = (Vec::new(), 0);
+    for (table, is_raw) in [
+        ("udp", false),
+        ("udp6", false),
+        ("raw", true),
+        ("raw6", true),
+    ] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for f in text
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        {
+            let Some(inode) = f.get(9).and_then(|i| i.parse::<u64>().ok()) else {
+                continue;
+            };
+            if !inodes.contains(&inode) {
+                continue;
+            }
+            if is_raw {
+                raw += 1;
+            } else if let Some(port) = f[1].rsplit(':').next() {
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    (ports, raw)
+}
+
+/// A program moved onto SDP over siw0 through the embedded front door holds no RoCE port:
+/// the preload library starts its kAL without rxe0, which would serve UDP 4791 (of every
+/// address, unless told one) beside krdmad, the kernel's rxe and every other such
+/// program. Over rxe0 the same program does hold it (what the check looks for is there).
+#[test]
+fn programs_on_siw0_leave_the_roce_port_alone() {
+    if !have("iperf3") {
+        return;
+    }
+    for (device, n) in [("siw0", 40), ("rxe0", 41)] {
+        let p = free_port();
+        let mut server = Server(
+            Command::new("iperf3")
+                .args(["-s", "-p", &p.to_string()])
+                .env("LD_PRELOAD", preload())
+                .env("KRDMA_DEVICE", "embedded")
+                .env("KRDMA_SDP_DEVICE", device)
+                .env("KRDMA_RXE_ADDR", private_loopback(n).to_string())
+                .env("KRDMA_SDP_CONFIG", "/nonexistent")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(
+            SocketAddr::new(IpAddr::from([127, 0, 0, 1]), p),
+            &mut server,
+        );
+        let pid = server.0.id();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The SDP listener opens the adapter (and so starts the kAL) when the program
+        // listens: over siw0 it listens on the transport's port (the SDP port + 10000)
+        // once the kAL is up; over rxe0 the device's socket appears.
+        loop {
+            let (ports, raw) = udp_ports_and_raw(pid);
+            let up = if device == "siw0" {
+                krdma_tests::tcp_listening(p + 10000)
+            } else {
+                ports.contains(&4791)
+            };
+            if up {
+                if device == "siw0" {
+                    assert!(!ports.contains(&4791), "siw0: UDP ports {ports:?}");
+                    assert_eq!(raw, 0, "siw0: raw sockets");
+                }
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{device}: the adapter never came up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 
 fn sockperf(device: &'static str) {

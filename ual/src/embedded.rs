@@ -5,7 +5,7 @@
 use kal::{ContextId, EmbeddedPeer, Kal};
 use parking_lot::{Condvar, Mutex};
 use rnicpi::Result;
-use stack::StackOptions;
+pub use stack::StackOptions;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -74,6 +74,8 @@ pub fn global() -> &'static Global {
                 }
             }
             tracing::info!(%program, device = %opts.device, "krdma SDP preload active");
+            #[cfg(feature = "embedded")]
+            krdma_sdp::device::configure_embedded_for(&opts.device);
             krdma_sdp::stats::serve();
             Global {
                 policy,
