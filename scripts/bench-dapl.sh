@@ -57,10 +57,6 @@ run() { # door dev addr -> "MB/s µs"
     echo "${bw:-?} ${lat:-?}"
 }
 
-ratio() { # a b -> a / b
-    awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f×", a / b; else print "—" }'
-}
-
 rows=$T/rows
 if [ "$(id -u)" = 0 ]; then
     ./target/release/krdmad --device $T/krdma --rxe-addr 127.0.0.80 >/dev/null 2>&1 &
@@ -76,7 +72,7 @@ for round in $(seq 1 "$ROUNDS"); do
         set -- $c
         read -r bw lat < <(run "$1" "$2" "$3")
         name="$2 $([ "$1" = embedded ] && echo embedded || echo "through krdmad")"
-        echo "| $round | $name | $bw | $(ratio "$bw" "$tbw") | $lat | $(ratio "$lat" "$tlat") |" >>"$rows"
+        echo "| $round | $name | $bw | $(bench_ratio "$bw" "$tbw" ×) | $lat | $(bench_ratio "$lat" "$tlat" ×) |" >>"$rows"
     done
 done
 

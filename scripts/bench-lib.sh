@@ -10,6 +10,11 @@ bench_commit() {
     echo "$c"
 }
 
+# A / B to two decimals, then SUFFIX (if given); "—" when either is missing or not positive.
+bench_ratio() { # A B [SUFFIX]
+    awk -v a="$1" -v b="$2" -v s="${3:-}" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f%s", a / b, s; else print "—" }'
+}
+
 # The CPU model, as /proc/cpuinfo names it.
 bench_cpu() {
     sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1

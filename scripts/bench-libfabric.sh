@@ -62,10 +62,6 @@ tcp() { # size -> "usec mbps" (sockperf runs for a second; it takes 16 B .. 1 Mi
     wait "$srv" 2>/dev/null || true
 }
 
-ratio() { # a b -> a / b
-    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "—" }'
-}
-
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 commit=$(bench_commit)
@@ -86,7 +82,7 @@ cpu=$(bench_cpu)
             read -r t _ < <(tcp "$1")
             read -r f fm < <(fabric "$1" "$2")
             read -r k km < <(krdma "$1" "$2")
-            echo "| $round | $1 | $t | $f, $fm | $k, $km | $(ratio "$k" "$f") | $(ratio "$k" "$t") |"
+            echo "| $round | $1 | $t | $f, $fm | $k, $km | $(bench_ratio "$k" "$f") | $(bench_ratio "$k" "$t") |"
         done
     done
     echo

@@ -354,9 +354,9 @@ fn iperf3_rxe0() {
 /// The local ports of the UDP sockets process `pid` holds, and how many raw sockets.
 fn udp_ports_and_raw(pid: u32) -> (Vec<u16>, usize) {
     let inodes: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.flatten().collect::<Vec<_>>())
-        .unwrap_or_default()
-        .iter()
+        .into_iter()
+        .flatten()
+        .flatten()
         .filter_map(|e| std::fs::read_link(e.path()).ok())
         .filter_map(|l| {
             let l = l.to_string_lossy().into_owned();
