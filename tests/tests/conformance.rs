@@ -43,6 +43,7 @@ for_each_device!(siw0, rxe0 => [
     many_concurrent_qps,
     disconnect_flushes_and_notifies_both_sides,
     a_delivered_send_survives_the_receivers_close,
+    a_send_stream_longer_than_the_receive_queue,
 ]);
 
 fn pair(
@@ -226,6 +227,19 @@ fn one_gib_write_is_byte_exact(dev: &str) {
         c.send(3, 0, 0, SIG).unwrap();
         s.complete(1).unwrap();
         assert_eq!(crc(&s.buf.to_vec()), want);
+    });
+}
+
+/// The bandwidth run `krdma demo` makes, with eight times more Sends than the receive
+/// queue holds: the receiver keeps its queue topped up as Sends land (it used to post
+/// every receive first, failed past the queue's depth, and left the sender waiting).
+fn a_send_stream_longer_than_the_receive_queue(dev: &str) {
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let (s, c) = connect_pair(&a, &b, dev, 4096, 8).expect("connect");
+        let rate = tools::perf::bandwidth(&s, &c, tools::perf::Op::Send, 4096, 64 * 4096, 4)
+            .expect("64 Sends through an 8-deep receive queue");
+        assert!(rate > 0.0);
     });
 }
 

@@ -15,6 +15,8 @@ use ual::{Context, Cq, Listener, Mr, Pd, Qp, QpConfig};
 const TIMEOUT: Duration = Duration::from_secs(30);
 /// wr_id of the receiver's "all receives posted" message.
 const READY: u64 = u64::MAX - 1;
+/// wr_id of the receiver's credit messages in a Send bandwidth run.
+const CREDIT: u64 = u64::MAX - 2;
 
 /// One side of a connection with a registered buffer.
 pub struct Endpoint {
@@ -270,6 +272,13 @@ pub enum Op {
 /// Stream `total` bytes in `msg`-sized messages from `client` to `server` (or read them,
 /// for `Op::Read`) with `window` in flight; returns bytes per second. The clock stops when
 /// the server has seen the last byte (a final Send after the data orders behind it).
+///
+/// Sends need a receive posted before they land (iWARP has no RNR retry: one too early
+/// ends the connection), so a Send run longer than the server's receive queue is credited:
+/// the server posts a queue's worth, announces it (READY), and after every half queue it
+/// posts again it sends a 1-byte credit message; the client sends no further than it has
+/// been granted. Both ends count the credits the same way, so the client knows which of
+/// its receives are credits and which is the server's final message.
 pub fn bandwidth(
     server: &Endpoint,
     client: &Endpoint,
@@ -280,31 +289,41 @@ pub fn bandwidth(
 ) -> Result<f64> {
     let count = (total / msg as u64).max(1);
     let sig = send_flags::SIGNALED;
+    let credits = Credits::new(op, count, server.depth);
     // Every receive a message may land in is posted before the peer can send it.
     if op != Op::Send {
         server.post_recv(u64::MAX, 0, 0)?;
     }
     std::thread::scope(|s| {
         let srv = s.spawn(move || -> Result<()> {
-            match op {
-                Op::Send => {
-                    for i in 0..count {
-                        server.post_recv(i, 0, msg)?;
+            if op == Op::Send {
+                let mut posted = credits.first;
+                for i in 0..posted {
+                    server.post_recv(i, 0, msg)?;
+                }
+                server.send(READY, 0, 0, sig)?;
+                let (mut done, mut fresh) = (0u64, 0u64);
+                while done < count {
+                    if server.next_one()?.opcode() != Some(rnicpi::WcOpcode::Recv) {
+                        continue;
                     }
-                    server.send(READY, 0, 0, sig)?;
-                    let mut done = 0u64;
-                    while done < count {
-                        if server.next_one()?.opcode() == Some(rnicpi::WcOpcode::Recv) {
-                            done += 1;
+                    done += 1;
+                    if posted < count {
+                        server.post_recv(posted, 0, msg)?;
+                        posted += 1;
+                        fresh += 1;
+                        if fresh == credits.batch || posted == count {
+                            server.send(CREDIT, 0, 1, sig)?;
+                            fresh = 0;
                         }
                     }
                 }
-                Op::Write | Op::Read => {
-                    server.next_one()?;
-                }
+            } else {
+                server.next_one()?;
             }
             server.send(1, 0, 0, sig)?;
-            server.next_one()?;
+            // Our last Send's completion (credits' may come before it).
+            while server.next_one()?.wr_id != 1 {}
             Ok(())
         });
         // Receives are consumed in posting order: the one for READY goes first.
@@ -312,12 +331,32 @@ pub fn bandwidth(
             client.post_recv(READY, 0, 0)?;
             while client.next_one()?.wr_id != READY {}
         }
-        client.post_recv(u64::MAX, 0, 0)?;
+        // Then the credit messages, then the server's final message: at most three of
+        // them can be unread at once (see `Credits`), so four are kept posted.
+        let expected = credits.messages + 1;
+        let mut recv_posted = expected.min(4).min(client.depth as u64);
+        for _ in 0..recv_posted {
+            client.post_recv(u64::MAX, 0, 1)?;
+        }
+        let (mut recvs, mut allowed, mut got_reply) = (0u64, credits.first, false);
+        let mut on_recv = |recvs: &mut u64, allowed: &mut u64, got_reply: &mut bool| {
+            *recvs += 1;
+            if *recvs <= credits.messages {
+                *allowed += credits.batch;
+            } else {
+                *got_reply = true;
+            }
+            if recv_posted < expected {
+                recv_posted += 1;
+                return client.post_recv(u64::MAX, 0, 1);
+            }
+            Ok(())
+        };
         let start = Instant::now();
         let mut posted = 0u64;
         let mut done = 0u64;
         while done < count {
-            while posted < count && posted - done < window as u64 {
+            while posted < count.min(allowed) && posted - done < window as u64 {
                 match op {
                     Op::Write => client.write(posted, 0, msg, 0, sig)?,
                     Op::Send => client.send(posted, 0, msg, sig)?,
@@ -326,7 +365,9 @@ pub fn bandwidth(
                 posted += 1;
             }
             let c = client.next_one()?;
-            if c.wr_id != u64::MAX {
+            if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
+                on_recv(&mut recvs, &mut allowed, &mut got_reply)?;
+            } else {
                 done += 1;
             }
         }
@@ -334,12 +375,11 @@ pub fn bandwidth(
             client.send(2, 0, 0, sig)?;
         }
         // Wait for the server's final message (and our own last send completion).
-        let mut got_reply = false;
         let mut got_send = op == Op::Send;
         while !(got_reply && got_send) {
             let c = client.next_one()?;
-            if c.wr_id == u64::MAX {
-                got_reply = true;
+            if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
+                on_recv(&mut recvs, &mut allowed, &mut got_reply)?;
             } else {
                 got_send = true;
             }
@@ -348,6 +388,40 @@ pub fn bandwidth(
         srv.join().map_err(|_| VerbsError::Io)??;
         Ok(count as f64 * msg as f64 / secs)
     })
+}
+
+/// How a Send bandwidth run is credited (Writes and Reads need no receives: one grant of
+/// everything, no credit messages).
+#[derive(Debug, Clone, Copy)]
+struct Credits {
+    /// Sends granted before any credit message (the receives posted first).
+    first: u64,
+    /// Sends each credit message grants (the last may grant more than are left).
+    batch: u64,
+    /// Credit messages the server sends.
+    messages: u64,
+}
+
+impl Credits {
+    /// The server sends credit `k` once it has received `k * batch` Sends, and the client
+    /// has sent at most `first + j * batch` when it has read `j` credits: so at most
+    /// `first / batch <= 2` credits (and then the final message) are ever unread.
+    fn new(op: Op, count: u64, depth: u32) -> Self {
+        if op != Op::Send {
+            return Credits {
+                first: count,
+                batch: count,
+                messages: 0,
+            };
+        }
+        let first = count.min(depth.max(1) as u64);
+        let batch = (depth as u64).div_ceil(2).max(1);
+        Credits {
+            first,
+            batch,
+            messages: (count - first).div_ceil(batch),
+        }
+    }
 }
 
 /// Ping-pong `iters` Sends of `size` bytes; returns one-way latencies in microseconds
