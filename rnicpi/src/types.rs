@@ -378,6 +378,16 @@ pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
     }
 }
 
+/// The largest IB MTU (256 … 4096 bytes) whose RoCEv2 packets, with every header, fit a
+/// link of `link_mtu` bytes (what Linux's rxe takes from its netdev: 4096 over `lo`, 1024
+/// over a 1500-byte Ethernet).
+pub fn ib_mtu_fitting(link_mtu: u32) -> u32 {
+    [4096, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|m| m + 100 <= link_mtu)
+        .unwrap_or(256)
+}
+
 /// Inverse of [`ip_to_gid`]: IPv4-mapped GIDs come back as IPv4.
 pub fn gid_to_ip(gid: [u8; 16]) -> IpAddr {
     let v6 = std::net::Ipv6Addr::from(gid);

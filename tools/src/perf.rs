@@ -542,6 +542,13 @@ pub fn tcp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
     Ok(lat)
 }
 
+/// The path MTU of a RoCEv2 connection over loopback: the largest IB MTU `lo` carries
+/// (rxe takes a path's MTU from its link, as Linux's rxe does from its netdev).
+pub fn loopback_path_mtu() -> u32 {
+    let lo = std::fs::read_to_string("/sys/class/net/lo/mtu").ok();
+    rnicpi::ib_mtu_fitting(lo.and_then(|m| m.trim().parse().ok()).unwrap_or(65536))
+}
+
 /// Raw UDP on loopback: bytes per second received when `total` bytes are sent as
 /// datagrams of `size` bytes (UDP has no flow control: what the receiver gets in the time
 /// from the first to the last datagram it sees).

@@ -194,22 +194,25 @@ impl Shared {
         cache.1.contains(&dst)
     }
 
-    /// Path MTU the port offers (an IB MTU that fits the link with every header).
+    /// Path MTU the port offers (an IB MTU that fits the link with every header): that of
+    /// the device's address, or of GID 0 (the host's first address that reaches other
+    /// hosts) when it serves every address.
     pub fn active_mtu(&self) -> u32 {
-        // The link of the device's address, or of GID 0 (the host's first address that
-        // reaches other hosts) when it serves every address.
-        let link = self
-            .config
+        self.config
             .addr
             .map(IpAddr::V4)
             .or_else(|| self.addrs().first().copied())
-            .and_then(|ip| self.ifname_of(ip))
+            .map_or(rnicpi::ib_mtu_fitting(1500), |ip| self.mtu_from(ip))
+    }
+
+    /// The path MTU of traffic leaving from `src`: what its link carries. A device serving
+    /// every address connects loopback peers over `lo` (4096) whatever GID 0's link is.
+    pub fn mtu_from(&self, src: IpAddr) -> u32 {
+        let link = self
+            .ifname_of(src)
             .and_then(|n| self.services.link_mtu(&n))
             .unwrap_or(1500);
-        [4096, 2048, 1024, 512, 256]
-            .into_iter()
-            .find(|m| m + 100 <= link)
-            .unwrap_or(256)
+        rnicpi::ib_mtu_fitting(link)
     }
 
     /// The interface that holds `ip`.

@@ -570,4 +570,71 @@ mod tests {
             );
         });
     }
+
+    /// A host whose Ethernet carries 1500 bytes (address 10.9.0.1) and whose `lo` 65536.
+    struct EthernetAndLoopback;
+
+    impl KalServices for EthernetAndLoopback {
+        fn addresses(&self) -> Vec<IfAddr> {
+            vec![IfAddr {
+                ifname: "eth0".into(),
+                addr: Ipv4Addr::new(10, 9, 0, 1).into(),
+            }]
+        }
+        fn link_mtu(&self, ifname: &str) -> Option<u32> {
+            Some(if ifname == "lo" { 65536 } else { 1500 })
+        }
+        fn route(&self, peer: IpAddr) -> Result<Route> {
+            let (source, ifname, mtu) = if peer.is_loopback() {
+                (peer, "lo", 65536)
+            } else {
+                (Ipv4Addr::new(10, 9, 0, 1).into(), "eth0", 1500)
+            };
+            Ok(Route {
+                source,
+                ifname: ifname.into(),
+                mtu,
+            })
+        }
+        fn neighbour(&self, _ip: IpAddr) -> Option<[u8; 6]> {
+            None
+        }
+        fn tcp_connect_start(&self, _peer: std::net::SocketAddr) -> Result<std::net::TcpStream> {
+            Err(VerbsError::Unreachable)
+        }
+        fn tcp_listen(
+            &self,
+            _addr: std::net::SocketAddr,
+            _backlog: u32,
+        ) -> Result<std::net::TcpListener> {
+            Err(VerbsError::Unsupported)
+        }
+    }
+
+    /// A device on every address reports its port's MTU from GID 0's link (the Ethernet),
+    /// but a path takes the MTU of the link it leaves by: 4096 to a loopback peer over
+    /// `lo`, as Linux's rxe on `lo` would (it used to be the Ethernet's 1024 for both).
+    #[test]
+    fn a_device_on_every_address_takes_each_paths_mtu_from_its_link() {
+        let sim = Sim::new(1, Impairment::CLEAN);
+        let config = RxeConfig {
+            name: "rxe-any".into(),
+            addr: None,
+            raw: false,
+            ..RxeConfig::default()
+        };
+        let (dev, _tx) = RxeDevice::assemble_driven(
+            config,
+            Arc::new(EthernetAndLoopback),
+            sim.link.clone(),
+            Clock::Sim(sim.clock.clone()),
+            1,
+        );
+        let s = dev.shared();
+        assert_eq!(s.active_mtu(), 1024, "the port: GID 0's Ethernet");
+        let to_loopback = s.source_for(Ipv4Addr::new(127, 0, 0, 1).into()).unwrap();
+        assert_eq!(s.mtu_from(to_loopback), 4096);
+        let to_ethernet = s.source_for(Ipv4Addr::new(10, 9, 0, 2).into()).unwrap();
+        assert_eq!(s.mtu_from(to_ethernet), 1024);
+    }
 }

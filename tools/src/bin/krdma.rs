@@ -674,7 +674,8 @@ fn demo(
 enum Baseline {
     /// iWARP runs over TCP.
     Tcp,
-    /// RoCEv2 runs over UDP: datagrams of the path MTU.
+    /// RoCEv2 runs over UDP: datagrams of the path MTU (the demo's QPs connect over
+    /// loopback, so `lo`'s).
     Udp { datagram: usize },
 }
 
@@ -712,7 +713,7 @@ fn demo_device(
     let base = match dev.transport {
         ual::Transport::Iwarp => Baseline::Tcp,
         ual::Transport::Ib => Baseline::Udp {
-            datagram: server.query_port(dev.index, 1)?.active_mtu as usize,
+            datagram: perf::loopback_path_mtu() as usize,
         },
     };
     // Through krdmad, where the engine runs: the daemon's, or this process's (siw0).

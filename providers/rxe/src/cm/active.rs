@@ -22,7 +22,7 @@ pub(crate) struct Connect {
     /// Our address towards the peer, or why there is none.
     pub src: Result<IpAddr>,
     pub param: ConnParam,
-    /// The port's path MTU.
+    /// The path MTU from `src` (what its link carries).
     pub mtu: u32,
 }
 

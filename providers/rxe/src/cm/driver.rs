@@ -87,13 +87,14 @@ impl Cm {
 /// port space, SIDR).
 pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnParam) -> Result<()> {
     let peer = SocketAddr::new(canonical(peer.ip()), peer.port());
+    let src = s.source_for(peer.ip());
     let request = Connect {
         qp: qp.cm_ref(),
         state: qp.state(),
         peer,
-        src: s.source_for(peer.ip()),
+        mtu: src.as_ref().map_or(s.active_mtu(), |&ip| s.mtu_from(ip)),
+        src,
         param,
-        mtu: s.active_mtu(),
     };
     let mut m = s.cm.machine.lock();
     let actions = if qp.is_ud() {
@@ -167,9 +168,8 @@ impl ProviderListener for RxeListener {
             perform(&s, actions);
             return Ok(());
         }
-        let mtu = s.active_mtu();
         let mut m = s.cm.machine.lock();
-        let accept = m.accept(self.id, conn_id, rqp.cm_ref(), &param, mtu)?;
+        let accept = m.accept(self.id, conn_id, rqp.cm_ref(), &param, |ip| s.mtu_from(ip))?;
         bring_up(&s, &rqp, &accept.link)?;
         let actions = m.accepted(accept, s.clock.now())?;
         drop(m);

@@ -125,7 +125,7 @@ impl Machine {
         conn_id: u64,
         qp: QpRef,
         param: &ConnParam,
-        port_mtu: u32,
+        mtu_from: impl Fn(IpAddr) -> u32,
     ) -> Result<Accept> {
         if param.private_data.len() > cm::REP_PRIVATE_DATA_LEN {
             return Err(VerbsError::Invalid);
@@ -141,7 +141,7 @@ impl Machine {
         let mtu = cm::mtu_bytes(req.path_mtu)
             .map(|m| m as u32)
             .unwrap_or(1024)
-            .min(port_mtu);
+            .min(mtu_from(c.local));
         let ird = param.ird.min(self.config.max_ird);
         let link = Link {
             peer: c.peer,

@@ -190,7 +190,8 @@ fn request(p: &mut Pair, qa: QpRef) -> (Vec<Action>, u32) {
 /// A connects `qa` to B, which accepts onto `qb`; REQ, REP, RTU.
 fn establish(p: &mut Pair, qa: QpRef, qb: QpRef) -> Setup {
     let (req, b_id) = request(p, qa);
-    let acc = p.b.accept(p.listener, b_id.into(), qb, &param(b""), 4096);
+    let acc =
+        p.b.accept(p.listener, b_id.into(), qb, &param(b""), |_| 4096);
     let rep = p.b.accepted(acc.unwrap(), p.now).unwrap();
     let rtu = carry(&rep, &mut p.a, p.now);
     let at_b = carry(&rtu, &mut p.b, p.now);
@@ -244,8 +245,13 @@ fn req_rep_rtu_connects_both_sides() {
     assert_eq!(p.b.sizes(), (1, 1));
 
     // B's consumer accepts onto QP 20: the QP is to come up towards A's QP 10.
-    let acc =
-        p.b.accept(p.listener, u64::from(*id), qp(20), &param(b"welcome"), 1024);
+    let acc = p.b.accept(
+        p.listener,
+        u64::from(*id),
+        qp(20),
+        &param(b"welcome"),
+        |_| 1024,
+    );
     let acc = acc.unwrap();
     assert_eq!(acc.link.remote_qpn, 10);
     assert_eq!(acc.link.sq_psn, r.starting_psn);
@@ -302,7 +308,7 @@ fn duplicates_are_answered_again() {
     assert!(carry(&req, &mut p.b, p.now).is_empty());
     assert_eq!(p.b.sizes(), (1, 1));
     let acc =
-        p.b.accept(p.listener, b_id.into(), qp(20), &param(b""), 4096);
+        p.b.accept(p.listener, b_id.into(), qp(20), &param(b""), |_| 4096);
     let rep = p.b.accepted(acc.unwrap(), p.now).unwrap();
     // The REQ again once answered: the same REP again.
     assert_eq!(sent(&carry(&req, &mut p.b, p.now)), sent(&rep));
@@ -416,7 +422,7 @@ fn an_unanswered_rep_breaks_the_connection() {
     let mut p = pair();
     let (_, b_id) = request(&mut p, qp(10));
     let acc =
-        p.b.accept(p.listener, b_id.into(), qp(20), &param(b""), 4096);
+        p.b.accept(p.listener, b_id.into(), qp(20), &param(b""), |_| 4096);
     let rep = p.b.accepted(acc.unwrap(), p.now).unwrap();
     let (mut gen, mut at) = timer(&rep);
     for _ in 0..MAD_RETRIES {
@@ -616,7 +622,7 @@ fn a_qp_that_does_not_come_up_fails_the_attempt() {
     let mut p = pair();
     let (_, b_id) = request(&mut p, qp(10));
     let acc =
-        p.b.accept(p.listener, b_id.into(), qp(20), &param(b""), 4096);
+        p.b.accept(p.listener, b_id.into(), qp(20), &param(b""), |_| 4096);
     let rep = p.b.accepted(acc.unwrap(), p.now).unwrap();
     let at_a = carry(&rep, &mut p.a, p.now);
     let Action::BringUp(up) = at_a[0] else {
@@ -665,7 +671,7 @@ fn a_full_backlog_pushes_out_the_oldest_request() {
     assert!(at_b.iter().any(|a| matches!(a, Action::Offer { .. })));
     assert_eq!(p.b.sizes(), (2, 2));
     assert_eq!(
-        p.b.accept(p.listener, first_b.into(), qp(20), &param(b""), 4096)
+        p.b.accept(p.listener, first_b.into(), qp(20), &param(b""), |_| 4096)
             .err(),
         Some(VerbsError::NoSuchResource)
     );
@@ -713,30 +719,34 @@ fn a_request_belongs_to_the_listener_it_came_to() {
     let (_, id) = request(&mut p, qp(10));
     let id = u64::from(id);
     let none = Some(VerbsError::NoSuchResource);
-    assert_eq!(p.b.accept(other, id, qp(20), &param(b""), 4096).err(), none);
+    assert_eq!(
+        p.b.accept(other, id, qp(20), &param(b""), |_| 4096).err(),
+        none
+    );
     assert_eq!(p.b.reject(other, id, b"").err(), none);
     assert_eq!(
-        p.b.accept(p.listener, id + (1 << 32), qp(20), &param(b""), 4096)
+        p.b.accept(p.listener, id + (1 << 32), qp(20), &param(b""), |_| 4096)
             .err(),
         none
     );
     let long = param(&[0; cm::REP_PRIVATE_DATA_LEN + 1]);
     assert_eq!(
-        p.b.accept(p.listener, id, qp(20), &long, 4096).err(),
+        p.b.accept(p.listener, id, qp(20), &long, |_| 4096).err(),
         Some(VerbsError::Invalid)
     );
-    let acc = p.b.accept(p.listener, id, qp(20), &param(b""), 4096);
+    let acc = p.b.accept(p.listener, id, qp(20), &param(b""), |_| 4096);
     p.b.accepted(acc.unwrap(), p.now).unwrap();
     let bad = Some(VerbsError::BadState);
     assert_eq!(
-        p.b.accept(p.listener, id, qp(21), &param(b""), 4096).err(),
+        p.b.accept(p.listener, id, qp(21), &param(b""), |_| 4096)
+            .err(),
         bad
     );
     assert_eq!(p.b.reject(p.listener, id, b"").err(), bad);
     // A QP that has a connection takes no second one.
     let (_, id2) = request(&mut p, qp(11));
     assert_eq!(
-        p.b.accept(p.listener, id2.into(), qp(20), &param(b""), 4096)
+        p.b.accept(p.listener, id2.into(), qp(20), &param(b""), |_| 4096)
             .err(),
         bad
     );
@@ -890,7 +900,7 @@ fn sidr_resolves_a_ud_service() {
     // request's transaction.
     assert!(p
         .b
-        .accept(p.listener, id.into(), qb, &param(b""), 4096)
+        .accept(p.listener, id.into(), qb, &param(b""), |_| 4096)
         .is_err());
     let rep =
         p.b.accept_ud(p.listener, id.into(), (qb, 0x0123_4567), b"ok", p.now)

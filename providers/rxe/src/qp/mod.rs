@@ -524,9 +524,11 @@ impl RxeQp {
                     e.set_state(st, QpState::Rtr);
                 }
                 QpState::Rtr => {
-                    let mtu = st.attr.path_mtu.min(self.dev.active_mtu());
-                    st.mtu = mtu;
-                    st.av = Some(self.resolve_av(st)?);
+                    // The path's MTU is what the link from our address carries (a device
+                    // on every address reaches a loopback peer over `lo`).
+                    let av = self.resolve_av(st)?;
+                    st.mtu = st.attr.path_mtu.min(self.dev.mtu_from(av.src));
+                    st.av = Some(av);
                     st.resp = Responder::new(st.attr.rq_psn);
                     e.set_state(st, QpState::Rtr);
                 }
