@@ -244,13 +244,14 @@ fn req_rep_rtu_connects_both_sides() {
     assert_eq!(event.peer.map(|a| a.ip()), Some(A));
     assert_eq!(p.b.sizes(), (1, 1));
 
-    // B's consumer accepts onto QP 20: the QP is to come up towards A's QP 10.
+    // B's consumer accepts onto QP 20: the QP is to come up towards A's QP 10, at the
+    // smaller of the REQ's MTU (4096) and that of the link from B's address.
     let acc = p.b.accept(
         p.listener,
         u64::from(*id),
         qp(20),
         &param(b"welcome"),
-        |_| 1024,
+        |from| if from == B { 1024 } else { 256 },
     );
     let acc = acc.unwrap();
     assert_eq!(acc.link.remote_qpn, 10);
