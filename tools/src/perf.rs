@@ -331,32 +331,12 @@ pub fn bandwidth(
             client.post_recv(READY, 0, 0)?;
             while client.next_one()?.wr_id != READY {}
         }
-        // Then the credit messages, then the server's final message: at most three of
-        // them can be unread at once (see `Credits`), so four are kept posted.
-        let expected = credits.messages + 1;
-        let mut recv_posted = expected.min(4).min(client.depth as u64);
-        for _ in 0..recv_posted {
-            client.post_recv(u64::MAX, 0, 1)?;
-        }
-        let (mut recvs, mut allowed, mut got_reply) = (0u64, credits.first, false);
-        let mut on_recv = |recvs: &mut u64, allowed: &mut u64, got_reply: &mut bool| {
-            *recvs += 1;
-            if *recvs <= credits.messages {
-                *allowed += credits.batch;
-            } else {
-                *got_reply = true;
-            }
-            if recv_posted < expected {
-                recv_posted += 1;
-                return client.post_recv(u64::MAX, 0, 1);
-            }
-            Ok(())
-        };
+        let mut inbox = Inbox::open(client, credits.messages + 1)?;
         let start = Instant::now();
         let mut posted = 0u64;
         let mut done = 0u64;
         while done < count {
-            while posted < count.min(allowed) && posted - done < window as u64 {
+            while posted < count.min(credits.granted(inbox.read)) && posted - done < window as u64 {
                 match op {
                     Op::Write => client.write(posted, 0, msg, 0, sig)?,
                     Op::Send => client.send(posted, 0, msg, sig)?,
@@ -366,7 +346,7 @@ pub fn bandwidth(
             }
             let c = client.next_one()?;
             if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
-                on_recv(&mut recvs, &mut allowed, &mut got_reply)?;
+                inbox.read_one()?;
             } else {
                 done += 1;
             }
@@ -376,10 +356,10 @@ pub fn bandwidth(
         }
         // Wait for the server's final message (and our own last send completion).
         let mut got_send = op == Op::Send;
-        while !(got_reply && got_send) {
+        while !(inbox.read > credits.messages && got_send) {
             let c = client.next_one()?;
             if c.opcode() == Some(rnicpi::WcOpcode::Recv) {
-                on_recv(&mut recvs, &mut allowed, &mut got_reply)?;
+                inbox.read_one()?;
             } else {
                 got_send = true;
             }
@@ -421,6 +401,47 @@ impl Credits {
             batch,
             messages: (count - first).div_ceil(batch),
         }
+    }
+
+    /// Sends granted once `read` of the client's receives have completed.
+    fn granted(&self, read: u64) -> u64 {
+        self.first + read.min(self.messages) * self.batch
+    }
+}
+
+/// The client's receives in a bandwidth run: the credit messages, then the server's
+/// final message (`expected` in all). At most three of them can be unread at once (see
+/// [`Credits::new`]), so four are kept posted.
+struct Inbox<'a> {
+    ep: &'a Endpoint,
+    /// Receives completed so far.
+    read: u64,
+    posted: u64,
+    expected: u64,
+}
+
+impl<'a> Inbox<'a> {
+    fn open(ep: &'a Endpoint, expected: u64) -> Result<Self> {
+        let posted = expected.min(4).min(ep.depth as u64);
+        for _ in 0..posted {
+            ep.post_recv(u64::MAX, 0, 1)?;
+        }
+        Ok(Inbox {
+            ep,
+            read: 0,
+            posted,
+            expected,
+        })
+    }
+
+    /// One of them completed: post the next, if one is still to come.
+    fn read_one(&mut self) -> Result<()> {
+        self.read += 1;
+        if self.posted < self.expected {
+            self.posted += 1;
+            self.ep.post_recv(u64::MAX, 0, 1)?;
+        }
+        Ok(())
     }
 }
 
