@@ -2,16 +2,16 @@
 //! their QP (or the CM) — by the receive thread, or, while a consumer polls a CQ of one of
 //! the device's QPs in embedded mode, by that consumer's thread ([`rnicpi::progress`]).
 //!
-//! Whoever holds the receive buffer's lock receives and delivers, so one QP's packets
-//! reach its engine in the order the socket had them whoever receives. The receive thread
-//! holds it while it sleeps in `recv`; a polling consumer only tries it (never waits), and
-//! its attempt marks the device driven ([`Driven`]). Once the thread sees that, it parks
-//! until the consumers stop (one arms its CQ to sleep, or none has polled for the window):
-//! a thread woken for every packet would only find it gone, and on two cores it takes the
-//! CPU the consumers need.
+//! Whoever holds the receive slots' lock receives (up to a batch of datagrams with one
+//! `recvmmsg`) and delivers, so one QP's packets reach its engine in the order the socket
+//! had them whoever receives. The receive thread holds it while it sleeps in `recvmmsg`;
+//! a polling consumer only tries it (never waits), and its attempt marks the device
+//! driven ([`Driven`]). Once the thread sees that, it parks until the consumers stop (one
+//! arms its CQ to sleep, or none has polled for the window): a thread woken for every
+//! packet would only find it gone, and on two cores it takes the CPU the consumers need.
 
 use crate::device::{deliver, Shared};
-use crate::net::{Net, RxDrop};
+use crate::net::{Net, RxBatch, RxDrop};
 use parking_lot::Mutex;
 use rnicpi::{Driven, Progress};
 use std::sync::atomic::Ordering;
@@ -25,15 +25,12 @@ const RX_SPIN: Duration = Duration::from_micros(50);
 /// ping-pong messages) the thread sleeps at once: on two cores a spinning thread delays
 /// the consumers more than a wake-up costs.
 const RX_SPIN_AFTER: usize = 1024;
-/// Datagrams a consumer's poll receives at most: a burst of a transfer (a 64 KiB message
-/// at a 4096-byte MTU is 16) without a round through the consumer's loop each.
-const POLL_BATCH: usize = 16;
 
 /// The device's socket and whoever is receiving from it.
 pub(crate) struct Receiver {
     net: Arc<Net>,
-    /// The receive buffer: whoever holds it receives.
-    buf: Mutex<Vec<u8>>,
+    /// The receive slots: whoever holds them receives.
+    batch: Mutex<RxBatch>,
     driven: Driven,
     /// The device it delivers to (set once the device is assembled).
     dev: OnceLock<Weak<Shared>>,
@@ -43,7 +40,7 @@ impl Receiver {
     pub(crate) fn new(net: Arc<Net>) -> Receiver {
         Receiver {
             net,
-            buf: Mutex::new(vec![0u8; 65536]),
+            batch: Mutex::new(RxBatch::default()),
             driven: Driven::default(),
             dev: OnceLock::new(),
         }
@@ -53,7 +50,7 @@ impl Receiver {
         let _ = self.dev.set(Arc::downgrade(dev));
     }
 
-    /// The receive thread: sleep in `recv` (200 ms at a time, to notice the device's
+    /// The receive thread: sleep in `recvmmsg` (200 ms at a time, to notice the device's
     /// end), deliver, again — parked while consumers drive.
     pub(crate) fn run(self: Arc<Self>) {
         let mut spin_until: Option<Instant> = None;
@@ -75,24 +72,32 @@ impl Receiver {
             let Some(s) = device() else {
                 return;
             };
-            let mut buf = self.buf.lock();
-            match self.net.recv(&mut buf, spin_until.is_none()) {
-                Ok(None) => {
-                    drop(buf);
+            let mut batch = self.batch.lock();
+            match self.net.recv_batch(&mut batch, spin_until.is_none()) {
+                Ok(0) => {
+                    drop(batch);
                     match spin_until {
                         Some(t) if Instant::now() < t => std::thread::yield_now(),
                         _ => spin_until = None,
                     }
                 }
-                Ok(Some(Ok(d))) => {
-                    deliver(&s, &d);
-                    if d.roce.len() >= RX_SPIN_AFTER {
+                Ok(_) => {
+                    let mut bulk = false;
+                    for d in self.net.datagrams(&batch) {
+                        match d {
+                            Ok(d) => {
+                                bulk |= d.roce.len() >= RX_SPIN_AFTER;
+                                deliver(&s, &d);
+                            }
+                            Err(drop) => count_drop(&s, drop),
+                        }
+                    }
+                    if bulk {
                         spin_until = Some(Instant::now() + RX_SPIN);
                     }
                 }
-                Ok(Some(Err(drop))) => count_drop(&s, drop),
                 Err(e) => {
-                    drop(buf);
+                    drop(batch);
                     tracing::warn!(error = %e, "rxe receive failed");
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -111,26 +116,30 @@ fn count_drop(s: &Shared, drop: RxDrop) {
 }
 
 /// A consumer polling a CQ of one of the device's QPs lends its thread: it receives what
-/// the socket holds now, up to [`POLL_BATCH`] datagrams, for whichever QPs they are for.
+/// the socket holds now, up to [`crate::net::RX_BATCH`] datagrams with one system call
+/// (a burst of a transfer: a 64 KiB message at a 4096-byte MTU is 16), for whichever QPs
+/// they are for.
 impl Progress for Receiver {
     fn progress(&self) -> bool {
         self.driven.touch();
         let Some(s) = self.dev.get().and_then(Weak::upgrade) else {
             return false;
         };
-        let Some(mut buf) = self.buf.try_lock() else {
+        let Some(mut batch) = self.batch.try_lock() else {
             return false; // the receive thread is at it (it parks once it is done)
         };
+        if !matches!(self.net.recv_batch(&mut batch, false), Ok(n) if n > 0) {
+            return false;
+        }
         let mut any = false;
-        for _ in 0..POLL_BATCH {
-            match self.net.recv(&mut buf, false) {
-                Ok(Some(Ok(d))) => {
+        for d in self.net.datagrams(&batch) {
+            match d {
+                Ok(d) => {
                     deliver(&s, &d);
                     s.counters.rx_packets_polled.fetch_add(1, Ordering::Relaxed);
                     any = true;
                 }
-                Ok(Some(Err(drop))) => count_drop(&s, drop),
-                Ok(None) | Err(_) => break,
+                Err(drop) => count_drop(&s, drop),
             }
         }
         any

@@ -1,7 +1,7 @@
 //! The socket calls under `net`, and every `unsafe` block of rxe's I/O: sockets opened
-//! and bound, socket options, BPF filters, `sendmsg`/`recvmsg` with control messages, and
-//! the libc address structures. `net` builds headers and ICRCs on top of these and holds
-//! no `unsafe` itself.
+//! and bound, socket options, BPF filters, `sendmsg`/`sendmmsg`/`recvmmsg` with control
+//! messages, and the libc address structures. `net` builds headers and ICRCs on top of
+//! these and holds no `unsafe` itself.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -126,35 +126,6 @@ pub(super) fn open_udp6(port: u16) -> io::Result<UdpSocket> {
     Ok(sock)
 }
 
-/// Receive one datagram with its destination address (IP_PKTINFO / IPV6_PKTINFO);
-/// `None` on timeout.
-fn recvmsg<A>(
-    fd: RawFd,
-    from: &mut A,
-    buf: &mut [u8],
-    wait: bool,
-) -> io::Result<Option<(usize, Option<IpAddr>)>> {
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = from as *mut A as *mut libc::c_void;
-    msg.msg_namelen = std::mem::size_of::<A>() as u32;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: msg describes valid buffers for the kernel to fill.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, recv_flags(wait)) };
-    if n < 0 {
-        return timeout_or(io::Error::last_os_error());
-    }
-    Ok(Some((n as usize, pktinfo_dst(&msg))))
-}
-
 pub(super) fn grow_buffers(fd: RawFd) {
     let size: libc::c_int = 16 << 20;
     // Root may exceed rmem_max/wmem_max with the FORCE variants; others get the cap.
@@ -228,54 +199,109 @@ pub(super) fn poll_readable(fds: [RawFd; 2], ms: libc::c_int) -> Option<[bool; 2
     (n > 0).then(|| p.map(|f| f.revents & libc::POLLIN != 0))
 }
 
-/// Receive one datagram into `buf`: its length, `None` on timeout.
-/// `recv`/`recvmsg` flags: wait (up to the socket's receive timeout) or not at all.
-fn recv_flags(wait: bool) -> libc::c_int {
-    if wait {
-        0
-    } else {
-        libc::MSG_DONTWAIT
-    }
+/// Datagrams one [`recv_many`] call takes at most.
+pub(super) const RECV_MANY: usize = 16;
+
+/// What one slot of a [`recv_many`] call holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Received {
+    /// Bytes in the slot.
+    pub len: usize,
+    /// The datagram was longer than its slot (the rest is lost).
+    pub truncated: bool,
+    /// The sender (a UDP socket's peer; a raw socket's is in the IP header).
+    pub from: Option<SocketAddr>,
+    /// The destination address (IP_PKTINFO / IPV6_PKTINFO), where the socket reports it.
+    pub dst: Option<IpAddr>,
 }
 
-pub(super) fn recv(fd: RawFd, buf: &mut [u8], wait: bool) -> io::Result<Option<usize>> {
-    let flags = recv_flags(wait);
-    // SAFETY: recv writes at most buf.len() bytes into buf.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
-    if n < 0 {
-        return timeout_or(io::Error::last_os_error());
-    }
-    Ok(Some(n as usize))
-}
-
-/// Receive one datagram from a UDP socket: its length, source, and destination address
-/// (IP_PKTINFO / IPV6_PKTINFO); `None` on timeout.
-pub(super) fn recv_from(
+/// Receive up to [`RECV_MANY`] datagrams with one `recvmmsg`, each into its own
+/// `slot`-byte piece of `buf`, appending what each got to `out`. With `wait` it waits (up
+/// to the socket's receive timeout) for the first and takes the rest only if already
+/// queued; without, it takes only what is queued. Nothing queued is not an error.
+pub(super) fn recv_many(
     fd: RawFd,
     buf: &mut [u8],
+    slot: usize,
     wait: bool,
-) -> io::Result<Option<(usize, SocketAddr, Option<IpAddr>)>> {
-    let mut from: libc::sockaddr_storage = unsafe_zeroed();
-    let Some((n, dst)) = recvmsg(fd, &mut from, buf, wait)? else {
-        return Ok(None);
+    out: &mut Vec<Received>,
+) -> io::Result<()> {
+    let n = (buf.len() / slot.max(1)).min(RECV_MANY);
+    if n == 0 {
+        return Ok(());
+    }
+    let mut names: [libc::sockaddr_storage; RECV_MANY] = [unsafe_zeroed(); RECV_MANY];
+    let mut controls = [[0u64; 8]; RECV_MANY];
+    let mut iovs: Vec<libc::iovec> = buf
+        .chunks_exact_mut(slot)
+        .take(n)
+        .map(|s| libc::iovec {
+            iov_base: s.as_mut_ptr() as *mut libc::c_void,
+            iov_len: s.len(),
+        })
+        .collect();
+    let mut hdrs: Vec<libc::mmsghdr> = (0..n)
+        .map(|i| {
+            // SAFETY: mmsghdr is plain data, for which all-zero is a valid value.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_hdr.msg_iov = &mut iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = controls[i].as_mut_ptr() as *mut libc::c_void;
+            h.msg_hdr.msg_controllen = std::mem::size_of_val(&controls[i]);
+            h
+        })
+        .collect();
+    let flags = if wait {
+        libc::MSG_WAITFORONE
+    } else {
+        libc::MSG_DONTWAIT
     };
-    let src = match from.ss_family as libc::c_int {
+    // SAFETY: every header points at its own name, control buffer and iovec, and each
+    // iovec at a distinct `slot`-byte piece of `buf`; all of them outlive the call, and
+    // the kernel writes only within the lengths they give.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            n as libc::c_uint,
+            flags,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        return timeout_or(io::Error::last_os_error()).map(|_: Option<()>| ());
+    }
+    for (h, name) in hdrs.iter().zip(&names).take(got as usize) {
+        out.push(Received {
+            len: (h.msg_len as usize).min(slot),
+            truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            from: socket_addr(name),
+            dst: pktinfo_dst(&h.msg_hdr),
+        });
+    }
+    Ok(())
+}
+
+/// The address a receive call wrote into `name`, if it is an IPv4 or IPv6 one.
+fn socket_addr(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match name.ss_family as libc::c_int {
         libc::AF_INET => {
             // SAFETY: the kernel wrote a sockaddr_in (its family says so) at the start of
             // the storage, which is larger and aligned for it.
-            let a = unsafe { &*(&from as *const _ as *const libc::sockaddr_in) };
+            let a = unsafe { &*(name as *const _ as *const libc::sockaddr_in) };
             let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            SocketAddr::from((ip, u16::from_be(a.sin_port)))
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
         }
         libc::AF_INET6 => {
             // SAFETY: as above, a sockaddr_in6.
-            let a = unsafe { &*(&from as *const _ as *const libc::sockaddr_in6) };
+            let a = unsafe { &*(name as *const _ as *const libc::sockaddr_in6) };
             let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            SocketAddr::from((ip, u16::from_be(a.sin6_port)))
+            Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
         }
-        _ => return Err(io::ErrorKind::InvalidData.into()),
-    };
-    Ok(Some((n, src, dst)))
+        _ => None,
+    }
 }
 
 pub(super) fn io_slice(b: &[u8]) -> libc::iovec {

@@ -89,6 +89,9 @@ const TX_BATCH: u32 = 8;
 const DRAIN_ROUNDS: u32 = 4;
 /// Packets a doorbell (or a received packet) sends inline in the caller's thread.
 const INLINE_BUDGET: u32 = 4;
+/// A transmit step that made at least this many packets was part of a transfer: the
+/// transmit thread then looks for more work a while before it sleeps.
+pub(crate) const TX_BULK: u32 = TX_BATCH;
 /// The largest message, as IBTA sets it (2^31 bytes): longer requests are refused both
 /// ways, so a byte count always fits a completion and a Read never wraps the PSN space.
 pub(crate) const MAX_MSG: u64 = 1 << 31;
@@ -318,8 +321,8 @@ impl RxeQp {
         }
     }
 
-    /// One transmit step from the device's transmit thread.
-    pub(crate) fn tx_step(&self) {
+    /// One transmit step from the device's transmit thread; how many packets it made.
+    pub(crate) fn tx_step(&self) -> u32 {
         self.scheduled.store(false, Ordering::Release);
         // In batches: the first packets are on the wire (and the peer at work on them)
         // while the next are made, and what a batch gathered is still in the cache when
@@ -343,6 +346,7 @@ impl RxeQp {
         if more {
             self.schedule();
         }
+        TX_BUDGET - left
     }
 
     /// A heap entry of this QP queued for `fired` came due.
