@@ -195,6 +195,28 @@ impl Engine<'_> {
         }
     }
 
+    /// A packet of `repr`'s headers around `n` payload bytes still to be written (zero,
+    /// at [`payload_at`]): the sender gathers the payload from memory straight into it,
+    /// with no copy between, then queues it ([`Engine::queue_packet`]). `None` (logged)
+    /// when the headers do not fit the opcode.
+    pub(crate) fn packet_around(&self, repr: &RoceRepr<'_>, n: usize) -> Option<Vec<u8>> {
+        let mut roce = vec![0u8; repr.buffer_len_for(n)];
+        match repr.emit_around(&mut roce, n) {
+            Ok(_) => Some(roce),
+            Err(e) => {
+                tracing::warn!(qpn = self.base.qpn, error = %e, "rxe: cannot emit packet");
+                None
+            }
+        }
+    }
+
+    /// Queue a packet made by [`Engine::packet_around`] to the QP's peer.
+    pub(crate) fn queue_packet(&self, st: &mut State, roce: Vec<u8>) {
+        if let Some(av) = st.av {
+            st.out.datagrams.push(Outgoing { av, roce });
+        }
+    }
+
     pub(crate) fn bth(&self, st: &State, opcode: wire::Opcode, psn: u32) -> wire::BthRepr {
         wire::BthRepr::new(opcode, st.attr.dest_qpn, psn)
     }
@@ -273,4 +295,10 @@ impl Engine<'_> {
             rnicpi::warn_limited!(qpn = self.base.qpn, "rxe receive ring indices corrupt");
         })
     }
+}
+
+/// The payload of a packet of `repr`'s headers with `n` payload bytes, within `roce`.
+pub(crate) fn payload_at(repr: &RoceRepr<'_>, n: usize) -> std::ops::Range<usize> {
+    let at = repr.bth.opcode.header_len();
+    at..at + n
 }

@@ -2,6 +2,7 @@
 //! PSNs assigned, at most a window of packets unacknowledged), as Linux's `rxe_req.c`.
 //! What comes back is the completer's (`completer`); both share the [`Requester`] state.
 
+use super::engine::payload_at;
 use super::{byte_len, Engine, State, MAX_MSG, WINDOW};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicEthRepr, IethRepr, ImmDtRepr, Opcode, RethRepr,
@@ -392,15 +393,14 @@ impl Engine<'_> {
         w.status = r.err();
     }
 
-    /// Bytes `[off, off+n)` of a request's payload.
-    fn gather(&self, w: &SendWqe, off: u64, n: usize, out: &mut Vec<u8>) -> Result<(), WcStatus> {
-        out.clear();
+    /// Bytes `[off, off + out.len())` of a request's payload, into `out`.
+    fn gather(&self, w: &SendWqe, off: u64, out: &mut [u8]) -> Result<(), WcStatus> {
         if w.wqe.is_inline() {
-            let end = (off as usize + n).min(w.wqe.inline_len as usize);
-            out.extend_from_slice(&w.wqe.inline_data[off as usize..end]);
+            let inline = w.wqe.inline_data.get(..w.wqe.inline_len as usize);
+            let data = inline.and_then(|d| d.get(off as usize..off as usize + out.len()));
+            out.copy_from_slice(data.ok_or(WcStatus::LocLenErr)?);
             return Ok(());
         }
-        out.resize(n, 0);
         w.regions
             .read_at(off, out, Access::empty())
             .map_err(|_| WcStatus::LocProtErr)
@@ -422,7 +422,8 @@ impl Engine<'_> {
         let mtu = st.mtu;
         let w = &st.req.wqes[i];
         let psn = psn_add(w.first_psn, k);
-        let mut payload = Vec::new();
+        // Where the payload comes from: `(offset, length)` in the request.
+        let mut data = None;
         let mut bth = self.bth(st, Opcode::RcSendOnly, psn);
         let (mut reth, mut immdt, mut ieth, mut atomic) = (None, None, None, None);
         let imm = || ImmDtRepr {
@@ -460,13 +461,7 @@ impl Engine<'_> {
             }
             op => {
                 let off = k as u64 * mtu as u64;
-                let n = (w.len - off).min(mtu as u64) as usize;
-                if let Err(status) = self.gather(w, off, n, &mut payload) {
-                    st.req.wqes[i].status = Some(status);
-                    st.req.wqes[i].done = true;
-                    self.complete_in_order(st);
-                    return;
-                }
+                data = Some((off, (w.len - off).min(mtu as u64) as usize));
                 let (first, is_last) = (k == 0, k + 1 == w.npkts);
                 last = is_last;
                 let write = matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
@@ -495,12 +490,22 @@ impl Engine<'_> {
         // and on the packet that fills the window (else a full window waits for the timer).
         let fills = st.req.in_flight() + 1 >= st.req.cwnd;
         bth.ack_req = last || fills || psn.is_multiple_of(ACK_EVERY);
-        let mut repr = RoceRepr::new(bth, &payload);
+        let mut repr = RoceRepr::new(bth, &[]);
         repr.reth = reth;
         repr.immdt = immdt;
         repr.ieth = ieth;
         repr.atomic_eth = atomic;
-        self.send_packet(st, &repr);
+        let (off, n) = data.unwrap_or((0, 0));
+        let Some(mut roce) = self.packet_around(&repr, n) else {
+            return;
+        };
+        if let Err(status) = self.gather(&st.req.wqes[i], off, &mut roce[payload_at(&repr, n)]) {
+            st.req.wqes[i].status = Some(status);
+            st.req.wqes[i].done = true;
+            self.complete_in_order(st);
+            return;
+        }
+        self.queue_packet(st, roce);
         let r = &mut st.req;
         r.since_retry = r.since_retry.saturating_add(1);
         let w = &mut r.wqes[i];

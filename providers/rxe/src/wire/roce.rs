@@ -277,7 +277,12 @@ impl<'a> Repr<'a> {
 
     /// Length of the UDP payload `emit` writes (headers, payload, pad, ICRC).
     pub fn buffer_len(&self) -> usize {
-        self.bth.opcode.header_len() + self.payload.len() + self.pad_count() as usize + ICRC_LEN
+        self.buffer_len_for(self.payload.len())
+    }
+
+    /// Length of the packet with a payload of `payload_len` bytes instead of `payload`.
+    pub fn buffer_len_for(&self, payload_len: usize) -> usize {
+        self.bth.opcode.header_len() + payload_len + pad_for(payload_len) as usize + ICRC_LEN
     }
 
     fn present(&self, h: ExtHeader) -> bool {
@@ -294,6 +299,11 @@ impl<'a> Repr<'a> {
 
     /// Check that the extension headers and payload agree with the opcode.
     pub fn check(&self) -> Result<()> {
+        self.check_for(self.payload.len())
+    }
+
+    /// [`check`](Self::check) with a payload of `payload_len` bytes.
+    fn check_for(&self, payload_len: usize) -> Result<()> {
         let op = self.bth.opcode;
         for h in [
             ExtHeader::Reth,
@@ -311,10 +321,10 @@ impl<'a> Repr<'a> {
                 });
             }
         }
-        if !op.has_payload() && !self.payload.is_empty() {
+        if !op.has_payload() && payload_len > 0 {
             return Err(Error::UnexpectedPayload {
                 opcode: op.as_u8(),
-                len: self.payload.len(),
+                len: payload_len,
             });
         }
         Ok(())
@@ -324,13 +334,24 @@ impl<'a> Repr<'a> {
     /// bytes): headers, payload, zero pad, and a zero ICRC to be filled by
     /// [`icrc`](super::icrc). Returns the length written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        self.check()?;
-        let len = self.buffer_len();
+        let len = self.emit_around(buf, self.payload.len())?;
+        let start = self.bth.opcode.header_len();
+        buf[start..start + self.payload.len()].copy_from_slice(self.payload);
+        Ok(len)
+    }
+
+    /// [`emit`](Self::emit) around a payload of `payload_len` bytes that is already in
+    /// place (behind the headers: from [`Opcode::header_len`] on) instead of `payload`:
+    /// the headers, pad and zero ICRC are written, the payload left as it is. A sender
+    /// gathers the payload straight into the packet this way, with no copy between.
+    pub fn emit_around(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
+        self.check_for(payload_len)?;
+        let len = self.buffer_len_for(payload_len);
         need(len, buf.len())?;
         let buf = &mut buf[..len];
         let op = self.bth.opcode;
         let mut bth = self.bth;
-        bth.pad_count = self.pad_count();
+        bth.pad_count = pad_for(payload_len);
         bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..]));
         for &h in op.ext_headers() {
             let off = op.offset_of(h).unwrap_or(0);
@@ -359,10 +380,7 @@ impl<'a> Repr<'a> {
                 }),
             }
         }
-        let start = op.header_len();
-        let end = start + self.payload.len();
-        buf[start..end].copy_from_slice(self.payload);
-        buf[end..].fill(0);
+        buf[op.header_len() + payload_len..].fill(0);
         Ok(len)
     }
 
@@ -461,6 +479,21 @@ pub(crate) mod tests {
             prop_assert_eq!(p.payload(), r.payload);
             prop_assert!(p.pad_bytes().iter().all(|&x| x == 0));
             prop_assert_eq!(Repr::parse(&p).unwrap(), r);
+        }
+
+        /// Headers emitted around a payload already in place (and whatever was in the
+        /// buffer's pad and ICRC before) make the same packet as `emit`.
+        #[test]
+        fn emit_around_matches_emit(parts in any_parts(), junk in any::<u8>()) {
+            let r = parts.repr();
+            let n = r.payload.len();
+            let mut b = vec![junk; r.buffer_len_for(n)];
+            let at = r.bth.opcode.header_len();
+            b[at..at + n].copy_from_slice(r.payload);
+            let mut headers_only = r;
+            headers_only.payload = &[];
+            prop_assert_eq!(headers_only.emit_around(&mut b, n).unwrap(), b.len());
+            prop_assert_eq!(b, r.to_vec().unwrap());
         }
 
         #[test]

@@ -10,6 +10,7 @@
 //! acknowledgements behind them coalesce, so the output queue stays within 4 × IRD + 1
 //! entries.
 
+use super::super::engine::payload_at;
 use super::super::requester::ack_aeth;
 use super::super::{Engine, State, MAX_MSG};
 use super::{access, invalid, Responder, Verdict};
@@ -349,7 +350,6 @@ impl Engine<'_> {
     /// Transmit queued responder output in order; true when some is left.
     pub(in crate::qp) fn send_read_responses(&self, st: &mut State, budget: &mut u32) -> bool {
         let mtu = st.mtu as u64;
-        let mut buf = Vec::new();
         while *budget > 0 {
             let job = match st.resp.jobs.front() {
                 None => return false,
@@ -375,10 +375,17 @@ impl Engine<'_> {
                 (false, true) => Opcode::RcRdmaReadResponseLast,
                 (false, false) => Opcode::RcRdmaReadResponseMiddle,
             };
-            buf.clear();
-            buf.resize(n as usize, 0);
-            if let Some(r) = &job.region {
-                if r.read(self.base.pd, job.va, &mut buf, Access::REMOTE_READ)
+            let mut r = RoceRepr::new(self.bth(st, opcode, job.psn), &[]);
+            if opcode != Opcode::RcRdmaReadResponseMiddle {
+                r.aeth = Some(ack_aeth(st.resp.msn));
+            }
+            let Some(mut roce) = self.packet_around(&r, n as usize) else {
+                return false;
+            };
+            if let Some(region) = &job.region {
+                let payload = &mut roce[payload_at(&r, n as usize)];
+                if region
+                    .read(self.base.pd, job.va, payload, Access::REMOTE_READ)
                     .is_err()
                 {
                     // Deregistered under the response: the read fails remotely.
@@ -394,11 +401,7 @@ impl Engine<'_> {
                     return false;
                 }
             }
-            let mut r = RoceRepr::new(self.bth(st, opcode, job.psn), &buf);
-            if opcode != Opcode::RcRdmaReadResponseMiddle {
-                r.aeth = Some(ack_aeth(st.resp.msn));
-            }
-            self.send_packet(st, &r);
+            self.queue_packet(st, roce);
             *budget -= 1;
             let Some(Out::Read(job)) = st.resp.jobs.front_mut() else {
                 return false;
