@@ -89,11 +89,10 @@ const TX_BATCH: u32 = 8;
 const DRAIN_ROUNDS: u32 = 4;
 /// Packets a doorbell (or a received packet) sends inline in the caller's thread: a
 /// 64 KiB message at a 4096-byte MTU. Handing the rest of a message to the transmit thread
-/// costs a wake-up and the cache lines' trip to the other core; with 4 here rather than
-/// 16, RDMA Write of 64 KiB messages on loopback ran at 8–9 Gbit/s instead of 12.6–13.6
-/// (Send 64 KiB went the other way, 11.5–13 against 9.5–10.6; 1 MiB messages, which the
-/// transmit thread carries either way, and the ping-pong were unchanged; 32 cost Send
-/// 1 MiB a quarter). Measured 2026-12-02, docs/benchmarks.md.
+/// costs a wake-up and the cache lines' trip to the other core: with 4 here, RDMA Write
+/// of 64 KiB messages on loopback ran at 8–9 Gbit/s, with 16 at 12.8–13.3, for 5–10 % off
+/// 1 MiB transfers (the thread that takes an ACK sends more of the window it reopens);
+/// 32 cost Send of 1 MiB a quarter (docs/benchmarks.md, 2026-12-02).
 const INLINE_BUDGET: u32 = 16;
 /// A transmit step that made at least this many packets was part of a transfer: the
 /// transmit thread then looks for more work a while before it sleeps.
