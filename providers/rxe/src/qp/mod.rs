@@ -80,8 +80,12 @@ enum Caller {
     Close,
 }
 
-/// Packets in flight a requester allows before waiting for an acknowledgement.
-pub(crate) const WINDOW: u32 = 128;
+/// Packets in flight a requester allows before waiting for an acknowledgement (Linux rxe
+/// allows 128). 256 is sixteen 64 KiB messages at a 4096-byte MTU: with 128, Send of
+/// 64 KiB messages on loopback, which waits for receive credits besides, ran at 10.3–11.3
+/// Gbit/s, with 256 at 13.8–14.9 (RDMA Write and Read of 64 KiB 3–6 % lower, 1 MiB level;
+/// docs/benchmarks.md, 2026-12-02). A loss halves it (`MIN_WINDOW` at least).
+pub(crate) const WINDOW: u32 = 256;
 /// Packets a transmit step makes under the lock before it sends them.
 const TX_BATCH: u32 = 8;
 /// Times the send token's holder takes the QP's outputs again (what others queued
