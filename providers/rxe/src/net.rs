@@ -501,7 +501,6 @@ enum Source {
 pub struct RxBatch {
     buf: Vec<u8>,
     got: Vec<(Source, sys::Received)>,
-    received: Vec<sys::Received>,
     /// The IPv6 socket had something the last time it was read.
     v6_hot: bool,
     /// Non-waiting receives since the idle IPv6 socket was last read.
@@ -513,7 +512,6 @@ impl Default for RxBatch {
         RxBatch {
             buf: vec![0; RX_BATCH * RX_SLOT],
             got: Vec::with_capacity(RX_BATCH),
-            received: Vec::with_capacity(RX_BATCH),
             v6_hot: false,
             v6_skipped: 0,
         }
@@ -524,10 +522,8 @@ impl RxBatch {
     /// Read what `fd` holds into the free slots.
     fn fill(&mut self, fd: RawFd, from: Source, wait: bool) -> io::Result<()> {
         let free = &mut self.buf[self.got.len() * RX_SLOT..];
-        self.received.clear();
-        sys::recv_many(fd, free, RX_SLOT, wait, &mut self.received)?;
-        self.got.extend(self.received.iter().map(|r| (from, *r)));
-        Ok(())
+        let got = &mut self.got;
+        sys::recv_many(fd, free, RX_SLOT, wait, |r| got.push((from, r)))
     }
 
     /// Whether a non-waiting receive reads the IPv6 socket this time.

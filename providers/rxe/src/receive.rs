@@ -82,17 +82,7 @@ impl Receiver {
                     }
                 }
                 Ok(_) => {
-                    let mut bulk = false;
-                    for d in self.net.datagrams(&batch) {
-                        match d {
-                            Ok(d) => {
-                                bulk |= d.roce.len() >= RX_SPIN_AFTER;
-                                deliver(&s, &d);
-                            }
-                            Err(drop) => count_drop(&s, drop),
-                        }
-                    }
-                    if bulk {
+                    if self.deliver_batch(&s, &batch).bulk {
                         spin_until = Some(Instant::now() + RX_SPIN);
                     }
                 }
@@ -103,6 +93,34 @@ impl Receiver {
                 }
             }
         }
+    }
+}
+
+/// What [`Receiver::deliver_batch`] handed over.
+struct Delivered {
+    count: u64,
+    /// One of them carried data of a transfer (at least [`RX_SPIN_AFTER`] bytes).
+    bulk: bool,
+}
+
+impl Receiver {
+    /// Verify and deliver what `batch` holds, in order, counting what is dropped.
+    fn deliver_batch(&self, s: &Arc<Shared>, batch: &RxBatch) -> Delivered {
+        let mut done = Delivered {
+            count: 0,
+            bulk: false,
+        };
+        for d in self.net.datagrams(batch) {
+            match d {
+                Ok(d) => {
+                    done.bulk |= d.roce.len() >= RX_SPIN_AFTER;
+                    done.count += 1;
+                    deliver(s, &d);
+                }
+                Err(drop) => count_drop(s, drop),
+            }
+        }
+        done
     }
 }
 
@@ -131,18 +149,11 @@ impl Progress for Receiver {
         if !matches!(self.net.recv_batch(&mut batch, false), Ok(n) if n > 0) {
             return false;
         }
-        let mut any = false;
-        for d in self.net.datagrams(&batch) {
-            match d {
-                Ok(d) => {
-                    deliver(&s, &d);
-                    s.counters.rx_packets_polled.fetch_add(1, Ordering::Relaxed);
-                    any = true;
-                }
-                Err(drop) => count_drop(&s, drop),
-            }
-        }
-        any
+        let done = self.deliver_batch(&s, &batch);
+        s.counters
+            .rx_packets_polled
+            .fetch_add(done.count, Ordering::Relaxed);
+        done.count > 0
     }
 
     fn release(&self) {

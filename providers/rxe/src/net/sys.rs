@@ -216,52 +216,48 @@ pub(super) struct Received {
 }
 
 /// Receive up to [`RECV_MANY`] datagrams with one `recvmmsg`, each into its own
-/// `slot`-byte piece of `buf`, appending what each got to `out`. With `wait` it waits (up
-/// to the socket's receive timeout) for the first and takes the rest only if already
-/// queued; without, it takes only what is queued. Nothing queued is not an error.
+/// `slot`-byte piece of `buf`, handing what each got to `got` in order. With `wait` it
+/// waits (up to the socket's receive timeout) for the first and takes the rest only if
+/// already queued; without, it takes only what is queued. Nothing queued is not an error.
+/// Everything the call needs is on the stack: a consumer's poll makes it many times.
 pub(super) fn recv_many(
     fd: RawFd,
     buf: &mut [u8],
     slot: usize,
     wait: bool,
-    out: &mut Vec<Received>,
+    mut got: impl FnMut(Received),
 ) -> io::Result<()> {
-    let n = (buf.len() / slot.max(1)).min(RECV_MANY);
+    let mut names: [libc::sockaddr_storage; RECV_MANY] = [unsafe_zeroed(); RECV_MANY];
+    let mut controls = [[0u64; 8]; RECV_MANY];
+    // SAFETY: iovec and mmsghdr are plain data, for which all-zero is a valid value.
+    let mut iovs: [libc::iovec; RECV_MANY] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; RECV_MANY] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
+    for (piece, iov) in buf.chunks_exact_mut(slot.max(1)).zip(&mut iovs) {
+        iov.iov_base = piece.as_mut_ptr() as *mut libc::c_void;
+        iov.iov_len = piece.len();
+        let h = &mut hdrs[n].msg_hdr;
+        h.msg_name = &mut names[n] as *mut _ as *mut libc::c_void;
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+        h.msg_iov = iov;
+        h.msg_iovlen = 1;
+        h.msg_control = controls[n].as_mut_ptr() as *mut libc::c_void;
+        h.msg_controllen = std::mem::size_of_val(&controls[n]);
+        n += 1;
+    }
     if n == 0 {
         return Ok(());
     }
-    let mut names: [libc::sockaddr_storage; RECV_MANY] = [unsafe_zeroed(); RECV_MANY];
-    let mut controls = [[0u64; 8]; RECV_MANY];
-    let mut iovs: Vec<libc::iovec> = buf
-        .chunks_exact_mut(slot)
-        .take(n)
-        .map(|s| libc::iovec {
-            iov_base: s.as_mut_ptr() as *mut libc::c_void,
-            iov_len: s.len(),
-        })
-        .collect();
-    let mut hdrs: Vec<libc::mmsghdr> = (0..n)
-        .map(|i| {
-            // SAFETY: mmsghdr is plain data, for which all-zero is a valid value.
-            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            h.msg_hdr.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
-            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-            h.msg_hdr.msg_iov = &mut iovs[i];
-            h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = controls[i].as_mut_ptr() as *mut libc::c_void;
-            h.msg_hdr.msg_controllen = std::mem::size_of_val(&controls[i]);
-            h
-        })
-        .collect();
     let flags = if wait {
         libc::MSG_WAITFORONE
     } else {
         libc::MSG_DONTWAIT
     };
-    // SAFETY: every header points at its own name, control buffer and iovec, and each
-    // iovec at a distinct `slot`-byte piece of `buf`; all of them outlive the call, and
-    // the kernel writes only within the lengths they give.
-    let got = unsafe {
+    // SAFETY: each of the first `n` headers points at its own name, control buffer and
+    // iovec, and each iovec at a distinct `slot`-byte piece of `buf`; all of them outlive
+    // the call, and the kernel writes only within the lengths they give.
+    let r = unsafe {
         libc::recvmmsg(
             fd,
             hdrs.as_mut_ptr(),
@@ -270,11 +266,11 @@ pub(super) fn recv_many(
             std::ptr::null_mut(),
         )
     };
-    if got < 0 {
+    if r < 0 {
         return timeout_or(io::Error::last_os_error()).map(|_: Option<()>| ());
     }
-    for (h, name) in hdrs.iter().zip(&names).take(got as usize) {
-        out.push(Received {
+    for (h, name) in hdrs.iter().zip(&names).take(r as usize) {
+        got(Received {
             len: (h.msg_len as usize).min(slot),
             truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
             from: socket_addr(name),

@@ -196,7 +196,7 @@ impl Engine<'_> {
     }
 
     /// A packet of `repr`'s headers around `n` payload bytes still to be written (zero,
-    /// at [`payload_at`]): the sender gathers the payload from memory straight into it,
+    /// at [`RoceRepr::payload_range`]): the sender gathers the payload from memory straight into it,
     /// with no copy between, then queues it ([`Engine::queue_packet`]). `None` (logged)
     /// when the headers do not fit the opcode.
     pub(crate) fn packet_around(&self, repr: &RoceRepr<'_>, n: usize) -> Option<Vec<u8>> {
@@ -295,10 +295,4 @@ impl Engine<'_> {
             rnicpi::warn_limited!(qpn = self.base.qpn, "rxe receive ring indices corrupt");
         })
     }
-}
-
-/// The payload of a packet of `repr`'s headers with `n` payload bytes, within `roce`.
-pub(crate) fn payload_at(repr: &RoceRepr<'_>, n: usize) -> std::ops::Range<usize> {
-    let at = repr.bth.opcode.header_len();
-    at..at + n
 }

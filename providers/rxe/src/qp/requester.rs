@@ -2,7 +2,6 @@
 //! PSNs assigned, at most a window of packets unacknowledged), as Linux's `rxe_req.c`.
 //! What comes back is the completer's (`completer`); both share the [`Requester`] state.
 
-use super::engine::payload_at;
 use super::{byte_len, Engine, State, MAX_MSG, WINDOW};
 use crate::wire::{
     self, psn_add, psn_diff, AethRepr, AtomicEthRepr, IethRepr, ImmDtRepr, Opcode, RethRepr,
@@ -499,7 +498,7 @@ impl Engine<'_> {
         let Some(mut roce) = self.packet_around(&repr, n) else {
             return;
         };
-        if let Err(status) = self.gather(&st.req.wqes[i], off, &mut roce[payload_at(&repr, n)]) {
+        if let Err(status) = self.gather(&st.req.wqes[i], off, &mut roce[repr.payload_range(n)]) {
             st.req.wqes[i].status = Some(status);
             st.req.wqes[i].done = true;
             self.complete_in_order(st);

@@ -280,6 +280,12 @@ impl<'a> Repr<'a> {
         self.buffer_len_for(self.payload.len())
     }
 
+    /// Where a payload of `payload_len` bytes sits in the packet: behind the headers.
+    pub fn payload_range(&self, payload_len: usize) -> std::ops::Range<usize> {
+        let at = self.bth.opcode.header_len();
+        at..at + payload_len
+    }
+
     /// Length of the packet with a payload of `payload_len` bytes instead of `payload`.
     pub fn buffer_len_for(&self, payload_len: usize) -> usize {
         self.bth.opcode.header_len() + payload_len + pad_for(payload_len) as usize + ICRC_LEN
@@ -335,13 +341,12 @@ impl<'a> Repr<'a> {
     /// [`icrc`](super::icrc). Returns the length written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let len = self.emit_around(buf, self.payload.len())?;
-        let start = self.bth.opcode.header_len();
-        buf[start..start + self.payload.len()].copy_from_slice(self.payload);
+        buf[self.payload_range(self.payload.len())].copy_from_slice(self.payload);
         Ok(len)
     }
 
     /// [`emit`](Self::emit) around a payload of `payload_len` bytes that is already in
-    /// place (behind the headers: from [`Opcode::header_len`] on) instead of `payload`:
+    /// place (at [`payload_range`](Self::payload_range)) instead of `payload`:
     /// the headers, pad and zero ICRC are written, the payload left as it is. A sender
     /// gathers the payload straight into the packet this way, with no copy between.
     pub fn emit_around(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
@@ -380,7 +385,7 @@ impl<'a> Repr<'a> {
                 }),
             }
         }
-        buf[op.header_len() + payload_len..].fill(0);
+        buf[self.payload_range(payload_len).end..].fill(0);
         Ok(len)
     }
 
@@ -488,8 +493,7 @@ pub(crate) mod tests {
             let r = parts.repr();
             let n = r.payload.len();
             let mut b = vec![junk; r.buffer_len_for(n)];
-            let at = r.bth.opcode.header_len();
-            b[at..at + n].copy_from_slice(r.payload);
+            b[r.payload_range(n)].copy_from_slice(r.payload);
             let mut headers_only = r;
             headers_only.payload = &[];
             prop_assert_eq!(headers_only.emit_around(&mut b, n).unwrap(), b.len());

@@ -10,7 +10,6 @@
 //! acknowledgements behind them coalesce, so the output queue stays within 4 × IRD + 1
 //! entries.
 
-use super::super::engine::payload_at;
 use super::super::requester::ack_aeth;
 use super::super::{Engine, State, MAX_MSG};
 use super::{access, invalid, Responder, Verdict};
@@ -383,7 +382,7 @@ impl Engine<'_> {
                 return false;
             };
             if let Some(region) = &job.region {
-                let payload = &mut roce[payload_at(&r, n as usize)];
+                let payload = &mut roce[r.payload_range(n as usize)];
                 if region
                     .read(self.base.pd, job.va, payload, Access::REMOTE_READ)
                     .is_err()
