@@ -15,6 +15,10 @@
 //! SDP sends them). The dissector adds a data item "to the end" of the message, which for
 //! an empty one lies past its last byte and raises the exception that marks the frame.
 //! Any other malformed frame fails the test.
+//!
+//! rxe0 sends packet by packet here (`rxe_no_gso`): over loopback a GSO run would reach
+//! the capture as one datagram, its packets after the first hidden in what the dissector
+//! takes for the first one's payload.
 
 use krdma_sdp::{Options, SdpListener, SdpStream};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -40,7 +44,11 @@ fn sdp_over_rxe_decodes_in_tshark() {
     if !can_capture() {
         return;
     }
-    krdma_tests::setup_embedded();
+    ual::configure_embedded(stack::StackOptions {
+        rxe_addr: Some(krdma_tests::private_loopback(0)),
+        rxe_no_gso: true,
+        ..stack::StackOptions::from_env()
+    });
     let addr = krdma_tests::private_loopback(0);
     let dir = std::env::temp_dir().join(format!("krdma-sdp-capture-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("wireshark")).unwrap();

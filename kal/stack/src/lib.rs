@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// Provider options shared by `krdmad` and embedded mode (environment: `KRDMA_SIW_NETDEV`,
 /// `KRDMA_SIW_CRC=required`, `KRDMA_RXE_ADDR`, `KRDMA_RXE_PORT`, `KRDMA_RXE_RAW=0`,
-/// `KRDMA_RXE=off`, `KRDMA_IBVERBS=off`).
+/// `KRDMA_RXE_GSO=off`, `KRDMA_RXE=off`, `KRDMA_IBVERBS=off`).
 #[derive(Debug, Clone, Default)]
 pub struct StackOptions {
     /// Interface siw0 binds to (`None` = every host address).
@@ -23,6 +23,10 @@ pub struct StackOptions {
     pub rxe_port: Option<u16>,
     /// Never use raw sockets for rxe0 (see `rxe::net`).
     pub rxe_no_raw: bool,
+    /// Send every rxe0 packet to this host as a datagram of its own, never runs of them as
+    /// one GSO datagram (see `rxe::wire::gso`): what a capture on `lo` shows packet by
+    /// packet.
+    pub rxe_no_gso: bool,
     /// Leave out the host's libibverbs devices (the mlx provider's `ibv-*`).
     pub ibverbs_off: bool,
 }
@@ -44,6 +48,7 @@ impl StackOptions {
                 .ok()
                 .and_then(|v| v.parse().ok()),
             rxe_no_raw: std::env::var("KRDMA_RXE_RAW").is_ok_and(|v| v == "0"),
+            rxe_no_gso: std::env::var("KRDMA_RXE_GSO").is_ok_and(|v| v == "off"),
             ibverbs_off: std::env::var("KRDMA_IBVERBS").is_ok_and(|v| v == "off"),
         }
     }
@@ -70,6 +75,7 @@ pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
             addr: opts.rxe_addr,
             port: opts.rxe_port.unwrap_or(defaults.port),
             raw: !opts.rxe_no_raw,
+            gso: !opts.rxe_no_gso,
             ..defaults
         };
         match rxe::RxeDevice::new(config, services) {

@@ -27,6 +27,9 @@ pub struct RxeConfig {
     /// Use raw sockets when the process may (full ICRC over real headers, per-QP source
     /// ports); `false` forces the plain UDP mode (see `net`).
     pub raw: bool,
+    /// In raw mode, send runs of packets to this host as one UDP segmentation-offload
+    /// datagram each (`wire::gso`).
+    pub gso: bool,
 }
 
 impl Default for RxeConfig {
@@ -36,6 +39,7 @@ impl Default for RxeConfig {
             addr: None,
             port: wire::ROCEV2_UDP_PORT,
             raw: true,
+            gso: true,
         }
     }
 }
@@ -277,7 +281,7 @@ impl RxeDevice {
     /// Bind the device's UDP port and start its threads.
     pub fn new(config: RxeConfig, services: Arc<dyn KalServices>) -> Result<Arc<RxeDevice>> {
         let net = Arc::new(
-            Net::open(config.addr, config.port, config.raw).map_err(|e| {
+            Net::open(config.addr, config.port, config.raw, config.gso).map_err(|e| {
                 tracing::warn!(port = config.port, error = %e, "rxe: cannot bind the RoCEv2 port");
                 VerbsError::from(e)
             })?,
@@ -569,6 +573,7 @@ impl Provider for RxeDevice {
         v.push(("cm_conns", conns as u64));
         v.push(("cm_requests_waiting", pending as u64));
         v.push(("icrc_over_real_headers", self.shared.raw as u64));
+        v.extend(self.shared.wire.counters());
         v
     }
 

@@ -253,6 +253,7 @@ impl Sim {
             name: name.into(),
             addr: Some(addr),
             raw: false,
+            gso: false,
             ..RxeConfig::default()
         };
         let (dev, tx) = RxeDevice::assemble_driven(
@@ -621,6 +622,7 @@ mod tests {
             name: "rxe-any".into(),
             addr: None,
             raw: false,
+            gso: false,
             ..RxeConfig::default()
         };
         let (dev, _tx) = RxeDevice::assemble_driven(

@@ -1,10 +1,11 @@
 //! One IP datagram or RoCEv2 UDP payload of untrusted bytes through rxe's stateless
-//! codecs (ICRC, BTH and extension headers, IB CM MADs): nothing panics, and whatever
-//! parses re-emits to bytes that parse the same.
+//! codecs (ICRC, BTH and extension headers, IB CM MADs, a GSO run cut into its packets):
+//! nothing panics, whatever parses re-emits to bytes that parse the same, and a run's
+//! packets cover its payload exactly.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rxe::wire::{icrc, CmMad, RocePacket, RoceRepr};
+use rxe::wire::{gso, icrc, CmMad, RocePacket, RoceRepr};
 
 fn roce(payload: &[u8]) {
     let Ok(p) = RocePacket::new_checked(payload) else {
@@ -21,8 +22,19 @@ fn roce(payload: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let _ = icrc::verify_datagram(data);
-    if let Ok((_, udp, _)) = icrc::split_datagram(data) {
+    if let Ok((ip, udp, v6)) = icrc::split_datagram(data) {
         roce(&udp[8..]);
+        if let Some(run) = gso::Segments::of(ip, udp, &udp[8..]).filter(|_| !v6) {
+            let mut covered = 0;
+            for s in run {
+                let mut whole = s.udp.to_vec();
+                whole.extend_from_slice(s.roce);
+                let _ = icrc::verify_ipv4(&s.ip, &whole);
+                roce(s.roce);
+                covered += s.roce.len();
+            }
+            assert_eq!(covered, udp.len() - 8);
+        }
     }
     roce(data);
 });

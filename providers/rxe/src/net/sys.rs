@@ -325,7 +325,7 @@ pub(super) fn sendmsg(
     fd: RawFd,
     name: &[u8],
     iov: &[libc::iovec],
-    cmsg: Option<Cmsg<'_>>,
+    cmsgs: &[Cmsg<'_>],
 ) -> io::Result<()> {
     let mut control = [0u64; 8];
     // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
@@ -335,21 +335,28 @@ pub(super) fn sendmsg(
     msg.msg_namelen = name.len() as u32;
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len();
-    if let Some(c) = cmsg {
-        let space = unsafe_cmsg_space(c.data.len());
-        if space > std::mem::size_of_val(&control) {
-            return Err(io::ErrorKind::InvalidInput.into());
-        }
+    let space: usize = cmsgs.iter().map(|c| unsafe_cmsg_space(c.data.len())).sum();
+    if space > std::mem::size_of_val(&control) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    if space > 0 {
         msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
         msg.msg_controllen = space;
-        // SAFETY: the control buffer holds one cmsg header plus the data (checked above),
-        // and CMSG_FIRSTHDR/CMSG_DATA point into it.
+        // SAFETY: the control buffer holds every cmsg header with its data (their spaces
+        // sum to at most its size, checked above); CMSG_FIRSTHDR/CMSG_NXTHDR step through
+        // it by the lengths written here and return null rather than point past it.
         unsafe {
-            let h = libc::CMSG_FIRSTHDR(&msg);
-            (*h).cmsg_level = c.level;
-            (*h).cmsg_type = c.kind;
-            (*h).cmsg_len = libc::CMSG_LEN(c.data.len() as u32) as _;
-            std::ptr::copy_nonoverlapping(c.data.as_ptr(), libc::CMSG_DATA(h), c.data.len());
+            let mut h = libc::CMSG_FIRSTHDR(&msg);
+            for c in cmsgs {
+                if h.is_null() {
+                    return Err(io::ErrorKind::InvalidInput.into());
+                }
+                (*h).cmsg_level = c.level;
+                (*h).cmsg_type = c.kind;
+                (*h).cmsg_len = libc::CMSG_LEN(c.data.len() as u32) as _;
+                std::ptr::copy_nonoverlapping(c.data.as_ptr(), libc::CMSG_DATA(h), c.data.len());
+                h = libc::CMSG_NXTHDR(&msg, h);
+            }
         }
     }
     loop {

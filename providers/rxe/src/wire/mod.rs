@@ -15,6 +15,7 @@
 //! | [`opcode`] | every RC, UC and UD opcode with its header layout (as `rxe_opcode.c`) |
 //! | [`roce`] | a whole RoCEv2 UDP payload: BTH, extension headers, payload, pad, ICRC |
 //! | [`icrc`] | the RoCEv2 invariant CRC and the IP/UDP headers rxe would send |
+//! | [`gso`] | a run of packets in one UDP segmentation-offload datagram (krdma on one host) |
 //! | [`mad`] | the 24-byte MAD common header |
 //! | [`cm`] | IB CM messages (REQ, MRA, REJ, REP, RTU, DREQ, DREP) |
 //! | [`cma`] | the rdma_cm header at the start of REQ private data, and rdma_cm service IDs |
@@ -62,6 +63,7 @@ pub mod bth;
 pub mod cm;
 pub mod cma;
 pub mod deth;
+pub mod gso;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;

@@ -64,6 +64,7 @@ pub fn rig() -> &'static Rig {
             addr: Some(ip),
             port: rxe::wire::ROCEV2_UDP_PORT,
             raw: false,
+            gso: false,
         };
         let dev = RxeDevice::new(
             config,
