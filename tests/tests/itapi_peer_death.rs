@@ -144,14 +144,21 @@ itapi_tests! {
         );
         assert!(killed, "the child was killed mid-transfer");
         // The four posted receives always flush. Embedded, the child's whole stack died
-        // with it: nothing answers, the writes in flight fail, the connection is Broken.
-        // Through krdmad the access layer outlives the child and closes its connection
-        // (a DREQ, as the kernel does for a killed process): Broken when that close
-        // flushed writes of ours, an orderly Disconnect when every write had been
-        // answered first (the survivor had not yet posted the next ones).
+        // with it: nothing answers, the connection is Broken. rxe learns of it only from
+        // a write that goes unanswered, so writes fail or flush; siw completes a Write
+        // once TCP has taken it and learns of the death from TCP itself, so every write
+        // may be complete by then (seen once under load: 72 done, the 4 receives
+        // flushed). Through krdmad rxe's access layer outlives the child and closes its
+        // connection (a DREQ, as the kernel does for a killed process): Broken when that
+        // close flushed writes of ours, an orderly Disconnect when every write had been
+        // answered first (the survivor had not yet posted the next ones). siw's engine
+        // runs in the child through krdmad too, and dies with it.
         match (case.door, ended) {
             (_, Some(ConnEventKind::Broken)) => {
-                assert!(flushed + failed > 4, "writes in flight failed or flushed")
+                assert!(flushed >= 4, "the receives flushed");
+                if case.dev == "rxe0" {
+                    assert!(flushed + failed > 4, "writes in flight failed or flushed")
+                }
             }
             (krdma_tests::FrontDoor::Daemon(_), Some(ConnEventKind::Disconnect)) => {
                 assert_eq!((flushed, failed), (4, 0), "an orderly close lost no write")
