@@ -277,7 +277,7 @@ impl Net {
                     i += run;
                     continue;
                 }
-                gso = false;
+                gso = self.gso.load(Ordering::Relaxed);
             }
             let rest = &packets[i..];
             let run = (0..rest.len().min(BATCH))
@@ -303,8 +303,9 @@ impl Net {
     /// carries whole over loopback: from the UDP socket, with `UDP_SEGMENT` (one system
     /// call, one trip through the IP stack and one raw-socket copy at the receiver for up
     /// to 15 packets of 4 KiB). How many were sent (all or none: the kernel takes or
-    /// drops the datagram whole); `None` when the kernel refuses GSO, which then stays
-    /// off and the caller sends the run another way.
+    /// drops the datagram whole); `None` when the run cannot go this way and the caller
+    /// sends it another: a packet too short to carry an ICRC (never, from the engine), or
+    /// the kernel refusing GSO, which then stays off for the device.
     fn send4_gso(&self, dport: u16, run: &mut [Packet<'_>]) -> Option<usize> {
         let (IpAddr::V4(src), IpAddr::V4(dst)) = (run[0].src, run[0].dst) else {
             return None;
@@ -900,6 +901,59 @@ mod tests {
             a.counters(),
             vec![("tx_gso_runs", 1), ("tx_gso_packets", 6)]
         );
+        let mut batch = RxBatch::default();
+        let mut got = Vec::new();
+        while got.len() < sent.len() {
+            got.extend(next_batch(&a, &mut batch));
+        }
+        let roces: Vec<Vec<u8>> = got.into_iter().map(|g| g.unwrap().3).collect();
+        assert_eq!(roces, sent);
+    }
+
+    /// A kernel that refuses a run (here: UDP checksums turned off, which GSO needs)
+    /// turns runs off for the device; the run and everything after it go packet by
+    /// packet through the raw socket, nothing lost.
+    #[test]
+    fn a_refused_run_goes_packet_by_packet() {
+        let lo = Ipv4Addr::LOCALHOST;
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let a = Net::open(Some(lo), port, true, true).unwrap();
+        if !a.is_raw() {
+            assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+            return;
+        }
+        let on: libc::c_int = 1;
+        setsockopt(a.udp.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, &on).unwrap();
+        use crate::wire::{BthRepr, Opcode, RoceRepr};
+        let mut sent: Vec<Vec<u8>> = (1..5)
+            .map(|psn| {
+                RoceRepr::new(
+                    BthRepr::new(Opcode::RcSendMiddle, 0x11, psn),
+                    &[psn as u8; gso::SEGMENT_PAYLOAD],
+                )
+                .to_vec()
+                .unwrap()
+            })
+            .collect();
+        let mut packets: Vec<Packet> = sent
+            .iter_mut()
+            .map(|roce| Packet {
+                src: lo.into(),
+                dst: lo.into(),
+                sport: 0xc001,
+                roce,
+            })
+            .collect();
+        assert_eq!(a.send_all(port, &mut packets), 4);
+        assert_eq!(
+            a.counters(),
+            vec![("tx_gso_runs", 0), ("tx_gso_packets", 0)]
+        );
+        assert!(!a.gso.load(Ordering::Relaxed), "runs are off");
         let mut batch = RxBatch::default();
         let mut got = Vec::new();
         while got.len() < sent.len() {
