@@ -854,60 +854,77 @@ mod tests {
         assert_eq!(got[sent.len()..], [Err(RxDrop::BadIcrc)]);
     }
 
-    /// With raw sockets, a run of full packets to this host leaves as one GSO datagram
-    /// and arrives cut back into its packets, each verified, in order with the packets
-    /// sent before and after it one by one.
-    #[test]
-    fn a_run_to_this_host_arrives_as_its_packets() {
-        let lo = Ipv4Addr::LOCALHOST;
+    /// A device with raw sockets on 127.0.0.1 at a free port (`None` without
+    /// `CAP_NET_RAW`, which CI has).
+    fn raw_net() -> Option<(Net, u16)> {
         let port = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let a = Net::open(Some(lo), port, true, true).unwrap();
+        let a = Net::open(Some(Ipv4Addr::LOCALHOST), port, true, true).unwrap();
         if !a.is_raw() {
             assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
-            return;
+            return None;
         }
+        Some((a, port))
+    }
+
+    /// A full packet (a Send Middle of 4096 bytes, each `psn as u8`).
+    fn full(psn: u32) -> Vec<u8> {
         use crate::wire::{BthRepr, Opcode, RoceRepr};
-        let packet = |op, psn, payload: &[u8]| {
-            RoceRepr::new(BthRepr::new(op, 0x11, psn), payload)
-                .to_vec()
-                .unwrap()
-        };
-        let mut sent = vec![send_only(1, b"alone")];
-        for psn in 2..7 {
-            sent.push(packet(
-                Opcode::RcSendMiddle,
-                psn,
-                &[psn as u8; gso::SEGMENT_PAYLOAD],
-            ));
-        }
-        sent.push(packet(Opcode::RcSendLast, 7, &[7; 100]));
-        sent.push(send_only(8, b"after"));
+        RoceRepr::new(
+            BthRepr::new(Opcode::RcSendMiddle, 0x11, psn),
+            &[psn as u8; gso::SEGMENT_PAYLOAD],
+        )
+        .to_vec()
+        .unwrap()
+    }
+
+    /// Send `sent` from and to loopback with [`Net::send_all`] (which fills the ICRCs
+    /// in), then receive as many packets: what they carried, in order.
+    fn send_and_receive(a: &Net, port: u16, sent: &mut [Vec<u8>]) -> Vec<Vec<u8>> {
+        let lo = IpAddr::from(Ipv4Addr::LOCALHOST);
         let mut packets: Vec<Packet> = sent
             .iter_mut()
             .map(|roce| Packet {
-                src: lo.into(),
-                dst: lo.into(),
+                src: lo,
+                dst: lo,
                 sport: 0xc001,
                 roce,
             })
             .collect();
-        assert_eq!(gso_run(&packets[1..]), 6);
-        assert_eq!(a.send_all(port, &mut packets), 8);
+        let n = packets.len();
+        assert_eq!(a.send_all(port, &mut packets), n);
+        let mut batch = RxBatch::default();
+        let mut got = Vec::new();
+        while got.len() < n {
+            got.extend(next_batch(a, &mut batch));
+        }
+        got.into_iter().map(|g| g.unwrap().3).collect()
+    }
+
+    /// With raw sockets, a run of full packets to this host leaves as one GSO datagram
+    /// and arrives cut back into its packets, each verified, in order with the packets
+    /// sent before and after it one by one.
+    #[test]
+    fn a_run_to_this_host_arrives_as_its_packets() {
+        let Some((a, port)) = raw_net() else { return };
+        use crate::wire::{BthRepr, Opcode, RoceRepr};
+        let mut sent = vec![send_only(1, b"alone")];
+        sent.extend((2..7).map(full));
+        sent.push(
+            RoceRepr::new(BthRepr::new(Opcode::RcSendLast, 0x11, 7), &[7; 100])
+                .to_vec()
+                .unwrap(),
+        );
+        sent.push(send_only(8, b"after"));
+        let got = send_and_receive(&a, port, &mut sent);
         assert_eq!(
             a.counters(),
             vec![("tx_gso_runs", 1), ("tx_gso_packets", 6)]
         );
-        let mut batch = RxBatch::default();
-        let mut got = Vec::new();
-        while got.len() < sent.len() {
-            got.extend(next_batch(&a, &mut batch));
-        }
-        let roces: Vec<Vec<u8>> = got.into_iter().map(|g| g.unwrap().3).collect();
-        assert_eq!(roces, sent);
+        assert_eq!(got, sent);
     }
 
     /// A kernel that refuses a run (here: UDP checksums turned off, which GSO needs)
@@ -915,67 +932,23 @@ mod tests {
     /// packet through the raw socket, nothing lost.
     #[test]
     fn a_refused_run_goes_packet_by_packet() {
-        let lo = Ipv4Addr::LOCALHOST;
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let a = Net::open(Some(lo), port, true, true).unwrap();
-        if !a.is_raw() {
-            assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
-            return;
-        }
+        let Some((a, port)) = raw_net() else { return };
         let on: libc::c_int = 1;
         setsockopt(a.udp.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, &on).unwrap();
-        use crate::wire::{BthRepr, Opcode, RoceRepr};
-        let mut sent: Vec<Vec<u8>> = (1..5)
-            .map(|psn| {
-                RoceRepr::new(
-                    BthRepr::new(Opcode::RcSendMiddle, 0x11, psn),
-                    &[psn as u8; gso::SEGMENT_PAYLOAD],
-                )
-                .to_vec()
-                .unwrap()
-            })
-            .collect();
-        let mut packets: Vec<Packet> = sent
-            .iter_mut()
-            .map(|roce| Packet {
-                src: lo.into(),
-                dst: lo.into(),
-                sport: 0xc001,
-                roce,
-            })
-            .collect();
-        assert_eq!(a.send_all(port, &mut packets), 4);
+        let mut sent: Vec<Vec<u8>> = (1..5).map(full).collect();
+        let got = send_and_receive(&a, port, &mut sent);
         assert_eq!(
             a.counters(),
             vec![("tx_gso_runs", 0), ("tx_gso_packets", 0)]
         );
         assert!(!a.gso.load(Ordering::Relaxed), "runs are off");
-        let mut batch = RxBatch::default();
-        let mut got = Vec::new();
-        while got.len() < sent.len() {
-            got.extend(next_batch(&a, &mut batch));
-        }
-        let roces: Vec<Vec<u8>> = got.into_iter().map(|g| g.unwrap().3).collect();
-        assert_eq!(roces, sent);
+        assert_eq!(got, sent);
     }
 
     /// What starts no run: a first packet that is not a full segment, a different
     /// destination, a destination on another host, a longer packet after the first.
     #[test]
     fn only_full_packets_to_this_host_start_a_run() {
-        use crate::wire::{BthRepr, Opcode, RoceRepr};
-        let full = |psn| {
-            RoceRepr::new(
-                BthRepr::new(Opcode::RcSendMiddle, 0x11, psn),
-                &[0u8; gso::SEGMENT_PAYLOAD],
-            )
-            .to_vec()
-            .unwrap()
-        };
         let lo: IpAddr = Ipv4Addr::LOCALHOST.into();
         let far: IpAddr = Ipv4Addr::new(192, 0, 2, 1).into();
         let run = |bufs: &mut [(IpAddr, IpAddr, Vec<u8>)]| {
