@@ -573,17 +573,13 @@ impl Net {
             _ => return Err(RxDrop::Malformed),
         };
         let udp = set_dport(icrc::udp_header_for(from.port(), udp_len), self.port);
-        let n = roce.len();
-        match icrc_of(ip, &udp, roce) {
-            Some(c) if roce[n - 4..] == c.to_le_bytes() => Ok(Datagram {
-                src: from.ip(),
-                dst,
-                sport: from.port(),
-                roce,
-            }),
-            Some(_) => Err(RxDrop::BadIcrc),
-            None => Err(RxDrop::Malformed),
-        }
+        let d = Datagram {
+            src: from.ip(),
+            dst,
+            sport: from.port(),
+            roce,
+        };
+        verified(ip, &udp, d)
     }
 }
 
@@ -612,17 +608,13 @@ impl<'b> Iterator for Unpacked<'b> {
                 sport,
             } => {
                 let s = run.next()?;
-                let n = s.roce.len();
-                Some(match icrc_of(&s.ip, &s.udp, s.roce) {
-                    Some(c) if s.roce[n - 4..] == c.to_le_bytes() => Ok(Datagram {
-                        src: *src,
-                        dst: *dst,
-                        sport: *sport,
-                        roce: s.roce,
-                    }),
-                    Some(_) => Err(RxDrop::BadIcrc),
-                    None => Err(RxDrop::Malformed),
-                })
+                let d = Datagram {
+                    src: *src,
+                    dst: *dst,
+                    sport: *sport,
+                    roce: s.roce,
+                };
+                Some(verified(&s.ip, &s.udp, d))
             }
         }
     }
@@ -761,6 +753,21 @@ fn icrc_of(ip: &[u8], udp: &[u8; icrc::UDP_HEADER_LEN], roce: &[u8]) -> Option<u
     };
     c.update(&roce[12..n - 4]);
     Some(c.finish())
+}
+
+/// `d` when the ICRC at the end of its packet is the one over `ip` and `udp` (the headers
+/// it came behind, or would have).
+fn verified<'b>(
+    ip: &[u8],
+    udp: &[u8; icrc::UDP_HEADER_LEN],
+    d: Datagram<'b>,
+) -> Result<Datagram<'b>, RxDrop> {
+    let n = d.roce.len();
+    match icrc_of(ip, udp, d.roce) {
+        Some(c) if d.roce[n - 4..] == c.to_le_bytes() => Ok(d),
+        Some(_) => Err(RxDrop::BadIcrc),
+        None => Err(RxDrop::Malformed),
+    }
 }
 
 /// Fill the ICRC of `roce` as carried behind `ip` and `udp`.
