@@ -96,7 +96,10 @@ impl From<std::io::Error> for VerbsError {
     fn from(e: std::io::Error) -> Self {
         e.raw_os_error()
             .map(Self::from_errno)
-            .unwrap_or(VerbsError::Io)
+            .unwrap_or(match e.kind() {
+                std::io::ErrorKind::AddrInUse => VerbsError::AddrInUse,
+                _ => VerbsError::Io,
+            })
     }
 }
 

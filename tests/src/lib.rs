@@ -237,7 +237,10 @@ pub enum FrontDoor {
 impl FrontDoor {
     pub fn target(&self) -> Target {
         match self {
-            FrontDoor::Embedded => Target::Embedded,
+            FrontDoor::Embedded => {
+                setup_embedded(); // before anything reaches the embedded kAL
+                Target::Embedded
+            }
             FrontDoor::Daemon(d) => d.target(),
         }
     }

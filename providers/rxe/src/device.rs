@@ -117,7 +117,16 @@ pub(crate) struct Shared {
     pub cm: Cm,
     tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
     stop: AtomicBool,
-    gid_cache: parking_lot::Mutex<(std::time::Instant, Vec<IpAddr>)>,
+    ours: parking_lot::Mutex<Ours>,
+}
+
+/// What a device on every address takes for its own ([`Shared::serves`]).
+struct Ours {
+    /// The host's addresses (its GID table), and when they were read.
+    gids: Vec<IpAddr>,
+    read_at: std::time::Instant,
+    /// In raw mode, the addresses other devices of this host hold on the port.
+    elsewhere: Option<crate::net::Elsewhere>,
 }
 
 impl Shared {
@@ -180,22 +189,28 @@ impl Shared {
         }
     }
 
-    /// Whether a datagram to `dst` is ours. A raw socket sees every RoCEv2 datagram of
-    /// the network namespace, also those for another rxe instance bound to an address
-    /// the host does not list (tests use 127.x.y.z); those are left alone, answered by
-    /// nobody here. The host's list is cached for a second.
-    fn serves(&self, dst: IpAddr) -> bool {
+    /// Whether a datagram to `dst` is ours (`cm`: a connection manager packet, to QP1).
+    /// A raw socket sees every RoCEv2 datagram of the network namespace, also those for
+    /// another rxe instance bound to one address: one the host does not list (tests use
+    /// 127.x.y.z), or one it does, which the kernel would give that instance's socket
+    /// rather than this wildcard one's (`net::Elsewhere`). Those are left alone, answered
+    /// by nobody here. The host's list is cached for a second.
+    fn serves(&self, dst: IpAddr, cm: bool) -> bool {
         if let Some(a) = self.config.addr {
             return IpAddr::V4(a) == dst;
         }
-        let mut cache = self.gid_cache.lock();
-        if cache.0.elapsed() > std::time::Duration::from_secs(1) {
-            *cache = (
-                std::time::Instant::now(),
-                gid_table(self.services.addresses()),
-            );
+        let mut ours = self.ours.lock();
+        if ours.read_at.elapsed() > std::time::Duration::from_secs(1) {
+            ours.gids = gid_table(self.services.addresses());
+            ours.read_at = std::time::Instant::now();
         }
-        cache.1.contains(&dst)
+        if !ours.gids.contains(&dst) {
+            return false;
+        }
+        match (dst, &mut ours.elsewhere) {
+            (IpAddr::V4(d), Some(elsewhere)) => !elsewhere.serves(d, cm),
+            _ => true,
+        }
     }
 
     /// Path MTU the port offers (an IB MTU that fits the link with every header): that of
@@ -279,7 +294,7 @@ pub struct RxeDevice {
 
 impl RxeDevice {
     /// Bind the device's UDP port and start its threads.
-    pub fn new(config: RxeConfig, services: Arc<dyn KalServices>) -> Result<Arc<RxeDevice>> {
+    pub fn new(mut config: RxeConfig, services: Arc<dyn KalServices>) -> Result<Arc<RxeDevice>> {
         let net = Arc::new(
             Net::open(config.addr, config.port, config.raw, config.gso).map_err(|e| {
                 tracing::warn!(port = config.port, error = %e, "rxe: cannot bind the RoCEv2 port");
@@ -294,9 +309,12 @@ impl RxeDevice {
             clock: Clock::Host,
             qpns: QpnSource::Random,
             entropy: Box::new(crate::random::Os),
+            elsewhere: (net.is_raw() && config.addr.is_none())
+                .then(|| crate::net::Elsewhere::new(net.port())),
         };
-        let (shared, rx) = Self::assemble(config, services, io);
         let port = net.port();
+        config.port = port; // port 0 asked for any
+        let (shared, rx) = Self::assemble(config, services, io);
         receiver.attach(&shared);
         spawn("rxe-rx", move || receiver.run())?;
         spawn("rxe-tx", {
@@ -309,6 +327,11 @@ impl RxeDevice {
         })?;
         tracing::info!(name = %shared.attr.name, port, raw = shared.raw, "rxe device created");
         Ok(Arc::new(RxeDevice { shared }))
+    }
+
+    /// The UDP port the device serves.
+    pub fn udp_port(&self) -> u16 {
+        self.shared.config.port
     }
 
     /// The device without threads or sockets: what it transmits goes to `wire`, time is
@@ -328,6 +351,7 @@ impl RxeDevice {
             clock,
             qpns: QpnSource::Sequential(AtomicU32::new(2)),
             entropy: Box::new(crate::random::Seeded(seed)),
+            elsewhere: None,
         };
         let (shared, rx) = Self::assemble(config, services, io);
         (Arc::new(RxeDevice { shared }), rx)
@@ -406,7 +430,11 @@ impl RxeDevice {
             cm,
             tx_queue: tx,
             stop: AtomicBool::new(false),
-            gid_cache: parking_lot::Mutex::new((std::time::Instant::now(), gids)),
+            ours: parking_lot::Mutex::new(Ours {
+                gids,
+                read_at: std::time::Instant::now(),
+                elsewhere: io.elsewhere,
+            }),
         });
         (shared, rx)
     }
@@ -421,6 +449,8 @@ struct Io {
     qpns: QpnSource,
     /// What the connection manager draws its identifiers from.
     entropy: Box<dyn crate::random::Entropy>,
+    /// A raw-mode device on every address: the addresses others hold on its port.
+    elsewhere: Option<crate::net::Elsewhere>,
 }
 
 /// Where QP numbers come from.
@@ -472,7 +502,13 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
 /// Hand one verified datagram to its QP (or the CM for QP1).
 pub(crate) fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
     let c = &s.counters;
-    if !s.serves(d.dst) {
+    // BTH's destination QP: bytes 5..8.
+    let dest_qp = d
+        .roce
+        .get(5..8)
+        .map(|q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
+    let to_gsi = dest_qp == Some(wire::deth::GSI_QPN);
+    if !s.serves(d.dst, to_gsi) {
         return s.count(&c.rx_not_ours);
     }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);

@@ -28,9 +28,11 @@
 //!
 //! The socket calls themselves, and every `unsafe` block of the I/O, are in [`sys`].
 
+mod bindings;
 mod sys;
 
 use crate::wire::{gso, icrc};
+pub(crate) use bindings::Elsewhere;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -176,6 +178,8 @@ impl Net {
         let sa = SocketAddrV4::new(bind.unwrap_or(Ipv4Addr::UNSPECIFIED), port);
         let udp = bind_udp(sa)?;
         let fd = udp.as_raw_fd();
+        let port = udp.local_addr()?.port(); // port 0 asks for any
+        Self::refuse_beside(bind, port, fd)?;
         let pmtu: libc::c_int = libc::IP_PMTUDISC_DO;
         setsockopt(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu)?;
         let on: libc::c_int = 1;
@@ -208,7 +212,6 @@ impl Net {
             };
             setsockopt(rx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
         }
-        let port = udp.local_addr()?.port();
         let udp6 = match bind {
             None => open_udp6(port)
                 .map_err(|e| tracing::info!(error = %e, "rxe: no IPv6"))
@@ -228,6 +231,30 @@ impl Net {
             gso_runs: AtomicU64::new(0),
             gso_packets: AtomicU64::new(0),
         })
+    }
+
+    /// Refuse to serve `port` on `bind` (every address: `None`) beside another socket
+    /// bound to exactly that, which `SO_REUSEPORT` let ours join ([`bindings`]).
+    fn refuse_beside(bind: Option<Ipv4Addr>, port: u16, ours: RawFd) -> io::Result<()> {
+        let addr = bind.unwrap_or(Ipv4Addr::UNSPECIFIED);
+        match bindings::holder_beside(addr, port, sys::inode(ours)?) {
+            Ok(false) => Ok(()),
+            Ok(true) => {
+                let on = bind.map_or("every address".to_string(), |a| a.to_string());
+                Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "UDP port {port} on {on} is already served by another rxe device \
+                         in this network namespace (krdmad's, or another program's embedded \
+                         one): give this one an address of its own (KRDMA_RXE_ADDR)"
+                    ),
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "rxe: cannot tell who else holds the port");
+                Ok(())
+            }
+        }
     }
 
     /// Whether IPv6 datagrams can be sent and received.

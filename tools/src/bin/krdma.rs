@@ -659,7 +659,13 @@ fn demo(
     let client = Context::open_target(target)?;
     let devices: Vec<ual::DeviceInfo> = match device {
         "all" => server.devices()?,
-        name => vec![server.device(name)?],
+        name => vec![server.device(name).map_err(|e| {
+            let there: Vec<String> = server
+                .devices()
+                .map(|d| d.into_iter().map(|d| d.name).collect())
+                .unwrap_or_default();
+            format!("{name}: {e} (devices here: {})", there.join(", "))
+        })?],
     };
     for dev in &devices {
         demo_device(target, &server, &client, dev, bytes, iters, markdown)?;

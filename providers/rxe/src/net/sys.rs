@@ -126,6 +126,16 @@ pub(super) fn open_udp6(port: u16) -> io::Result<UdpSocket> {
     Ok(sock)
 }
 
+/// The inode of the socket (or file) `fd` names.
+pub(super) fn inode(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: `stat` is plain data, for which all-zero is a valid value; fstat writes
+    // at most one `stat` into it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; an invalid `fd` is reported as an error.
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st.st_ino)
+}
+
 pub(super) fn grow_buffers(fd: RawFd) {
     let size: libc::c_int = 16 << 20;
     // Root may exceed rmem_max/wmem_max with the FORCE variants; others get the cap.
