@@ -199,16 +199,17 @@ impl Shared {
         if let Some(a) = self.config.addr {
             return IpAddr::V4(a) == dst;
         }
+        let now = std::time::Instant::now();
         let mut ours = self.ours.lock();
-        if ours.read_at.elapsed() > std::time::Duration::from_secs(1) {
+        if now.duration_since(ours.read_at) > std::time::Duration::from_secs(1) {
             ours.gids = gid_table(self.services.addresses());
-            ours.read_at = std::time::Instant::now();
+            ours.read_at = now;
         }
         if !ours.gids.contains(&dst) {
             return false;
         }
         match (dst, &mut ours.elsewhere) {
-            (IpAddr::V4(d), Some(elsewhere)) => !elsewhere.serves(d, cm),
+            (IpAddr::V4(d), Some(elsewhere)) => !elsewhere.serves(d, cm, now),
             _ => true,
         }
     }

@@ -246,7 +246,8 @@ impl Net {
                     format!(
                         "UDP port {port} on {on} is already served by another rxe device \
                          in this network namespace (krdmad's, or another program's embedded \
-                         one): give this one an address of its own (KRDMA_RXE_ADDR)"
+                         one): reach that one (through krdmad), or give this one an address \
+                         of its own (KRDMA_RXE_ADDR)"
                     ),
                 ))
             }

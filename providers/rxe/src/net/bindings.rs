@@ -92,9 +92,9 @@ impl Elsewhere {
     }
 
     /// Whether a datagram to `dst` belongs to another socket bound to that address on
-    /// the port; `cm`: it is a connection manager packet, which must see a fresh reading.
-    pub(crate) fn serves(&mut self, dst: Ipv4Addr, cm: bool) -> bool {
-        let now = Instant::now();
+    /// the port; `cm`: it is a connection manager packet, which must see a fresh reading;
+    /// `now`: the time.
+    pub(crate) fn serves(&mut self, dst: Ipv4Addr, cm: bool, now: Instant) -> bool {
         let trusted = if cm { TRUSTED_FOR_CM } else { TRUSTED };
         if self
             .read_at
@@ -148,6 +148,41 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Lines the kernel would print (bound, some connected) among lines of any text:
+        /// exactly the unconnected ones are read, with their address, port and inode,
+        /// and nothing panics.
+        #[test]
+        fn the_unconnected_sockets_are_read_out_of_any_lines(
+            lines in proptest::collection::vec(
+                (proptest::num::u32::ANY, proptest::num::u16::ANY, proptest::num::u64::ANY,
+                 proptest::bool::ANY, "\\PC{0,60}"),
+                0..8,
+            )
+        ) {
+            let mut text = String::from("  sl  local_address rem_address   st ...\n");
+            let mut want = Vec::new();
+            for (i, (addr, port, inode, connected, junk)) in lines.iter().enumerate() {
+                let remote = if *connected { "0100007F:12B7" } else { "00000000:0000" };
+                text += &format!("{i:4}: {addr:08X}:{port:04X} {remote} 07 00000000:00000000 \
+                    00:00000000 00000000 0 0 {inode} 2 0000000000000000 0\n{junk}\n");
+                if !connected {
+                    want.push(Binding {
+                        addr: Ipv4Addr::from(addr.to_ne_bytes()),
+                        port: *port,
+                        inode: *inode,
+                    });
+                }
+            }
+            let got = parse(&text);
+            // A junk line may happen to parse too; every real line is there, in order.
+            let mut rest = got.iter();
+            for w in &want {
+                proptest::prop_assert!(rest.any(|g| g == w), "{w:?} missing from {got:?}");
+            }
+        }
+    }
+
     /// A socket of this test bound to an address is found in this namespace's list, by
     /// address, port and inode.
     #[test]
@@ -165,7 +200,7 @@ mod tests {
         assert!(!holder_beside(Ipv4Addr::LOCALHOST, port, inode).unwrap());
         assert!(holder_beside(Ipv4Addr::LOCALHOST, port, inode + 1).unwrap());
         let mut elsewhere = Elsewhere::new(port);
-        assert!(elsewhere.serves(Ipv4Addr::LOCALHOST, false));
-        assert!(!elsewhere.serves(Ipv4Addr::new(127, 0, 0, 2), true));
+        assert!(elsewhere.serves(Ipv4Addr::LOCALHOST, false, Instant::now()));
+        assert!(!elsewhere.serves(Ipv4Addr::new(127, 0, 0, 2), true, Instant::now()));
     }
 }
