@@ -30,9 +30,12 @@ pub fn embedded_kal() -> Result<Arc<Kal>> {
     if let Some(k) = KAL.get() {
         return Ok(k.clone());
     }
-    let opts = EMBEDDED_OPTIONS.get_or_init(StackOptions::from_env);
+    let opts = StackOptions {
+        rxe_this_host_if_taken: true,
+        ..EMBEDDED_OPTIONS.get_or_init(StackOptions::from_env).clone()
+    };
     let kal = Kal::new(kal::Config::default());
-    stack::start_default(&kal, opts)?;
+    stack::start_default(&kal, &opts)?;
     Ok(KAL.get_or_init(|| kal).clone())
 }
 

@@ -29,6 +29,12 @@ pub struct StackOptions {
     pub rxe_no_gso: bool,
     /// Leave out the host's libibverbs devices (the mlx provider's `ibv-*`).
     pub ibverbs_off: bool,
+    /// Where another rxe device of this user already serves rxe0's port on every address
+    /// (krdmad's, or another program's embedded one), serve this host only, on a loopback
+    /// address of this process's own, rather than leave rxe0 out: what an embedded kAL
+    /// does, so that two programs on one host (a perftest server and its client) reach
+    /// each other without setting addresses. Never with `rxe_addr` set.
+    pub rxe_this_host_if_taken: bool,
 }
 
 impl StackOptions {
@@ -50,6 +56,7 @@ impl StackOptions {
             rxe_no_raw: std::env::var("KRDMA_RXE_RAW").is_ok_and(|v| v == "0"),
             rxe_no_gso: std::env::var("KRDMA_RXE_GSO").is_ok_and(|v| v == "off"),
             ibverbs_off: std::env::var("KRDMA_IBVERBS").is_ok_and(|v| v == "off"),
+            rxe_this_host_if_taken: false,
         }
     }
 }
@@ -78,7 +85,7 @@ pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
             gso: !opts.rxe_no_gso,
             ..defaults
         };
-        match rxe::RxeDevice::new(config, services) {
+        match start_rxe(config, opts, services) {
             Ok(dev) => {
                 kal.register(dev)?;
             }
@@ -94,6 +101,47 @@ pub fn start_default(kal: &Kal, opts: &StackOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// rxe0 as `config` asks, or, when another device holds its port on every address and
+/// `opts` allows, on a loopback address of this process's own (one derived from the pid,
+/// the next where another process's is bound).
+fn start_rxe(
+    config: rxe::RxeConfig,
+    opts: &StackOptions,
+    services: Arc<HostServices>,
+) -> Result<Arc<rxe::RxeDevice>> {
+    let taken = match rxe::RxeDevice::new(config.clone(), services.clone()) {
+        Err(rnicpi::VerbsError::AddrInUse)
+            if opts.rxe_this_host_if_taken && config.addr.is_none() =>
+        {
+            rnicpi::VerbsError::AddrInUse
+        }
+        other => return other,
+    };
+    let pid = std::process::id();
+    let mut last = taken;
+    for high in (250..=253u8).rev() {
+        let addr = std::net::Ipv4Addr::new(127, high, (pid >> 8) as u8, pid as u8);
+        let here = rxe::RxeConfig {
+            addr: Some(addr),
+            ..config.clone()
+        };
+        match rxe::RxeDevice::new(here, services.clone()) {
+            Ok(dev) => {
+                tracing::warn!(
+                    %addr,
+                    port = config.port,
+                    "rxe0 serves this host only, on {addr}: another rxe device (krdmad's, or \
+                     another program's) serves the port on every address; reach that one \
+                     through krdmad, or set KRDMA_RXE_ADDR"
+                );
+                return Ok(dev);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// The driver name under which siw offers its engine to consumers (`FastPath::Either`).

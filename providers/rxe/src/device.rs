@@ -247,18 +247,15 @@ impl Shared {
     }
 
     /// The source address for traffic to `dst`: GID `sgid_index` when it is of `dst`'s
-    /// family, else the host's route; for a loopback destination, a loopback source
-    /// (the kernel would not deliver a datagram from elsewhere to 127/8).
+    /// family, else the host's route. Also toward 127/8 from another address of the host
+    /// (a peer on a loopback address that learnt GID `sgid_index` out of band, as
+    /// perftest's exchange tells it): Linux delivers those, and the peer takes packets of
+    /// the connection only from the GID it was given.
     pub fn route(&self, sgid_index: u8, dst: IpAddr) -> Result<IpAddr> {
-        let src = match self.addrs().get(sgid_index as usize) {
-            Some(a) if a.is_ipv4() == dst.is_ipv4() && !a.is_unspecified() => *a,
-            _ => self.source_for(dst)?,
-        };
-        Ok(if dst.is_loopback() && !src.is_loopback() {
-            self.source_for(dst).unwrap_or(src)
-        } else {
-            src
-        })
+        match self.addrs().get(sgid_index as usize) {
+            Some(a) if a.is_ipv4() == dst.is_ipv4() && !a.is_unspecified() => Ok(*a),
+            _ => self.source_for(dst),
+        }
     }
 
     /// Source address for traffic to `peer` (the host's route), if this device serves it.
