@@ -111,16 +111,13 @@ fn start_rxe(
     opts: &StackOptions,
     services: Arc<HostServices>,
 ) -> Result<Arc<rxe::RxeDevice>> {
-    let taken = match rxe::RxeDevice::new(config.clone(), services.clone()) {
-        Err(rnicpi::VerbsError::AddrInUse)
-            if opts.rxe_this_host_if_taken && config.addr.is_none() =>
-        {
-            rnicpi::VerbsError::AddrInUse
-        }
-        other => return other,
-    };
+    let first = rxe::RxeDevice::new(config.clone(), services.clone());
+    let may_fall_back = opts.rxe_this_host_if_taken && config.addr.is_none();
+    if !(may_fall_back && matches!(first, Err(rnicpi::VerbsError::AddrInUse))) {
+        return first;
+    }
     let pid = std::process::id();
-    let mut last = taken;
+    let mut last = rnicpi::VerbsError::AddrInUse;
     for high in (250..=253u8).rev() {
         let addr = std::net::Ipv4Addr::new(127, high, (pid >> 8) as u8, pid as u8);
         let here = rxe::RxeConfig {
