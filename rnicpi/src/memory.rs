@@ -33,9 +33,36 @@ pub trait MemoryAccess: Send + Sync + std::fmt::Debug {
     /// Where `[addr, addr+len)` of the consumer lies in this process's address space, when
     /// the accessor maps it there (so a system call may read or write the bytes in place,
     /// without a copy through a buffer of the engine's); `None` when it copies.
-    /// Producing the pointer touches nothing; using it is for [`Region::lend`]'s callers.
+    /// Producing the pointer touches nothing; using it is for [`Region::lend`]'s callers
+    /// and for [`read_append`](Self::read_append) inside a `Region` access.
     fn span(&self, _addr: u64, _len: usize) -> Option<*mut u8> {
         None
+    }
+    /// Append `len` bytes from consumer address `addr` to `out`. Where the accessor maps
+    /// the range ([`span`](Self::span)) they are copied once into `out`'s spare room,
+    /// which is never zeroed first; otherwise `out` grows by zeros that
+    /// [`read`](Self::read) overwrites. On an error `out` is left as it was.
+    fn read_append(&self, addr: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        let at = out.len();
+        let Some(src) = self.span(addr, len) else {
+            out.resize(at + len, 0);
+            return self
+                .read(addr, &mut out[at..])
+                .inspect_err(|_| out.truncate(at));
+        };
+        out.reserve(len);
+        // SAFETY: `span` gave `[src, src+len)` as mapped in this process for as long as
+        // the registration it belongs to is valid, and this runs inside a `Region`
+        // access, which holds the registration against invalidation for the copy (the
+        // same argument as `read`'s copy). The destination is `len` bytes of `out`'s
+        // reserved spare room, which cannot overlap consumer memory. Bytes the consumer
+        // writes concurrently only come out arbitrary, as with `read`. After the copy
+        // the first `at + len` bytes of `out` are initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.cast_const(), out.as_mut_ptr().add(at), len);
+            out.set_len(at + len);
+        }
+        Ok(())
     }
     /// Read-modify-write of an aligned 64-bit word (RDMA atomics). Atomic with respect
     /// to other RDMA atomics through this accessor (verbs `ATOMIC_HCA` semantics).
@@ -221,6 +248,22 @@ impl Region {
                 true => Ok(()),
                 false => m.read(addr, buf),
             }
+        })
+    }
+
+    /// [`read`](Self::read) onto the end of `out` (`len` bytes), with no zero fill where
+    /// the accessor maps the range ([`MemoryAccess::read_append`]).
+    pub fn read_append(
+        &self,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: Access,
+        out: &mut Vec<u8>,
+    ) -> Result<(), AccessError> {
+        self.access(pd, (addr, len as u64), need, |m| match len {
+            0 => Ok(()),
+            _ => m.read_append(addr, len, out),
         })
     }
 
@@ -430,6 +473,32 @@ impl Sgl {
         (filled == out.len())
             .then_some(())
             .ok_or(AccessError::OutOfBounds)
+    }
+
+    /// Append `n` bytes from message offset `off` to `out` (`need`: the right the read
+    /// requires), with no zero fill first where the memory is mapped
+    /// ([`Region::read_append`]). On an error `out` is left as it was.
+    pub fn append_at(
+        &self,
+        off: u64,
+        n: usize,
+        need: Access,
+        out: &mut Vec<u8>,
+    ) -> Result<(), AccessError> {
+        let at = out.len();
+        let mut done = 0;
+        for (r, _, addr, take) in walk(self.parts(), off, n) {
+            if let Err(e) = r.read_append(self.pd, addr, take, need, out) {
+                out.truncate(at);
+                return Err(e);
+            }
+            done += take;
+        }
+        if done != n {
+            out.truncate(at);
+            return Err(AccessError::OutOfBounds);
+        }
+        Ok(())
     }
 
     /// Write `data` at message offset `off` (`need`: the right the write requires).
@@ -812,6 +881,78 @@ mod tests {
             t.resolve_sgl(1, &bad, Access::empty()).err(),
             Some(AccessError::InvalidStag)
         );
+    }
+
+    /// Local memory, copied through `read` only (as an accessor that maps nothing).
+    #[derive(Debug)]
+    struct CopiedOnly;
+
+    impl MemoryAccess for CopiedOnly {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+            LocalMemory.read(addr, buf)
+        }
+        fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+            LocalMemory.write(addr, data)
+        }
+    }
+
+    /// Appending from a list gives the bytes `read_at` gives, after what the vector
+    /// held, whether the memory is mapped (no zero fill) or copied; a refused append
+    /// leaves the vector as it was.
+    #[test]
+    fn appends_match_reads() {
+        let t = MrTable::new(16);
+        let mut a: Vec<u8> = (1..=8).collect();
+        let mut b: Vec<u8> = (9..=16).collect();
+        let ra = buf_region(&t, &mut a, Access::LOCAL_WRITE);
+        let rb = t
+            .register(
+                1,
+                b.as_mut_ptr() as u64,
+                8,
+                Access::LOCAL_WRITE,
+                Arc::new(CopiedOnly),
+            )
+            .unwrap();
+        let sge = |r: &Region, off: u64, length: u32| Sge {
+            addr: r.base + off,
+            length,
+            lkey: r.stag,
+        };
+        let sges = [sge(&ra, 2, 5), sge(&rb, 1, 6)];
+        let sgl = t.resolve_sgl(1, &sges, Access::empty()).unwrap();
+        for off in 0..11u64 {
+            for n in 0..=(11 - off as usize) {
+                let mut want = vec![0u8; n];
+                sgl.read_at(off, &mut want, Access::empty()).unwrap();
+                let mut out = vec![0xee; 3];
+                sgl.append_at(off, n, Access::empty(), &mut out).unwrap();
+                assert_eq!(&out[..3], &[0xee; 3]);
+                assert_eq!(&out[3..], &want[..]);
+            }
+        }
+        let mut out = vec![7u8; 2];
+        assert_eq!(
+            sgl.append_at(4, 8, Access::empty(), &mut out),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            sgl.append_at(0, 3, Access::REMOTE_READ, &mut out),
+            Err(AccessError::NoRight)
+        );
+        assert_eq!(out, [7, 7]);
+        let mut one = Vec::new();
+        ra.read_append(1, ra.base + 7, 1, Access::empty(), &mut one)
+            .unwrap();
+        rb.read_append(1, rb.base, 2, Access::empty(), &mut one)
+            .unwrap();
+        assert_eq!(one, [8, 9, 10]);
+        ra.invalidate();
+        assert_eq!(
+            ra.read_append(1, ra.base, 1, Access::empty(), &mut one),
+            Err(AccessError::Invalidated)
+        );
+        assert_eq!(one, [8, 9, 10]);
     }
 
     #[test]

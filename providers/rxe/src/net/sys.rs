@@ -153,9 +153,24 @@ pub(super) fn open_raw(port: u16, dst: Option<Ipv4Addr>) -> Option<(OwnedFd, Own
     let rx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP).ok()?;
     let tx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW).ok()?;
     attach_filter(rx.as_raw_fd(), &udp_port_filter(port, dst)).ok()?;
+    discard_queued(rx.as_raw_fd());
     grow_buffers(rx.as_raw_fd());
     grow_buffers(tx.as_raw_fd());
     Some((rx, tx))
+}
+
+/// Read and drop what `fd` queued before its filter was attached (a raw socket takes
+/// every UDP datagram of the host until then). Bounded: traffic that passes the filter
+/// is for a device with no QP yet, which would drop it anyway.
+fn discard_queued(fd: RawFd) {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut sink = [0u8; 64];
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
+    for _ in 0..4096 {
+        if recv(fd, &mut sink, flags).is_err() {
+            break;
+        }
+    }
 }
 
 fn timeout_or<T>(e: io::Error) -> io::Result<Option<T>> {

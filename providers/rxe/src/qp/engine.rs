@@ -195,22 +195,34 @@ impl Engine<'_> {
         }
     }
 
-    /// A packet of `repr`'s headers around `n` payload bytes still to be written (zero,
-    /// at [`RoceRepr::payload_range`]): the sender gathers the payload from memory straight into it,
-    /// with no copy between, then queues it ([`Engine::queue_packet`]). `None` (logged)
-    /// when the headers do not fit the opcode.
-    pub(crate) fn packet_around(&self, repr: &RoceRepr<'_>, n: usize) -> Option<Vec<u8>> {
-        let mut roce = vec![0u8; repr.buffer_len_for(n)];
+    /// A packet of `repr`'s headers around the `n` payload bytes `payload` appends to
+    /// the buffer it is handed (which then holds the headers' room): the sender gathers
+    /// the payload from memory straight into the packet, with no copy between and no
+    /// zero fill before, then queues it ([`Engine::queue_packet`]). `Ok(None)` (logged)
+    /// when the headers do not fit the opcode; `Err` is `payload`'s own.
+    pub(crate) fn packet_with<E>(
+        &self,
+        repr: &RoceRepr<'_>,
+        n: usize,
+        payload: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<Option<Vec<u8>>, E> {
+        let len = repr.buffer_len_for(n);
+        let at = repr.payload_range(n).start;
+        let mut roce = Vec::with_capacity(len);
+        roce.resize(at, 0);
+        payload(&mut roce)?;
+        debug_assert_eq!(roce.len(), at + n, "the payload appended is n bytes");
+        roce.resize(len, 0);
         match repr.emit_around(&mut roce, n) {
-            Ok(_) => Some(roce),
+            Ok(_) => Ok(Some(roce)),
             Err(e) => {
                 tracing::warn!(qpn = self.base.qpn, error = %e, "rxe: cannot emit packet");
-                None
+                Ok(None)
             }
         }
     }
 
-    /// Queue a packet made by [`Engine::packet_around`] to the QP's peer.
+    /// Queue a packet made by [`Engine::packet_with`] to the QP's peer.
     pub(crate) fn queue_packet(&self, st: &mut State, roce: Vec<u8>) {
         if let Some(av) = st.av {
             st.out.datagrams.push(Outgoing { av, roce });

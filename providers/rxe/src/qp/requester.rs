@@ -392,16 +392,16 @@ impl Engine<'_> {
         w.status = r.err();
     }
 
-    /// Bytes `[off, off + out.len())` of a request's payload, into `out`.
-    fn gather(&self, w: &SendWqe, off: u64, out: &mut [u8]) -> Result<(), WcStatus> {
+    /// Bytes `[off, off + n)` of a request's payload, appended to `out`.
+    fn gather(w: &SendWqe, off: u64, n: usize, out: &mut Vec<u8>) -> Result<(), WcStatus> {
         if w.wqe.is_inline() {
             let inline = w.wqe.inline_data.get(..w.wqe.inline_len as usize);
-            let data = inline.and_then(|d| d.get(off as usize..off as usize + out.len()));
-            out.copy_from_slice(data.ok_or(WcStatus::LocLenErr)?);
+            let data = inline.and_then(|d| d.get(off as usize..off as usize + n));
+            out.extend_from_slice(data.ok_or(WcStatus::LocLenErr)?);
             return Ok(());
         }
         w.regions
-            .read_at(off, out, Access::empty())
+            .append_at(off, n, Access::empty(), out)
             .map_err(|_| WcStatus::LocProtErr)
     }
 
@@ -495,15 +495,17 @@ impl Engine<'_> {
         repr.ieth = ieth;
         repr.atomic_eth = atomic;
         let (off, n) = data.unwrap_or((0, 0));
-        let Some(mut roce) = self.packet_around(&repr, n) else {
-            return;
+        let w = &st.req.wqes[i];
+        let roce = match self.packet_with(&repr, n, |out| Self::gather(w, off, n, out)) {
+            Ok(Some(roce)) => roce,
+            Ok(None) => return,
+            Err(status) => {
+                st.req.wqes[i].status = Some(status);
+                st.req.wqes[i].done = true;
+                self.complete_in_order(st);
+                return;
+            }
         };
-        if let Err(status) = self.gather(&st.req.wqes[i], off, &mut roce[repr.payload_range(n)]) {
-            st.req.wqes[i].status = Some(status);
-            st.req.wqes[i].done = true;
-            self.complete_in_order(st);
-            return;
-        }
         self.queue_packet(st, roce);
         let r = &mut st.req;
         r.since_retry = r.since_retry.saturating_add(1);

@@ -378,15 +378,18 @@ impl Engine<'_> {
             if opcode != Opcode::RcRdmaReadResponseMiddle {
                 r.aeth = Some(ack_aeth(st.resp.msn));
             }
-            let Some(mut roce) = self.packet_around(&r, n as usize) else {
-                return false;
-            };
-            if let Some(region) = &job.region {
-                let payload = &mut roce[r.payload_range(n as usize)];
-                if region
-                    .read(self.base.pd, job.va, payload, Access::REMOTE_READ)
-                    .is_err()
-                {
+            let (pd, va) = (self.base.pd, job.va);
+            let read = self.packet_with(&r, n as usize, |out| match &job.region {
+                Some(region) => region.read_append(pd, va, n as usize, Access::REMOTE_READ, out),
+                None => {
+                    out.resize(out.len() + n as usize, 0);
+                    Ok(())
+                }
+            });
+            let roce = match read {
+                Ok(Some(roce)) => roce,
+                Ok(None) => return false,
+                Err(_) => {
                     // Deregistered under the response: the read fails remotely.
                     let psn = job.psn;
                     st.resp.jobs.clear();
@@ -399,7 +402,7 @@ impl Engine<'_> {
                     self.fatal(st, EventKind::QpAccessError, "read source vanished");
                     return false;
                 }
-            }
+            };
             self.queue_packet(st, roce);
             *budget -= 1;
             let Some(Out::Read(job)) = st.resp.jobs.front_mut() else {
