@@ -20,6 +20,10 @@ fn itapi_err(e: krdma_itapi::Error) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// Reservations [`SdpListener::bind_with`] tries past the first for a listener on any port
+/// whose transport port (iWARP: the port plus the offset) another socket holds.
+const ANY_PORT_TRIES: usize = 16;
+
 /// Hold a port of the host's TCP port space for an SDP socket: a kernel TCP socket bound
 /// to it (never listening), so TCP and SDP sockets never share a port by accident.
 pub(crate) fn reserve_port(at: SocketAddr) -> io::Result<(OwnedFd, SocketAddr)> {
@@ -308,13 +312,30 @@ impl SdpListener {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
-        let (guard, local) = if at.port() == 0 {
-            let (g, a) = reserve_port(at)?;
-            (Some(g), a)
-        } else {
-            (None, at)
-        };
-        Self::listen_at(local, guard, opts)
+        if at.port() != 0 {
+            return Self::listen_at(at, None, opts);
+        }
+        // Any port: the kernel picks a free one for the reservation, but over iWARP the
+        // listener sits at that port plus the offset, which another socket of the host may
+        // hold. Then take another reservation (keeping the refused ones until done, so the
+        // kernel does not hand the same port back).
+        let mut refused = Vec::new();
+        loop {
+            let (guard, local) = reserve_port(at)?;
+            match Self::listen_at(local, None, opts) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::AddrInUse && refused.len() < ANY_PORT_TRIES =>
+                {
+                    tracing::debug!(%local, "SDP: transport port of a free port taken; another");
+                    refused.push(guard);
+                }
+                Ok(mut l) => {
+                    l._port = Some(guard);
+                    return Ok(l);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Listen over SDP at `local` (its port already decided; `guard` holds it).

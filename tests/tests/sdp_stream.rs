@@ -107,6 +107,35 @@ fn stream_mixed_sizes_rxe0() {
     each("rxe0", stream_mixed_sizes);
 }
 
+/// A listener on any port retries when its transport port is taken, and gives up with
+/// `AddrInUse` after a bounded number of reservations when every one is: over iWARP with
+/// offset 0 the transport port is the reservation's own, which the reservation holds.
+fn any_port_with_every_transport_port_taken(o: &Options) {
+    let mut o = o.clone();
+    o.iwarp_port_offset = 0;
+    let at = SocketAddr::new(adapter_ip(&o), 0);
+    let e = SdpListener::bind_with(at, &o)
+        .err()
+        .expect("no transport port is free");
+    assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+    // With the offset back, the same call finds a port.
+    let l = SdpListener::bind_with(at, &opts_like(&o)).unwrap();
+    assert_ne!(l.local_addr().unwrap().port(), 0);
+}
+
+/// `o` with the default iWARP port offset.
+fn opts_like(o: &Options) -> Options {
+    Options {
+        iwarp_port_offset: Options::default().iwarp_port_offset,
+        ..o.clone()
+    }
+}
+
+#[test]
+fn any_port_with_every_transport_port_taken_siw0() {
+    each("siw0", any_port_with_every_transport_port_taken);
+}
+
 /// Wait up to `ms` for the descriptor to become readable; what it shows then.
 fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> PollFlags {
     let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
