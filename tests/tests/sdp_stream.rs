@@ -128,6 +128,59 @@ fn any_port_with_every_transport_port_taken_siw0() {
     each("siw0", any_port_with_every_transport_port_taken);
 }
 
+/// A listener at the top of the port range: over iWARP its transport port (port + offset)
+/// wraps into the unprivileged ports, and a connection reaches it there. A plain
+/// wrapping add made 55536 port 0 (any port: nobody could connect) and 55537..=56559
+/// privileged ports (refused to everyone but root).
+fn listener_at_the_top_of_the_port_range(o: &Options) {
+    let ip = adapter_ip(o);
+    let (l, at) = (55536..=65535)
+        .find_map(|port| {
+            let at = SocketAddr::new(ip, port);
+            match SdpListener::bind_with(at, o) {
+                Ok(l) => Some((l, at)),
+                Err(e) if e.kind() == ErrorKind::AddrInUse => None,
+                Err(e) => panic!("{at}: {e}"),
+            }
+        })
+        .expect("a free port at the top of the range");
+    let dev = krdma_sdp::device::Device::get(o.target.as_ref(), &o.device).unwrap();
+    let tport = o.transport_port(&dev, at.port());
+    assert!(tport >= 1024, "{at}: transport port {tport}");
+    let o2 = o.clone();
+    let client = std::thread::spawn(move || {
+        let mut c = SdpStream::connect_with(at, &o2)?;
+        c.write_all(b"top")?;
+        Ok::<_, std::io::Error>(c)
+    });
+    l.set_nonblocking(true).unwrap();
+    let mut s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && !client.is_finished() => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                panic!(
+                    "{at}: the client gave up: {:?}",
+                    client.join().unwrap().err()
+                )
+            }
+            Err(e) => panic!("{at}: {e}"),
+        }
+    };
+    s.set_nonblocking(false).unwrap();
+    let mut got = [0u8; 3];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"top");
+    drop(client.join().unwrap().unwrap());
+}
+
+#[test]
+fn listener_at_the_top_of_the_port_range_siw0() {
+    each("siw0", listener_at_the_top_of_the_port_range);
+}
+
 /// Wait up to `ms` for the descriptor to become readable; what it shows then.
 fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> PollFlags {
     let mut p = [PollFd::new(fd, PollFlags::POLLIN)];

@@ -100,10 +100,26 @@ impl Options {
     /// Where the transport connects for the SDP port `port` on `dev`.
     pub fn transport_port(&self, dev: &Device, port: u16) -> u16 {
         match dev.ia.transport() {
-            Transport::IwarpTcp => port.wrapping_add(self.iwarp_port_offset),
+            Transport::IwarpTcp => offset_port(port, self.iwarp_port_offset),
             Transport::InfiniBand => port,
         }
     }
+}
+
+/// The first port an unprivileged program may bind.
+const FIRST_UNPRIVILEGED: u32 = 1024;
+
+/// `port` moved up by `offset`; past 65535 it wraps around into the unprivileged ports
+/// (1024 and up), never to 0 (which would ask for any port) or a privileged port (which
+/// only root may listen on). Both ends compute it, so they meet.
+pub fn offset_port(port: u16, offset: u16) -> u16 {
+    let sum = u32::from(port) + u32::from(offset);
+    let span = 65536 - FIRST_UNPRIVILEGED;
+    let wrapped = match sum {
+        0..=65535 => sum,
+        _ => FIRST_UNPRIVILEGED + (sum - 65536) % span,
+    };
+    wrapped as u16 // at most 65535 either way
 }
 
 /// An error of the SDP connection as the socket reports it.
@@ -1427,4 +1443,43 @@ fn waker() -> io::Result<Arc<EventFd>> {
             Ok(w.get_or_init(|| e).clone())
         })
         .unwrap_or_else(|_| new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_port;
+    use proptest::prelude::*;
+
+    #[test]
+    fn offsets_below_the_top_add() {
+        assert_eq!(offset_port(5000, 10000), 15000);
+        assert_eq!(offset_port(55535, 10000), 65535);
+        assert_eq!(offset_port(80, 10000), 10080);
+        assert_eq!(offset_port(4242, 0), 4242);
+    }
+
+    #[test]
+    fn offsets_past_the_top_wrap_into_unprivileged_ports() {
+        // A plain wrap made 55536 port 0 (any port) and 55537..=56559 privileged ones.
+        assert_eq!(offset_port(55536, 10000), 1024);
+        assert_eq!(offset_port(55537, 10000), 1025);
+        assert_eq!(offset_port(65535, 10000), 11023);
+        assert_eq!(offset_port(65535, 65535), 1024 + 65534 % 64512);
+    }
+
+    proptest! {
+        #[test]
+        fn an_unprivileged_port_always_maps_to_an_unprivileged_one(
+            port in 1024u16.., offset in any::<u16>()
+        ) {
+            prop_assert!(offset_port(port, offset) >= 1024);
+        }
+
+        #[test]
+        fn unprivileged_ports_map_one_to_one(a in 1024u16.., b in 1024u16..) {
+            // Only a port below 1024 (root's) can meet a wrapped one.
+            prop_assume!(a != b);
+            prop_assert_ne!(offset_port(a, 10000), offset_port(b, 10000));
+        }
+    }
 }
