@@ -80,16 +80,6 @@ impl Engine<'_> {
         {
             return Err(WcStatus::LocLenErr);
         }
-        let payload = if wqe.is_inline() {
-            wqe.inline_data[..wqe.inline_len as usize].to_vec()
-        } else {
-            let mut v = vec![0; wqe.total_len() as usize];
-            self.mrs
-                .resolve_sgl(self.base.pd, wqe.sges(), Access::empty())
-                .and_then(|sgl| sgl.read_at(0, &mut v, Access::empty()))
-                .map_err(|_| WcStatus::LocProtErr)?;
-            v
-        };
         let opcode = if imm {
             Opcode::UdSendOnlyImm
         } else {
@@ -97,8 +87,7 @@ impl Engine<'_> {
         };
         let mut bth = wire::BthRepr::new(opcode, dest.qpn, st.req.psn);
         bth.solicited = wqe.solicited();
-        st.req.psn = wire::psn_add(st.req.psn, 1);
-        let mut repr = RoceRepr::new(bth, &payload);
+        let mut repr = RoceRepr::new(bth, &[]);
         repr.deth = Some(DethRepr {
             qkey: dest.qkey_or(st.attr.qkey),
             src_qp: self.base.qpn,
@@ -108,6 +97,19 @@ impl Engine<'_> {
                 imm: u32::from_be_bytes(wqe.imm_or_inv.to_ne_bytes()),
             });
         }
+        // The payload goes from the request or the registration straight into the packet.
+        let n = wqe.total_len() as usize;
+        let roce = self.packet_with(&repr, n, |out| {
+            if wqe.is_inline() {
+                out.extend_from_slice(&wqe.inline_data[..n]);
+                return Ok(());
+            }
+            self.mrs
+                .resolve_sgl(self.base.pd, wqe.sges(), Access::empty())
+                .and_then(|sgl| sgl.append_at(0, n, Access::empty(), out))
+                .map_err(|_| WcStatus::LocProtErr)
+        })?;
+        st.req.psn = wire::psn_add(st.req.psn, 1);
         let sport = match ah.flow_label {
             0 => wire::icrc::rxe_qp_udp_sport(self.base.qpn),
             fl => wire::icrc::udp_sport_for_flow_label(fl),
@@ -117,8 +119,10 @@ impl Engine<'_> {
             dst: ah.dst,
             sport,
         };
-        self.send_packet_to(st, av, &repr);
-        Ok(byte_len(payload.len() as u64))
+        if let Some(roce) = roce {
+            Self::queue_packet_to(st, av, roce);
+        }
+        Ok(byte_len(n as u64))
     }
 
     /// One datagram from `src` to `dst` addressed to this UD QP.

@@ -190,9 +190,14 @@ impl Engine<'_> {
     /// Queue one packet to `av`.
     pub(crate) fn send_packet_to(&self, st: &mut State, av: Av, repr: &RoceRepr<'_>) {
         match repr.to_vec() {
-            Ok(roce) => st.out.datagrams.push(Outgoing { av, roce }),
+            Ok(roce) => Self::queue_packet_to(st, av, roce),
             Err(e) => tracing::warn!(qpn = self.base.qpn, error = %e, "rxe: cannot emit packet"),
         }
+    }
+
+    /// Queue a packet made by [`Engine::packet_with`] to `av`.
+    pub(crate) fn queue_packet_to(st: &mut State, av: Av, roce: Vec<u8>) {
+        st.out.datagrams.push(Outgoing { av, roce });
     }
 
     /// A packet of `repr`'s headers around the `n` payload bytes `payload` appends to
@@ -225,7 +230,7 @@ impl Engine<'_> {
     /// Queue a packet made by [`Engine::packet_with`] to the QP's peer.
     pub(crate) fn queue_packet(&self, st: &mut State, roce: Vec<u8>) {
         if let Some(av) = st.av {
-            st.out.datagrams.push(Outgoing { av, roce });
+            Self::queue_packet_to(st, av, roce);
         }
     }
 
