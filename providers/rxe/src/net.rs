@@ -3,21 +3,25 @@
 //! The ICRC covers most of the IPv4 header, including the identification field, so both
 //! directions need to know the exact header:
 //!
-//! * **With `CAP_NET_RAW`** (the daemon, or a root process): packets are sent through an
-//!   `IPPROTO_RAW` socket with a header we build (our own non-zero identification, the
-//!   QP's UDP source port for entropy) and received through an `IPPROTO_UDP` raw socket
-//!   that hands over the real IP header (a BPF filter keeps only our port). Every ICRC is
-//!   computed and verified over the real headers. The UDP socket bound to the port only
-//!   reserves it (a BPF filter drops everything queued on it). Runs of packets to an
-//!   address of this host leave from that socket as one GSO datagram each, which the
-//!   raw socket receives whole and cuts back into its packets ([`gso`]).
+//! * **With `CAP_NET_RAW`** (the daemon, or a root process): packets are received through
+//!   an `IPPROTO_UDP` raw socket that hands over the real IP header (a BPF filter keeps
+//!   only our port), and sent through the same socket with a UDP header we build (the
+//!   QP's UDP source port for entropy) under the IP header the kernel adds: DF set,
+//!   identification 0, as Linux gives a DF datagram of an unconnected socket. Every ICRC
+//!   is computed over that header and verified over the real ones. The UDP socket bound
+//!   to the port only reserves it (a BPF filter drops everything queued on it). Runs of
+//!   packets to an address of this host leave from that socket as one GSO datagram
+//!   each, which the raw socket receives whole and cuts back into its packets ([`gso`]).
+//!   (Until 2026-12-03 sends went through an `IP_HDRINCL` socket with identifications
+//!   of our own: Linux routes each datagram of such a socket anew and frees the route
+//!   through RCU, which kept the softirq thread busy and made the latency tail.)
 //! * **Without it**: an ordinary UDP socket. Sent datagrams leave from the bound port with
 //!   DF set, for which Linux uses identification 0 on unconnected sockets, so the ICRC
 //!   is computed over that header. Received datagrams have their header reconstructed
-//!   the same way (identification 0, DF): the ICRC of a peer that sends like this (krdma
-//!   without raw sockets) verifies; a peer that uses other identifications (Linux
-//!   rdma_rxe, krdma with raw sockets) fails it and is dropped and counted. Interop with
-//!   kernel rxe therefore needs the raw mode.
+//!   the same way (identification 0, DF): the ICRC of a peer that sends like this (krdma,
+//!   packet by packet) verifies; a peer that uses other identifications (Linux rdma_rxe;
+//!   the packets after the first of a krdma GSO run) fails it and is dropped and
+//!   counted. Interop with kernel rxe therefore needs the raw mode.
 //!
 //! **IPv6** needs none of this: its header has no identification, and every field the
 //! ICRC covers (addresses, payload length, next header) is known from `recvmsg` with
@@ -36,7 +40,7 @@ pub(crate) use bindings::Elsewhere;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 pub use sys::bind_udp;
 use sys::{
@@ -143,11 +147,10 @@ pub struct Net {
     udp: UdpSocket,
     /// IPv6 (wildcard devices only).
     udp6: Option<UdpSocket>,
-    raw_rx: Option<OwnedFd>,
-    raw_tx: Option<OwnedFd>,
+    /// With `CAP_NET_RAW`: every IPv4 datagram is received and sent through this.
+    raw: Option<OwnedFd>,
     port: u16,
     bound: Option<Ipv4Addr>,
-    ip_id: AtomicU16,
     /// Runs to this host go out as one GSO datagram each ([`gso`]): raw mode, until the
     /// kernel refuses one.
     gso: AtomicBool,
@@ -160,7 +163,7 @@ impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Net")
             .field("port", &self.port)
-            .field("raw", &self.raw_rx.is_some())
+            .field("raw", &self.raw.is_some())
             .finish()
     }
 }
@@ -186,26 +189,22 @@ impl Net {
         setsockopt(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, &on)?;
         grow_buffers(fd);
         let raw = if use_raw { open_raw(port, bind) } else { None };
-        let (raw_rx, raw_tx) = match raw {
-            Some((rx, tx)) => {
-                // The UDP socket only holds the port: drop whatever is queued on it.
-                attach_filter(fd, &[bpf((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 0)])?;
-                // A socket without GRO has the kernel cut each GSO run that reaches it
-                // into datagrams (only for the filter to drop them); with GRO it takes
-                // the run whole. But GRO on a socket also makes receiving devices
-                // coalesce datagrams for it, which would hide every IP header but the
-                // first from the raw socket: only a device on a loopback address, which
-                // no device's traffic reaches, turns it on.
-                if bind.is_some_and(|a| a.is_loopback()) {
-                    let _ = setsockopt(fd, libc::IPPROTO_UDP, libc::UDP_GRO, &on);
-                }
-                (Some(rx), Some(tx))
+        if raw.is_some() {
+            // The UDP socket only holds the port: drop whatever is queued on it.
+            attach_filter(fd, &[bpf((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 0)])?;
+            // A socket without GRO has the kernel cut each GSO run that reaches it into
+            // datagrams (only for the filter to drop them); with GRO it takes the run
+            // whole. But GRO on a socket also makes receiving devices coalesce datagrams
+            // for it, which would hide every IP header but the first from the raw
+            // socket: only a device on a loopback address, which no device's traffic
+            // reaches, turns it on.
+            if bind.is_some_and(|a| a.is_loopback()) {
+                let _ = setsockopt(fd, libc::IPPROTO_UDP, libc::UDP_GRO, &on);
             }
-            None => (None, None),
-        };
-        let gso = use_gso && raw_rx.is_some();
+        }
+        let gso = use_gso && raw.is_some();
         udp.set_read_timeout(Some(Duration::from_millis(200)))?;
-        if let Some(rx) = &raw_rx {
+        if let Some(rx) = &raw {
             let tv = libc::timeval {
                 tv_sec: 0,
                 tv_usec: 200_000,
@@ -218,15 +217,13 @@ impl Net {
                 .ok(),
             Some(_) => None,
         };
-        tracing::info!(%sa, port, raw = raw_rx.is_some(), ipv6 = udp6.is_some(), "rxe network up");
+        tracing::info!(%sa, port, raw = raw.is_some(), ipv6 = udp6.is_some(), "rxe network up");
         Ok(Net {
             udp,
             udp6,
-            raw_rx,
-            raw_tx,
+            raw,
             port,
             bound: bind,
-            ip_id: AtomicU16::new(1),
             gso: AtomicBool::new(gso),
             gso_runs: AtomicU64::new(0),
             gso_packets: AtomicU64::new(0),
@@ -265,7 +262,7 @@ impl Net {
 
     /// Whether ICRCs are computed and verified over real IP headers.
     pub fn is_raw(&self) -> bool {
-        self.raw_rx.is_some()
+        self.raw.is_some()
     }
 
     pub fn port(&self) -> u16 {
@@ -292,7 +289,7 @@ impl Net {
     /// ([`Net::send4_gso`]), other runs of IPv4 datagrams through the raw socket with one
     /// `sendmmsg` each (up to [`BATCH`] at a time), the others one by one.
     pub fn send_all(&self, dport: u16, packets: &mut [Packet<'_>]) -> usize {
-        let Some(tx) = &self.raw_tx else {
+        let Some(raw) = &self.raw else {
             return send_each(self, dport, packets);
         };
         let mut gso = self.gso.load(Ordering::Relaxed);
@@ -320,7 +317,7 @@ impl Net {
             sent += match run {
                 // An IPv6 datagram, or a single one: a plain `sendmsg`.
                 0 | 1 => send_each(self, dport, batch),
-                _ => self.send4_raw_batch(tx.as_raw_fd(), dport, batch),
+                _ => self.send4_raw_batch(raw.as_raw_fd(), dport, batch),
             };
             i = end;
         }
@@ -386,38 +383,33 @@ impl Net {
         ]
     }
 
-    /// IPv4 datagrams through the raw socket, headers built here, in one system call.
+    /// IPv4 datagrams through the raw socket (UDP headers built here, each with its QP's
+    /// source port), in one system call.
     fn send4_raw_batch(&self, fd: RawFd, dport: u16, batch: &mut [Packet<'_>]) -> usize {
         let mut heads = Vec::with_capacity(batch.len());
         for (i, p) in batch.iter_mut().enumerate() {
             let (IpAddr::V4(src), IpAddr::V4(dst)) = (p.src, p.dst) else {
                 continue; // never: the caller passes a run of IPv4 datagrams
             };
-            let udp_len = (icrc::UDP_HEADER_LEN + p.roce.len()) as u16;
-            let ip = icrc::ipv4_header_for(src, dst, self.next_ip_id(), RAW_TX_TTL, 0, udp_len);
-            let udp = set_dport(icrc::udp_header_for(p.sport, udp_len), dport);
-            if fill(&ip, &udp, p.roce).is_ok() {
-                heads.push((i, ip, udp, sockaddr_in(SocketAddrV4::new(dst, 0))));
+            let udp = raw_udp_header(src, dst, p.sport, dport, p.roce);
+            if let Ok(udp) = udp {
+                heads.push((
+                    i,
+                    udp,
+                    sockaddr_in(SocketAddrV4::new(dst, 0)),
+                    pktinfo_from(src),
+                ));
             }
         }
         let msgs: Vec<RawMsg<'_>> = heads
             .iter()
-            .map(|(i, ip, udp, sa)| RawMsg {
+            .map(|(i, udp, sa, info)| RawMsg {
                 name: as_bytes(sa),
-                iov: [io_slice(ip), io_slice(udp), io_slice(&*batch[*i].roce)],
+                iov: [io_slice(udp), io_slice(&*batch[*i].roce)],
+                cmsgs: [pktinfo_cmsg(info)],
             })
             .collect();
         sendmmsg(fd, &msgs)
-    }
-
-    /// The next non-zero IPv4 identification (the kernel replaces a zero one).
-    fn next_ip_id(&self) -> u16 {
-        loop {
-            let id = self.ip_id.fetch_add(1, Ordering::Relaxed);
-            if id != 0 {
-                return id;
-            }
-        }
     }
 
     fn send6(&self, src: Ipv6Addr, dst: Ipv6Addr, dport: u16, roce: &mut [u8]) -> io::Result<()> {
@@ -450,15 +442,18 @@ impl Net {
         roce: &mut [u8],
     ) -> io::Result<()> {
         let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
-        match &self.raw_tx {
-            Some(tx) => {
-                let ip = icrc::ipv4_header_for(src, dst, self.next_ip_id(), RAW_TX_TTL, 0, udp_len);
-                let udp = icrc::udp_header_for(sport, udp_len);
-                let udp = set_dport(udp, dport);
-                fill(&ip, &udp, roce)?;
+        match &self.raw {
+            Some(raw) => {
+                let udp = raw_udp_header(src, dst, sport, dport, roce)?;
                 let dst_sa = sockaddr_in(SocketAddrV4::new(dst, 0));
-                let iov = [io_slice(&ip), io_slice(&udp), io_slice(roce)];
-                sendmsg(tx.as_raw_fd(), as_bytes(&dst_sa), &iov, &[])
+                let iov = [io_slice(&udp), io_slice(roce)];
+                let info = pktinfo_from(src);
+                sendmsg(
+                    raw.as_raw_fd(),
+                    as_bytes(&dst_sa),
+                    &iov,
+                    &[pktinfo_cmsg(&info)],
+                )
             }
             None => {
                 let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
@@ -488,7 +483,7 @@ impl Net {
     pub fn recv_batch(&self, batch: &mut RxBatch, wait: bool) -> io::Result<usize> {
         batch.got.clear();
         let v4 = self
-            .raw_rx
+            .raw
             .as_ref()
             .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd());
         let (mut read_v4, mut read_v6, mut wait_v4) = (true, false, wait);
@@ -503,7 +498,7 @@ impl Net {
             }
         }
         if read_v4 {
-            let from = if self.raw_rx.is_some() {
+            let from = if self.raw.is_some() {
                 Source::Raw
             } else {
                 Source::Udp
@@ -707,6 +702,23 @@ impl RxBatch {
 }
 
 /// The `IP_PKTINFO` that makes an IPv4 datagram leave from `src`.
+/// The UDP header of a datagram the raw socket sends from `src` to `dst`, with `roce`'s
+/// ICRC filled in over the IP header the kernel will give it: identification 0, don't
+/// fragment (as [`sys::open_raw`] sets up), the fields the ICRC masks aside.
+fn raw_udp_header(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    roce: &mut [u8],
+) -> io::Result<[u8; icrc::UDP_HEADER_LEN]> {
+    let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
+    let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
+    let udp = set_dport(icrc::udp_header_for(sport, udp_len), dport);
+    fill(&ip, &udp, roce)?;
+    Ok(udp)
+}
+
 fn pktinfo_from(src: Ipv4Addr) -> libc::in_pktinfo {
     libc::in_pktinfo {
         ipi_ifindex: 0,

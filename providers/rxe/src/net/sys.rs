@@ -149,14 +149,23 @@ pub(super) fn grow_buffers(fd: RawFd) {
     }
 }
 
-pub(super) fn open_raw(port: u16, dst: Option<Ipv4Addr>) -> Option<(OwnedFd, OwnedFd)> {
-    let rx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP).ok()?;
-    let tx = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW).ok()?;
-    attach_filter(rx.as_raw_fd(), &udp_port_filter(port, dst)).ok()?;
-    discard_queued(rx.as_raw_fd());
-    grow_buffers(rx.as_raw_fd());
-    grow_buffers(tx.as_raw_fd());
-    Some((rx, tx))
+/// The raw `IPPROTO_UDP` socket a device with `CAP_NET_RAW` receives and sends through:
+/// it sees every UDP datagram of the host's stack that passes its filter (port `port`, to
+/// `dst` if given), headers and all; what it sends, the kernel puts in an IP header of
+/// its own (identification 0: the socket sends don't-fragment datagrams and is never
+/// connected, as Linux does for such datagrams), while the UDP header is the sender's.
+/// Not `IP_HDRINCL`: Linux routes every datagram of a header-including socket anew,
+/// with a route it frees through RCU afterwards, which on loopback kept the softirq
+/// thread busy (docs/benchmarks.md).
+pub(super) fn open_raw(port: u16, dst: Option<Ipv4Addr>) -> Option<OwnedFd> {
+    let raw = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP).ok()?;
+    let fd = raw.as_raw_fd();
+    attach_filter(fd, &udp_port_filter(port, dst)).ok()?;
+    discard_queued(fd);
+    let pmtu: libc::c_int = libc::IP_PMTUDISC_DO;
+    setsockopt(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, &pmtu).ok()?;
+    grow_buffers(fd);
+    Some(raw)
 }
 
 /// Read and drop what `fd` queued before its filter was attached (a raw socket takes
@@ -352,7 +361,7 @@ pub(super) fn sendmsg(
     iov: &[libc::iovec],
     cmsgs: &[Cmsg<'_>],
 ) -> io::Result<()> {
-    let mut control = [0u64; 8];
+    let mut control = Control::default();
     // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
     // iovecs point at slices the caller keeps alive.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -360,30 +369,7 @@ pub(super) fn sendmsg(
     msg.msg_namelen = name.len() as u32;
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len();
-    let space: usize = cmsgs.iter().map(|c| unsafe_cmsg_space(c.data.len())).sum();
-    if space > std::mem::size_of_val(&control) {
-        return Err(io::ErrorKind::InvalidInput.into());
-    }
-    if space > 0 {
-        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = space;
-        // SAFETY: the control buffer holds every cmsg header with its data (their spaces
-        // sum to at most its size, checked above); CMSG_FIRSTHDR/CMSG_NXTHDR step through
-        // it by the lengths written here and return null rather than point past it.
-        unsafe {
-            let mut h = libc::CMSG_FIRSTHDR(&msg);
-            for c in cmsgs {
-                if h.is_null() {
-                    return Err(io::ErrorKind::InvalidInput.into());
-                }
-                (*h).cmsg_level = c.level;
-                (*h).cmsg_type = c.kind;
-                (*h).cmsg_len = libc::CMSG_LEN(c.data.len() as u32) as _;
-                std::ptr::copy_nonoverlapping(c.data.as_ptr(), libc::CMSG_DATA(h), c.data.len());
-                h = libc::CMSG_NXTHDR(&msg, h);
-            }
-        }
-    }
+    put_cmsgs(&mut msg, &mut control, cmsgs)?;
     loop {
         // SAFETY: msg is fully initialised above.
         let r = unsafe { libc::sendmsg(fd, &msg, 0) };
@@ -401,35 +387,74 @@ pub(super) fn sendmsg(
     }
 }
 
-/// One message of a [`sendmmsg`]: its destination and its three pieces (IP header, UDP
-/// header, RoCEv2 packet).
+/// Room for a message's control messages.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Control([u64; 8]);
+
+/// Write `cmsgs` into `control` and point `msg` at them (no control data when none).
+fn put_cmsgs(msg: &mut libc::msghdr, control: &mut Control, cmsgs: &[Cmsg<'_>]) -> io::Result<()> {
+    let space: usize = cmsgs.iter().map(|c| unsafe_cmsg_space(c.data.len())).sum();
+    if space > std::mem::size_of_val(control) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    if space == 0 {
+        return Ok(());
+    }
+    msg.msg_control = control.0.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space;
+    // SAFETY: the control buffer holds every cmsg header with its data (their spaces sum
+    // to at most its size, checked above); CMSG_FIRSTHDR/CMSG_NXTHDR step through it by
+    // the lengths written here and return null rather than point past it.
+    unsafe {
+        let mut h = libc::CMSG_FIRSTHDR(msg);
+        for c in cmsgs {
+            if h.is_null() {
+                return Err(io::ErrorKind::InvalidInput.into());
+            }
+            (*h).cmsg_level = c.level;
+            (*h).cmsg_type = c.kind;
+            (*h).cmsg_len = libc::CMSG_LEN(c.data.len() as u32) as _;
+            std::ptr::copy_nonoverlapping(c.data.as_ptr(), libc::CMSG_DATA(h), c.data.len());
+            h = libc::CMSG_NXTHDR(msg, h);
+        }
+    }
+    Ok(())
+}
+
+/// One message of a [`sendmmsg`]: its destination, its two pieces (UDP header, RoCEv2
+/// packet) and its control messages (the source address).
 pub(super) struct RawMsg<'a> {
     pub name: &'a [u8],
-    pub iov: [libc::iovec; 3],
+    pub iov: [libc::iovec; 2],
+    pub cmsgs: [Cmsg<'a>; 1],
 }
 
 /// Send `msgs` in order with as few `sendmmsg` calls as the kernel takes. A message the
 /// kernel refuses is skipped: a full buffer loses it as a wire would (retransmission
 /// recovers it), any other error is logged. Returns how many were sent.
 pub(super) fn sendmmsg(fd: RawFd, msgs: &[RawMsg<'_>]) -> usize {
-    let mut hdrs: Vec<libc::mmsghdr> = msgs
-        .iter()
-        .map(|m| {
-            // SAFETY: mmsghdr is plain data, for which all-zero is a valid value.
-            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            h.msg_hdr.msg_name = m.name.as_ptr() as *mut libc::c_void;
-            h.msg_hdr.msg_namelen = m.name.len() as u32;
-            h.msg_hdr.msg_iov = m.iov.as_ptr() as *mut libc::iovec;
-            h.msg_hdr.msg_iovlen = m.iov.len();
-            h
-        })
-        .collect();
+    // Every header points into `controls`, which is never resized after this.
+    let mut controls = vec![Control::default(); msgs.len()];
+    let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(msgs.len());
+    for (m, control) in msgs.iter().zip(controls.iter_mut()) {
+        // SAFETY: mmsghdr is plain data, for which all-zero is a valid value.
+        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        h.msg_hdr.msg_name = m.name.as_ptr() as *mut libc::c_void;
+        h.msg_hdr.msg_namelen = m.name.len() as u32;
+        h.msg_hdr.msg_iov = m.iov.as_ptr() as *mut libc::iovec;
+        h.msg_hdr.msg_iovlen = m.iov.len();
+        if let Err(e) = put_cmsgs(&mut h.msg_hdr, control, &m.cmsgs) {
+            tracing::debug!(error = %e, "rxe: control message does not fit");
+            continue;
+        }
+        hdrs.push(h);
+    }
     let (mut done, mut sent) = (0, 0);
     while done < hdrs.len() {
         let left = &mut hdrs[done..];
-        // SAFETY: each header points at a name and iovecs in `msgs`, which outlives the
-        // call, and those iovecs at buffers the caller keeps alive; the kernel writes only
-        // the headers' `msg_len`.
+        // SAFETY: each header points at a name and iovecs in `msgs` and at its control
+        // data in `controls`, which all outlive the call, and those iovecs at buffers the
+        // caller keeps alive; the kernel writes only the headers' `msg_len`.
         let r = unsafe { libc::sendmmsg(fd, left.as_mut_ptr(), left.len() as u32, 0) };
         if r > 0 {
             done += r as usize;
