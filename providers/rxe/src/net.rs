@@ -391,8 +391,7 @@ impl Net {
             let (IpAddr::V4(src), IpAddr::V4(dst)) = (p.src, p.dst) else {
                 continue; // never: the caller passes a run of IPv4 datagrams
             };
-            let udp = raw_udp_header(src, dst, p.sport, dport, p.roce);
-            if let Ok(udp) = udp {
+            if let Ok(udp) = udp4_header(src, dst, p.sport, dport, p.roce) {
                 heads.push((
                     i,
                     udp,
@@ -441,13 +440,12 @@ impl Net {
         dport: u16,
         roce: &mut [u8],
     ) -> io::Result<()> {
-        let udp_len = (icrc::UDP_HEADER_LEN + roce.len()) as u16;
+        let info = pktinfo_from(src);
         match &self.raw {
             Some(raw) => {
-                let udp = raw_udp_header(src, dst, sport, dport, roce)?;
+                let udp = udp4_header(src, dst, sport, dport, roce)?;
                 let dst_sa = sockaddr_in(SocketAddrV4::new(dst, 0));
                 let iov = [io_slice(&udp), io_slice(roce)];
-                let info = pktinfo_from(src);
                 sendmsg(
                     raw.as_raw_fd(),
                     as_bytes(&dst_sa),
@@ -456,16 +454,15 @@ impl Net {
                 )
             }
             None => {
-                let ip = icrc::ipv4_header_for(src, dst, 0, RAW_TX_TTL, 0, udp_len);
-                let udp = set_dport(icrc::udp_header_for(self.port, udp_len), dport);
-                fill(&ip, &udp, roce)?;
+                // The socket writes the UDP header: only its ICRC is needed from ours.
+                udp4_header(src, dst, self.port, dport, roce)?;
                 let dst_sa = sockaddr_in(SocketAddrV4::new(dst, dport));
-                let pktinfo = pktinfo_from(src);
+                let iov = [io_slice(roce)];
                 sendmsg(
                     self.udp.as_raw_fd(),
                     as_bytes(&dst_sa),
-                    &[io_slice(roce)],
-                    &[pktinfo_cmsg(&pktinfo)],
+                    &iov,
+                    &[pktinfo_cmsg(&info)],
                 )
             }
         }
@@ -701,11 +698,11 @@ impl RxBatch {
     }
 }
 
-/// The `IP_PKTINFO` that makes an IPv4 datagram leave from `src`.
-/// The UDP header of a datagram the raw socket sends from `src` to `dst`, with `roce`'s
-/// ICRC filled in over the IP header the kernel will give it: identification 0, don't
-/// fragment (as [`sys::open_raw`] sets up), the fields the ICRC masks aside.
-fn raw_udp_header(
+/// The UDP header of an IPv4 datagram from `src` to `dst`, with `roce`'s ICRC filled in
+/// over the IP header the kernel gives it: every IPv4 datagram leaves a socket that is
+/// never connected with don't-fragment set ([`sys::open_raw`], [`Net::open`]), so
+/// identification 0; the fields the ICRC masks aside.
+fn udp4_header(
     src: Ipv4Addr,
     dst: Ipv4Addr,
     sport: u16,
@@ -719,6 +716,7 @@ fn raw_udp_header(
     Ok(udp)
 }
 
+/// The `IP_PKTINFO` that makes an IPv4 datagram leave from `src`.
 fn pktinfo_from(src: Ipv4Addr) -> libc::in_pktinfo {
     libc::in_pktinfo {
         ipi_ifindex: 0,
