@@ -7,7 +7,7 @@
 # Five tool sets: ibv_rc_pingpong (`krdma pingpong`), ibv_ud_pingpong (`krdma ud-pingpong`),
 # udaddy (`krdma udaddy`), rping (`krdma rping`), and perftest
 # 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat against
-# `krdma perf`) with and without -R.
+# `krdma perf`) with and without -R, and the Send tests over UD (-c UD).
 #
 #   bash scripts/interop-rxe.sh                  # the whole set
 #   ONLY=pingpong bash scripts/interop-rxe.sh    # the cases whose name matches
@@ -64,6 +64,20 @@ for cm in "" "-R"; do
         record "perf-$k-host-server$tag" 1 "" "ib_$t -d rxe0 -x 1 $cm -n $PERF_ITERS $HOST" \
             "perf $k -d rxe0 $cm -n $PERF_ITERS" host-first $front
     done
+done
+
+# perftest's UD Send tests (-c UD, without -R: perftest's default exchange, UD QPs moved
+# to RTS by Modify QP with Q_Key 0x11111111, SEND Only with a DETH through an address
+# handle, each receive 40 bytes longer for the GRH). Messages stop at the path MTU: the
+# default 64 KiB of ib_send_bw becomes the MTU. One host-server case through krdmad.
+for t in send_bw send_lat; do
+    k=${t/_/-}
+    front=embedded
+    [ "$k" = send-lat ] && front=daemon
+    record "perf-$k-ud-guest-server" 2 "" "ib_$t -d rxe0 -x 1 -c UD -n $PERF_ITERS" \
+        "perf $k -d rxe0 -c UD -n $PERF_ITERS $GUEST" guest-first
+    record "perf-$k-ud-host-server" 1 "" "ib_$t -d rxe0 -x 1 -c UD -n $PERF_ITERS $HOST" \
+        "perf $k -d rxe0 -c UD -n $PERF_ITERS" host-first $front
 done
 
 # perftest's run options, both roles, each exchange method: a timed run (-D seconds, -f

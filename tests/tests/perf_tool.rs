@@ -517,6 +517,58 @@ fn rxe_sockets_all_sizes_and_two_qps() {
     check_rdma_bw(&s, &c, 4096, 300);
 }
 
+/// `-c UD`: Send tests over UD QPs (rxe0, without -R), through both front doors; the
+/// received messages sit behind the GRH and match the sender's pattern. `-a` stops at
+/// the MTU. Other tests, iWARP and -R are refused.
+#[test]
+fn rxe_ud_send_tests() {
+    each_front_door(|door| {
+        let ud = |o: Options| Options {
+            ud: true,
+            ..rxe(o, false)
+        };
+        let (s, c) = run_pair(door, &ud(opts(Test::SendLat, 200)));
+        for side in [&s, &c] {
+            let r = side.summary.lat[0];
+            assert_eq!((r.size, r.iters), (2, 200));
+            assert!(side.summary.validated);
+            assert!(side.text.contains("Connection type : UD"), "{}", side.text);
+        }
+        let o = Options {
+            size: Some(4096),
+            ..ud(opts(Test::SendBw, 400))
+        };
+        let (s, c) = run_pair(door, &o);
+        sane_bw(&c.summary.bw[0], 4096, 400, true);
+        sane_bw(&s.summary.bw[0], 4096, 400, false);
+        assert!(s.summary.validated, "the server checks what it received");
+        check_info(&s, "IB", "Ethernet");
+    });
+    let o = Options {
+        all_sizes: true,
+        ..Options {
+            ud: true,
+            ..rxe(opts(Test::SendLat, 5), false)
+        }
+    };
+    let (s, c) = run_pair(&FrontDoor::Embedded, &o);
+    let sizes: Vec<u64> = c.summary.lat.iter().map(|r| r.size).collect();
+    assert_eq!(sizes, (1..=12).map(|i| 1u64 << i).collect::<Vec<_>>());
+    assert!(s.summary.validated && c.summary.validated);
+
+    let door = FrontDoor::Embedded;
+    for (o, why) in [
+        (opts(Test::SendBw, 10), "iWARP"),
+        (rxe(opts(Test::WriteBw, 10), false), "SEND"),
+        (rxe(opts(Test::SendBw, 10), true), "-R"),
+    ] {
+        match run_one(&door, &Options { ud: true, ..o }) {
+            PerfError::Options(m) => assert!(m.contains("-c UD") && m.contains(why), "{m}"),
+            e => panic!("-c UD must be refused ({why}): {e}"),
+        }
+    }
+}
+
 #[test]
 fn siw_refuses_the_socket_exchange() {
     let door = FrontDoor::Embedded;

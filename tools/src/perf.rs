@@ -3,7 +3,7 @@
 //! the raw-TCP baseline the same run is compared against.
 
 use rnicpi::{
-    send_flags, Access, ConnParam, Cqe, QpCaps, Result, VerbsError, WcStatus, Wqe, WrOpcode,
+    send_flags, Access, ConnParam, Cqe, QpCaps, QpType, Result, VerbsError, WcStatus, Wqe, WrOpcode,
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -63,6 +63,19 @@ pub fn endpoint_on(
     depth: u32,
     access: Access,
 ) -> Result<Endpoint> {
+    endpoint_of(ctx, dev, cq, buf_len, depth, access, QpType::Rc)
+}
+
+/// [`endpoint_on`] with a QP of `qp_type`.
+pub fn endpoint_of(
+    ctx: &Arc<Context>,
+    dev: u32,
+    cq: Arc<Cq>,
+    buf_len: usize,
+    depth: u32,
+    access: Access,
+    qp_type: QpType,
+) -> Result<Endpoint> {
     let pd = ctx.alloc_pd(dev)?;
     let caps = QpCaps {
         max_send_wr: depth,
@@ -77,6 +90,7 @@ pub fn endpoint_on(
         &cq,
         QpConfig {
             caps,
+            qp_type,
             ..Default::default()
         },
     )?;

@@ -252,6 +252,9 @@ pub struct Options {
     pub duplex: bool,
     /// krdma to krdma only: fill buffers with known patterns and check what arrives.
     pub validate: bool,
+    /// `-c UD`: the data QPs are unreliable datagram QPs (Send tests on IB/RoCE devices,
+    /// without `-R`); else RC.
+    pub ud: bool,
 }
 
 impl Options {
@@ -283,6 +286,7 @@ impl Options {
             post_list: 1,
             duplex: false,
             validate: false,
+            ud: false,
         }
     }
 }

@@ -262,7 +262,8 @@ struct PerfArgs {
     /// Bidirectional: both sides send (bandwidth tests; both sides give -b).
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
-    /// Connection type: RC (krdma's QPs are reliable connected; the others are refused).
+    /// Connection type: RC, or UD for send-bw and send-lat on IB/RoCE devices (without -R);
+    /// the others are refused.
     #[arg(short = 'c', long = "connection", value_parser = ["RC", "UC", "UD", "XRC", "DC", "SRD"])]
     connection: Option<String>,
 }
@@ -394,12 +395,16 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         Some("CMP_AND_SWAP") => AtomicType::CmpAndSwap,
         Some(_) => AtomicType::FetchAndAdd,
     };
-    if let Some(c) = a.connection.as_deref().filter(|c| *c != "RC") {
-        return Err(format!(
-            "-c {c}: krdma's QPs are reliable connected only (-c RC); {c} is not supported"
-        )
-        .into());
-    }
+    let ud = match a.connection.as_deref() {
+        None | Some("RC") => false,
+        Some("UD") => true,
+        Some(c) => {
+            return Err(format!(
+                "-c {c}: krdma's perftest runs RC, and UD Send tests (-c UD); {c} is not supported"
+            )
+            .into())
+        }
+    };
     let opts = Options {
         server: a.server,
         port: a.port,
@@ -426,6 +431,7 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         margin: a.margin,
         post_list: a.post_list,
         duplex: a.bidirectional,
+        ud,
         ..Options::new(test)
     };
     let ctx = Context::open_target(target)?;

@@ -20,6 +20,10 @@ const DEF_ITERS_LAT: u64 = 1000;
 const DEF_TX_BW: u32 = 128;
 const DEF_TX_LAT: u32 = 1;
 const DEF_RX_SEND: u32 = 512;
+/// `UC_MAX_RX`: a UD receiver left at the default depth posts this many at most.
+const UD_MAX_RX: u32 = 16000;
+/// `UD_ADDITION`: the room before a UD message in its receive buffer, where the GRH lands.
+pub const GRH_LEN: u64 = 40;
 const DEF_RX_RDMA: u32 = 1;
 const DEF_CQ_MOD: u32 = 100;
 /// Above this size perftest turns CQ moderation off (unless `-Q` or `-a`).
@@ -76,6 +80,10 @@ pub struct Params {
     pub gid_index: usize,
     /// The GID at `gid_index` (informational over iWARP).
     pub gid: [u8; 16],
+    /// `-c UD`: unreliable datagram data QPs (Send tests only).
+    pub ud: bool,
+    /// `-s` was given (a UD size above the MTU is then an error, not a change).
+    pub size_given: bool,
 }
 
 impl Params {
@@ -97,6 +105,20 @@ impl Params {
         }
         let lat = o.test.is_lat();
         let send = o.test.verb() == Verb::Send;
+        if o.ud {
+            let why = if iwarp {
+                Some("an iWARP device has no UD QPs")
+            } else if !send {
+                Some("UD connection only possible in SEND verb")
+            } else if o.rdma_cm {
+                Some("krdma's perftest runs UD without -R only (QPs readied by Modify QP)")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(PerfError::Options(format!("-c UD: {why}")));
+            }
+        }
         if o.duplex && lat {
             return Err(PerfError::Options(
                 "Bidirectional is only available in BW test".into(),
@@ -183,6 +205,10 @@ impl Params {
             if send && rx_depth as u64 > iters {
                 rx_depth = iters as u32;
             }
+            if o.ud && rx_depth == DEF_RX_SEND {
+                // A datagram that finds no receive is lost: one receive per message.
+                rx_depth = iters.min(UD_MAX_RX as u64) as u32;
+            }
         }
         let post_list = o.post_list.max(1);
         let mut cq_mod = o.cq_mod.unwrap_or(DEF_CQ_MOD);
@@ -226,6 +252,7 @@ impl Params {
         }
         // (perftest decides this before the post list, which then sets its own.)
         if size > MSG_SIZE_CQ_MOD_LIMIT
+            && !o.ud
             && !o.all_sizes
             && o.cq_mod.is_none()
             && !o.use_event
@@ -253,7 +280,7 @@ impl Params {
         } else {
             (vec![size], size)
         };
-        Ok(Params {
+        let mut p = Params {
             test: o.test,
             client: o.server.is_some(),
             rdma_cm: o.rdma_cm,
@@ -281,7 +308,38 @@ impl Params {
             mtu,
             gid_index: o.gid_index.unwrap_or(0),
             gid: [0; 16],
-        })
+            ud: o.ud,
+            size_given: o.size.is_some(),
+        };
+        p.fit_ud(false)?;
+        Ok(p)
+    }
+
+    /// `-c UD`: a datagram is one packet, so no message is longer than the path MTU. `-a`
+    /// stops at it and a default size drops to it, with the message perftest 4.5 prints;
+    /// a size given with `-s` drops to the local MTU silently, but is refused once both
+    /// sides have agreed on a smaller one (`exchanged`, as `check_mtu`).
+    pub fn fit_ud(&mut self, exchanged: bool) -> Result<(), PerfError> {
+        let most = super::wire::mtu_bytes(self.mtu) as u64;
+        if !self.ud || self.sizes.iter().all(|&s| s <= most) {
+            return Ok(());
+        }
+        let all = self.sizes.len() > 1;
+        if exchanged && self.size_given && !all {
+            return Err(PerfError::Options(
+                "Max message size in UD cannot be greater than MTU".into(),
+            ));
+        }
+        if all || !self.size_given {
+            eprintln!(" Max msg size in UD is MTU {most}");
+            eprintln!(" Changing to this MTU");
+        }
+        self.sizes.retain(|&s| s <= most);
+        if self.sizes.is_empty() {
+            self.sizes.push(most);
+        }
+        self.buf_size = self.buf_size.min(most);
+        Ok(())
     }
 
     /// `BUFF_SIZE(size, cycle_buffer)`: one half of a QP's buffer.
@@ -297,7 +355,17 @@ impl Params {
         } else {
             self.cycle_buffer as u64
         };
-        Cycle::new(size, page, self.cache_line as u64)
+        Cycle::with_lead(size, self.grh(), page, self.cache_line as u64)
+    }
+
+    /// The room before each message in its receive buffer: a UD receive takes the GRH
+    /// there.
+    pub fn grh(&self) -> u64 {
+        if self.ud {
+            GRH_LEN
+        } else {
+            0
+        }
     }
 
     /// Receives posted before a send run (`ctx_set_recv_wqes`; never more than messages).
@@ -348,12 +416,20 @@ fn page_size() -> u32 {
 #[derive(Debug, Clone, Copy)]
 pub struct Cycle {
     pub size: u64,
+    /// Bytes a receive takes before each message (UD: the GRH), within its place.
+    pub lead: u64,
     stride: u64,
     slots: u64,
 }
 
 impl Cycle {
-    pub fn new(size: u64, cycle_buffer: u64, cache_line: u64) -> Cycle {
+    /// Places of `lead + size` bytes (a receive's), messages of `size`.
+    pub fn with_lead(size: u64, lead: u64, cycle_buffer: u64, cache_line: u64) -> Cycle {
+        let c = Self::places(size + lead, cycle_buffer, cache_line);
+        Cycle { size, lead, ..c }
+    }
+
+    fn places(size: u64, cycle_buffer: u64, cache_line: u64) -> Cycle {
         if size <= cycle_buffer / 2 {
             let stride = if size > cache_line {
                 size.div_ceil(cache_line) * cache_line
@@ -362,12 +438,14 @@ impl Cycle {
             };
             Cycle {
                 size,
+                lead: 0,
                 stride,
                 slots: (cycle_buffer / stride).max(1),
             }
         } else {
             Cycle {
                 size,
+                lead: 0,
                 stride: 0,
                 slots: 1,
             }
@@ -441,15 +519,57 @@ mod tests {
 
     #[test]
     fn cycle_offsets() {
-        let c = Cycle::new(2, 4096, 64);
+        let c = Cycle::with_lead(2, 0, 4096, 64);
         assert_eq!((c.offset(0), c.offset(1), c.offset(64)), (0, 64, 0));
-        let c = Cycle::new(100, 4096, 64);
+        let c = Cycle::with_lead(100, 0, 4096, 64);
         assert_eq!(
             (c.offset(1), c.offset(31), c.offset(32)),
             (128, 31 * 128, 0)
         );
-        let c = Cycle::new(65536, 4096, 64);
+        let c = Cycle::with_lead(65536, 0, 4096, 64);
         assert_eq!(c.offset(7), 0);
         assert_eq!(c.covered(5).count(), 1);
+        // UD receives: each place holds the GRH and the message.
+        let c = Cycle::with_lead(64, GRH_LEN, 4096, 64);
+        assert_eq!((c.size, c.lead, c.offset(1)), (64, 40, 128));
+        let c = Cycle::with_lead(2048, GRH_LEN, 4096, 64);
+        assert_eq!((c.offset(1), c.covered(9).count()), (0, 1));
+    }
+
+    fn ud(test: Test, size: Option<u64>, all: bool) -> Options {
+        Options {
+            ud: true,
+            rdma_cm: false,
+            size,
+            all_sizes: all,
+            ..opts(test, true)
+        }
+    }
+
+    #[test]
+    fn ud_sizes_stop_at_the_mtu() {
+        const IB: Transport = Transport::Ib;
+        // (enum ibv_mtu 5 = 4096 bytes, 3 = 1024.)
+        let mut p = Params::resolve(&ud(Test::SendBw, None, false), 16, 5, IB).unwrap();
+        assert_eq!(
+            (p.sizes.clone(), p.buf_size, p.grh()),
+            (vec![4096], 4096, 40)
+        );
+        assert_eq!(p.rx_depth, 5000, "a receive per message, as perftest's UD");
+        assert_eq!(p.cq_mod, 100, "UD keeps CQ moderation whatever -s asked");
+        // The peer's MTU is smaller: a default size follows it.
+        p.mtu = 3;
+        p.fit_ud(true).unwrap();
+        assert_eq!(p.sizes, vec![1024]);
+        // A size given with -s drops to the local MTU, but not to the exchanged one.
+        let mut p = Params::resolve(&ud(Test::SendLat, Some(8192), false), 16, 5, IB).unwrap();
+        assert_eq!(p.sizes, vec![4096]);
+        p.mtu = 3;
+        assert!(matches!(p.fit_ud(true), Err(PerfError::Options(_))));
+        let p = Params::resolve(&ud(Test::SendLat, None, true), 16, 3, IB).unwrap();
+        assert_eq!(p.sizes, (1..=10).map(|i| 1u64 << i).collect::<Vec<_>>());
+        // RC is unchanged by all this.
+        let p = Params::resolve(&opts(Test::SendBw, true), 16, 3, IB).unwrap();
+        assert_eq!((p.sizes.clone(), p.grh()), (vec![65536], 0));
     }
 }

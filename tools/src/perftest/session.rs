@@ -76,6 +76,7 @@ impl<'a> Session<'a> {
         if let Some(m) = wire::decode_mtu(&theirs) {
             self.p.mtu = self.p.mtu.min(m);
         }
+        self.p.fit_ud(true)?;
         if self.ctrl.is_cm() {
             self.ctrl.handshake(&Dest::default())?;
         }
@@ -413,7 +414,8 @@ impl<'a> Session<'a> {
             " Number of qps   : {}\t\tTransport type : {transport}",
             p.num_qps
         )?;
-        writeln!(o, " Connection type : RC\t\tUsing SRQ      : OFF")?;
+        let conn = if p.ud { "UD" } else { "RC" };
+        writeln!(o, " Connection type : {conn}\t\tUsing SRQ      : OFF")?;
         // As Debian's perftest 4.5 prints them: PCIe relaxed ordering is turned off only
         // by ib_write_lat (it polls for the last byte), and the ibv_wr_* API is not used.
         let relaxed = if p.test == Test::WriteLat {

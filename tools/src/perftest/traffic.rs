@@ -10,19 +10,20 @@
 //! Without rdma_cm (IB/RoCE) the QPs are connected by Modify QP with perftest's attributes
 //! (`ctx_connect`): RTR towards the peer's record, and RTS for latency tests, the client
 //! and both sides of a bidirectional run (a one-way bandwidth server only receives, so it
-//! stays in RTR).
+//! stays in RTR). A UD QP (`-c UD`) goes to RTS with perftest's Q_Key and sends through
+//! an address handle of the peer's GID; its receives take the GRH before each message.
 
 use super::control::{check, closed, next_raw, DATA_IDLE};
 use super::params::{Cycle, Params, MAX_INLINE};
 use super::timed::RunClock;
 use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
-use crate::perf::{new_endpoint_with, Endpoint, ENDPOINT_ACCESS};
-use rnicpi::{send_flags, Access, WrOpcode};
-use std::sync::Arc;
+use crate::perf::{endpoint_of, Endpoint, ENDPOINT_ACCESS};
+use rnicpi::{send_flags, Access, AhAttr, QpType, WrOpcode};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use ual::oob::{self, RcPath, RcPeer};
-use ual::{Context, Cqe};
+use ual::{Ah, Context, Cqe};
 
 /// Bytes after the two halves: the credit word the peer writes (offset 0) and the one this
 /// side sends from (offset 8).
@@ -30,6 +31,8 @@ const CREDIT_AREA: u64 = 64;
 const CREDIT_OUT: u64 = 8;
 /// wr_id of credit writes (data requests carry their QP's index, like perftest).
 pub(super) const CREDIT_ID: u64 = u64::MAX - 1;
+/// perftest's `DEF_QKEY`: the Q_Key of UD data QPs and of their Sends.
+const DEF_QKEY: u32 = 0x1111_1111;
 /// perftest's `MIN_RNR_TIMER` (0.64 ms).
 const MIN_RNR_TIMER: u8 = 12;
 /// `ah_attr.grh.hop_limit` in `ctx_modify_qp_to_rtr`.
@@ -57,6 +60,8 @@ pub struct DataQp {
     pub(super) events: bool,
     /// `-I`: requests of at most this many bytes carry their data inline.
     inline: u32,
+    /// `-c UD`: the peer's address handle and QPN, once known ([`DataQp::connect`]).
+    ud_peer: OnceLock<(Arc<Ah>, u32)>,
 }
 
 impl DataQp {
@@ -69,11 +74,14 @@ impl DataQp {
         if p.test.verb() == Verb::Atomic {
             access |= Access::REMOTE_ATOMIC;
         }
-        let ep = new_endpoint_with(ctx, dev, (2 * half + CREDIT_AREA) as usize, depth, access)?;
+        let cq = ctx.create_cq(dev, depth * 2 + 8)?;
+        let kind = if p.ud { QpType::Ud } else { QpType::Rc };
+        let len = (2 * half + CREDIT_AREA) as usize;
+        let ep = endpoint_of(ctx, dev, cq, len, depth, access, kind)?;
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
-        if !p.rdma_cm {
+        if !p.rdma_cm && !p.ud {
             let access = match p.test.verb() {
                 Verb::Write => Access::REMOTE_WRITE,
                 Verb::Read => Access::REMOTE_READ,
@@ -89,10 +97,29 @@ impl DataQp {
     /// latency test or the client. IRD is our `out_reads`, ORD the peer's (the device
     /// lowers both to what it supports).
     pub fn connect(&self, p: &Params, my: &Dest, rem: &Dest) -> Result<(), PerfError> {
+        let sgid_index = u8::try_from(p.gid_index)
+            .map_err(|_| PerfError::Options("GID index above 255".into()))?;
+        if p.ud {
+            oob::ud_to_rts(&self.ep.qp, DEF_QKEY, my.psn)?;
+            let attr = AhAttr {
+                port: 1,
+                sgid_index,
+                hop_limit: HOP_LIMIT,
+                dgid: rem.gid,
+                ..Default::default()
+            };
+            let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
+            let _ = self.ud_peer.set((ah, rem.qpn));
+            tracing::info!(
+                qpn = self.ep.qp.qp_num,
+                peer_qpn = rem.qpn,
+                "perftest: UD QP ready"
+            );
+            return Ok(());
+        }
         let path = RcPath {
             path_mtu: wire::mtu_bytes(p.mtu),
-            sgid_index: u8::try_from(p.gid_index)
-                .map_err(|_| PerfError::Options("GID index above 255".into()))?,
+            sgid_index,
             hop_limit: HOP_LIMIT,
             max_dest_rd_atomic: my.out_reads.min(255) as u8,
             max_rd_atomic: rem.out_reads.min(255) as u8,
@@ -124,6 +151,7 @@ impl DataQp {
             half: p.half(),
             events: p.use_event,
             inline: p.inline,
+            ud_peer: OnceLock::new(),
         }
     }
 
@@ -211,8 +239,8 @@ impl DataQp {
 
     /// The receive the `j`-th message of a run lands in.
     pub(super) fn post_recv(&self, j: u64, cyc: &Cycle) -> Result<(), PerfError> {
-        self.ep
-            .post_recv(0, self.half + cyc.offset(j), cyc.size as u32)?;
+        let len = (cyc.lead + cyc.size) as u32;
+        self.ep.post_recv(0, self.half + cyc.offset(j), len)?;
         Ok(())
     }
 
@@ -270,18 +298,24 @@ impl DataQp {
             let mut bytes = [0u8; MAX_INLINE as usize];
             let bytes = &mut bytes[..len as usize];
             self.ep.buf.read(off as usize, bytes);
-            return Ok(ual::Wqe::new(q, op, &[])
+            let w = ual::Wqe::new(q, op, &[])
                 .with_inline(bytes)
                 .ok_or_else(|| PerfError::Options("inline size above the device's".into()))?
-                .with_remote(remote.0, remote.1)
-                .with_flags(flags | send_flags::INLINE));
+                .with_flags(flags | send_flags::INLINE);
+            return Ok(self.addressed(w, op, remote));
         }
         let w = ual::Wqe::new(q, op, &[sge]).with_flags(flags);
-        Ok(if op == WrOpcode::Send {
-            w
-        } else {
-            w.with_remote(remote.0, remote.1)
-        })
+        Ok(self.addressed(w, op, remote))
+    }
+
+    /// Where a Send or Write goes beyond its QP: a Write to the peer's buffer, a UD Send
+    /// to the peer's QP through its address handle.
+    fn addressed(&self, w: ual::Wqe, op: WrOpcode, remote: (u64, u32)) -> ual::Wqe {
+        match (op, self.ud_peer.get()) {
+            (WrOpcode::Send, Some((ah, qpn))) => w.with_ud(ah.num(), *qpn, DEF_QKEY),
+            (WrOpcode::Send, None) => w,
+            _ => w.with_remote(remote.0, remote.1),
+        }
     }
 
     /// `-l`: post `p.post_list` requests as one list, as perftest lays it out once
@@ -387,7 +421,8 @@ impl DataQp {
         let base = if upper { self.half } else { 0 };
         cyc.covered(count).all(|(off, len)| {
             let mut got = vec![0u8; len as usize];
-            self.ep.buf.read((base + off) as usize, &mut got);
+            let lead = if upper { cyc.lead } else { 0 };
+            self.ep.buf.read((base + off + lead) as usize, &mut got);
             got[..] == expect[off as usize..(off + len) as usize]
         })
     }

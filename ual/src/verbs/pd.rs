@@ -43,6 +43,13 @@ impl Drop for Pd {
     }
 }
 
+impl Pd {
+    /// The context the PD belongs to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
 impl Context {
     /// An address handle in `pd` for UD Sends to `attr`'s destination: name it in each
     /// Send with [`Ah::num`] and [`rnicpi::Wqe::with_ud`]. `Unsupported` on devices
