@@ -66,18 +66,23 @@ for cm in "" "-R"; do
     done
 done
 
-# perftest's UD Send tests (-c UD, without -R: perftest's default exchange, UD QPs moved
-# to RTS by Modify QP with Q_Key 0x11111111, SEND Only with a DETH through an address
-# handle, each receive 40 bytes longer for the GRH). Messages stop at the path MTU: the
-# default 64 KiB of ib_send_bw becomes the MTU. One host-server case through krdmad.
-for t in send_bw send_lat; do
-    k=${t/_/-}
-    front=embedded
-    [ "$k" = send-lat ] && front=daemon
-    record "perf-$k-ud-guest-server" 2 "" "ib_$t -d rxe0 -x 1 -c UD -n $PERF_ITERS" \
-        "perf $k -d rxe0 -c UD -n $PERF_ITERS $GUEST" guest-first
-    record "perf-$k-ud-host-server" 1 "" "ib_$t -d rxe0 -x 1 -c UD -n $PERF_ITERS $HOST" \
-        "perf $k -d rxe0 -c UD -n $PERF_ITERS" host-first $front
+# perftest's UD Send tests (-c UD): SEND Only with a DETH through an address handle, each
+# receive 40 bytes longer for the GRH, messages up to the path MTU (ib_send_bw's default
+# 64 KiB becomes the MTU). Without -R the QPs go to RTS by Modify QP with perftest's Q_Key
+# 0x11111111; with -R the client resolves the server's QP by SIDR (rdma_cm's UDP port
+# space, its Q_Key) and, for latency, tells it its own in a first datagram. One
+# host-server case of each exchange method through krdmad.
+for cm in "" "-R"; do
+    tag=${cm:+-cm}
+    for t in send_bw send_lat; do
+        k=${t/_/-}
+        front=embedded
+        [ "$k$tag" = send-lat ] || [ "$k$tag" = send-bw-cm ] && front=daemon
+        record "perf-$k-ud-guest-server$tag" 2 "" "ib_$t -d rxe0 -x 1 -c UD $cm -n $PERF_ITERS" \
+            "perf $k -d rxe0 -c UD $cm -n $PERF_ITERS $GUEST" guest-first
+        record "perf-$k-ud-host-server$tag" 1 "" "ib_$t -d rxe0 -x 1 -c UD $cm -n $PERF_ITERS $HOST" \
+            "perf $k -d rxe0 -c UD $cm -n $PERF_ITERS" host-first $front
+    done
 done
 
 # perftest's run options, both roles, each exchange method: a timed run (-D seconds, -f

@@ -517,32 +517,34 @@ fn rxe_sockets_all_sizes_and_two_qps() {
     check_rdma_bw(&s, &c, 4096, 300);
 }
 
-/// `-c UD`: Send tests over UD QPs (rxe0, without -R), through both front doors; the
-/// received messages sit behind the GRH and match the sender's pattern. `-a` stops at
-/// the MTU. Other tests, iWARP and -R are refused.
+/// `-c UD`: Send tests over UD QPs (rxe0), with and without -R, through both front
+/// doors; the received messages sit behind the GRH and match the sender's pattern. `-a`
+/// stops at the MTU. Other tests and iWARP are refused.
 #[test]
 fn rxe_ud_send_tests() {
     each_front_door(|door| {
-        let ud = |o: Options| Options {
-            ud: true,
-            ..rxe(o, false)
-        };
-        let (s, c) = run_pair(door, &ud(opts(Test::SendLat, 200)));
-        for side in [&s, &c] {
-            let r = side.summary.lat[0];
-            assert_eq!((r.size, r.iters), (2, 200));
-            assert!(side.summary.validated);
-            assert!(side.text.contains("Connection type : UD"), "{}", side.text);
+        for (cm, method) in RXE_MODES {
+            let ud = |o: Options| Options {
+                ud: true,
+                ..rxe(o, cm)
+            };
+            let (s, c) = run_pair(door, &ud(opts(Test::SendLat, 200)));
+            for side in [&s, &c] {
+                let r = side.summary.lat[0];
+                assert_eq!((r.size, r.iters), (2, 200));
+                assert!(side.summary.validated);
+                assert!(side.text.contains("Connection type : UD"), "{}", side.text);
+            }
+            let o = Options {
+                size: Some(4096),
+                ..ud(opts(Test::SendBw, 400))
+            };
+            let (s, c) = run_pair(door, &o);
+            sane_bw(&c.summary.bw[0], 4096, 400, true);
+            sane_bw(&s.summary.bw[0], 4096, 400, false);
+            assert!(s.summary.validated, "the server checks what it received");
+            check_info(&s, "IB", method);
         }
-        let o = Options {
-            size: Some(4096),
-            ..ud(opts(Test::SendBw, 400))
-        };
-        let (s, c) = run_pair(door, &o);
-        sane_bw(&c.summary.bw[0], 4096, 400, true);
-        sane_bw(&s.summary.bw[0], 4096, 400, false);
-        assert!(s.summary.validated, "the server checks what it received");
-        check_info(&s, "IB", "Ethernet");
     });
     let o = Options {
         all_sizes: true,
@@ -560,7 +562,6 @@ fn rxe_ud_send_tests() {
     for (o, why) in [
         (opts(Test::SendBw, 10), "iWARP"),
         (rxe(opts(Test::WriteBw, 10), false), "SEND"),
-        (rxe(opts(Test::SendBw, 10), true), "-R"),
     ] {
         match run_one(&door, &Options { ud: true, ..o }) {
             PerfError::Options(m) => assert!(m.contains("-c UD") && m.contains(why), "{m}"),

@@ -322,7 +322,7 @@ pub enum PerfError {
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
     #[error("data check failed: {0}")]
-    DataMismatch(&'static str),
+    DataMismatch(String),
 }
 
 /// What a run reported (the lines it printed).
@@ -415,16 +415,22 @@ impl Server {
         };
         let req = next_request(&listener, ACCEPT_WAIT)?;
         let ep = CmControl::endpoint(&ctx, dev)?;
-        accept(&listener, &req, &ep, &conn_param(0))?;
+        accept(&listener, &req, &ep, &conn_param(0), false)?;
         let ctrl = Control::Cm(CmControl::new(ep, false));
         let mut s = Session::new(p, ctrl, &opts, out);
         s.prologue()?;
         let mut qps = Vec::new();
         for _ in 0..s.p.num_qps {
             let req = next_request(&listener, CONNECT_PATIENCE)?;
-            let ep = DataQp::endpoint(&ctx, dev, &s.p)?;
-            accept(&listener, &req, &ep, &s.data_param())?;
-            qps.push(DataQp::new(ep, &s.p));
+            let dq = DataQp::new(DataQp::endpoint(&ctx, dev, &s.p)?, &s.p);
+            if s.p.ud {
+                dq.ud_await_peer(&s.p)?;
+            }
+            accept(&listener, &req, &dq.ep, &s.data_param(), s.p.ud)?;
+            if s.p.ud {
+                dq.ud_learn_peer(&s.p)?;
+            }
+            qps.push(dq);
         }
         drop(listener);
         s.run(qps)
@@ -444,15 +450,22 @@ fn client(
         return over_socket(ctx, dev, p, ctrl, o, out);
     }
     let make = || CmControl::endpoint(ctx, dev);
-    let ep = connect_retry(make, peer, &conn_param(0), CONNECT_PATIENCE)?;
+    let (ep, _) = connect_retry(make, peer, &conn_param(0), CONNECT_PATIENCE)?;
     std::thread::sleep(CONTROL_SETTLE);
     let mut s = Session::new(p, Control::Cm(CmControl::new(ep, true)), o, out);
     s.prologue()?;
     let mut qps = Vec::new();
     for _ in 0..s.p.num_qps {
         let make = || DataQp::endpoint(ctx, dev, &s.p);
-        let ep = connect_retry(make, peer, &s.data_param(), CONNECT_PATIENCE)?;
-        qps.push(DataQp::new(ep, &s.p));
+        let (ep, ev) = connect_retry(make, peer, &s.data_param(), CONNECT_PATIENCE)?;
+        let dq = DataQp::new(ep, &s.p);
+        if s.p.ud {
+            let server = ev.ud.ok_or(PerfError::Protocol(
+                "the server answered -c UD with a connection",
+            ))?;
+            dq.ud_resolved(&s.p, peer.ip(), server.qpn, server.qkey)?;
+        }
+        qps.push(dq);
     }
     s.run(qps)
 }

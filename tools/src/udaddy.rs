@@ -162,7 +162,7 @@ fn wait(cq: &ual::Cq, n: u32) -> Result<Cqe> {
 
 /// The source address of a datagram from its GRH: RoCEv2 over IPv4 puts the IPv4 header
 /// in the last 20 bytes (version nibble 4); otherwise the GRH's source GID.
-fn grh_source(grh: &[u8; GRH_LEN]) -> Option<IpAddr> {
+pub(crate) fn grh_source(grh: &[u8; GRH_LEN]) -> Option<IpAddr> {
     let ip = &grh[20..];
     if ip[0] >> 4 == 4 {
         return Some(IpAddr::from([ip[12], ip[13], ip[14], ip[15]]));

@@ -153,14 +153,27 @@ pub fn next_request(listener: &Listener, timeout: Duration) -> Result<Event, Per
     Ok(ev)
 }
 
-/// Accept `req` on `ep`'s QP and wait until the connection is established.
+/// Accept `req` on `ep`'s QP and wait until the connection is established. A request in
+/// the other port space than `ep`'s QP (UD or connected) is refused.
 pub fn accept(
     listener: &Listener,
     req: &Event,
     ep: &Endpoint,
     param: &ConnParam,
+    ud: bool,
 ) -> Result<(), PerfError> {
+    if req.ud.is_some() != ud {
+        let _ = listener.reject(req.conn_id, &[]);
+        return Err(PerfError::Protocol(
+            "the peer connects the data QPs in the other port space (-c UD on one side only)",
+        ));
+    }
     listener.accept(req.conn_id, &ep.qp, param)?;
+    if ud {
+        // A SIDR reply is all there is: no connection to come up.
+        tracing::info!(peer = ?req.peer, "perftest: UD service request answered");
+        return Ok(());
+    }
     let ev = ep.qp.next_event(CONNECT_TIMEOUT)?;
     if ev.kind != EventKind::Established {
         tracing::warn!(kind = ?ev.kind, "perftest: accepted connection did not come up");
@@ -172,12 +185,13 @@ pub fn accept(
 
 /// Connect a fresh endpoint from `make` to `peer`, retrying while the peer refuses: the
 /// perftest server opens its data listener only after answering the handshake before it.
+/// Returns the endpoint and its `Established` event (for a UD QP it names the server's QP).
 pub fn connect_retry(
     mut make: impl FnMut() -> ual::Result<Endpoint>,
     peer: SocketAddr,
     param: &ConnParam,
     patience: Duration,
-) -> Result<Endpoint, PerfError> {
+) -> Result<(Endpoint, Event), PerfError> {
     let deadline = Instant::now() + patience;
     let mut tries = 0u32;
     loop {
@@ -186,7 +200,7 @@ pub fn connect_retry(
         match ep.qp.connect_wait(peer, param, CONNECT_TIMEOUT) {
             Ok(ev) => {
                 tracing::info!(%peer, tries, ird = ev.ird, ord = ev.ord, "perftest: connected");
-                return Ok(ep);
+                return Ok((ep, ev));
             }
             Err(e) if Instant::now() < deadline && retryable(e) => {
                 tracing::debug!(%peer, tries, error = %e, "perftest: connect failed, retrying");

@@ -110,8 +110,6 @@ impl Params {
                 Some("an iWARP device has no UD QPs")
             } else if !send {
                 Some("UD connection only possible in SEND verb")
-            } else if o.rdma_cm {
-                Some("krdma's perftest runs UD without -R only (QPs readied by Modify QP)")
             } else {
                 None
             };

@@ -325,10 +325,10 @@ impl<'a> Session<'a> {
         if !self.validate {
             return Ok(());
         }
-        if !traffic::validate(qps, &self.p, size, patience) {
-            return Err(PerfError::DataMismatch(
-                "bytes differ from the peer's pattern",
-            ));
+        if let Err(at) = traffic::validate(qps, &self.p, size, patience) {
+            return Err(PerfError::DataMismatch(format!(
+                "bytes differ from the peer's pattern ({at})"
+            )));
         }
         tracing::debug!(size, "perftest: data validated");
         self.summary.validated = true;
@@ -369,10 +369,11 @@ impl<'a> Session<'a> {
                 return;
             }
         };
-        for q in qps {
+        // (UD data QPs have no connection to close.)
+        for q in qps.iter().filter(|_| !self.p.ud) {
             let _ = q.ep.qp.disconnect(false);
         }
-        for q in qps {
+        for q in qps.iter().filter(|_| !self.p.ud) {
             control::await_disconnect(&q.ep, CLOSE_WAIT);
         }
         if self.p.client {

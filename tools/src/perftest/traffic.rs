@@ -5,7 +5,9 @@
 //! Each data QP owns a buffer of two halves of `BUFF_SIZE` bytes plus a small credit area:
 //! requests go out of (and RDMA Reads land in) the lower half; the upper half is what the
 //! peer writes, reads or sends into; its address and rkey are what `pingpong_dest`
-//! advertises (for send_bw over iWARP the credit word is advertised instead).
+//! advertises (for send_bw over iWARP the credit word is advertised instead). A UD
+//! receive in the upper half's last place runs 40 bytes (the GRH) past it: the credit
+//! area starts after that room.
 //!
 //! Without rdma_cm (IB/RoCE) the QPs are connected by Modify QP with perftest's attributes
 //! (`ctx_connect`): RTR towards the peer's record, and RTS for latency tests, the client
@@ -19,7 +21,7 @@ use super::timed::RunClock;
 use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
 use crate::perf::{endpoint_of, Endpoint, ENDPOINT_ACCESS};
-use rnicpi::{send_flags, Access, AhAttr, QpType, WrOpcode};
+use rnicpi::{send_flags, Access, AhAttr, QpType, WcOpcode, WrOpcode, GRH_LEN, RDMA_UDP_QKEY};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use ual::oob::{self, RcPath, RcPeer};
@@ -56,12 +58,15 @@ pub struct DataQp {
     pub ep: Endpoint,
     /// `BUFF_SIZE`: bytes per half.
     pub(super) half: u64,
+    /// Where the credit area starts: after both halves and the room a receive's GRH takes.
+    credit_at: u64,
     /// `-e`: wait for completions on CQ notifications instead of polling.
     pub(super) events: bool,
     /// `-I`: requests of at most this many bytes carry their data inline.
     inline: u32,
-    /// `-c UD`: the peer's address handle and QPN, once known ([`DataQp::connect`]).
-    ud_peer: OnceLock<(Arc<Ah>, u32)>,
+    /// `-c UD`: the peer's address handle, QPN and Q_Key, once known ([`DataQp::connect`];
+    /// with rdma_cm [`DataQp::ud_resolved`] or [`DataQp::ud_learn_peer`]).
+    ud_peer: OnceLock<(Arc<Ah>, u32, u32)>,
 }
 
 impl DataQp {
@@ -76,11 +81,15 @@ impl DataQp {
         }
         let cq = ctx.create_cq(dev, depth * 2 + 8)?;
         let kind = if p.ud { QpType::Ud } else { QpType::Rc };
-        let len = (2 * half + CREDIT_AREA) as usize;
+        let len = (credit_area(p) + CREDIT_AREA) as usize;
         let ep = endpoint_of(ctx, dev, cq, len, depth, access, kind)?;
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
+        if p.ud && p.rdma_cm {
+            // rdma_cm's UDP port space: its Q_Key, as librdmacm readies the QP.
+            oob::ud_to_rts(&ep.qp, RDMA_UDP_QKEY, oob::random_psn(ep.qp.qp_num))?;
+        }
         if !p.rdma_cm && !p.ud {
             let access = match p.test.verb() {
                 Verb::Write => Access::REMOTE_WRITE,
@@ -109,7 +118,7 @@ impl DataQp {
                 ..Default::default()
             };
             let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
-            let _ = self.ud_peer.set((ah, rem.qpn));
+            let _ = self.ud_peer.set((ah, rem.qpn, DEF_QKEY));
             tracing::info!(
                 qpn = self.ep.qp.qp_num,
                 peer_qpn = rem.qpn,
@@ -149,6 +158,7 @@ impl DataQp {
         DataQp {
             ep,
             half: p.half(),
+            credit_at: credit_area(p),
             events: p.use_event,
             inline: p.inline,
             ud_peer: OnceLock::new(),
@@ -215,7 +225,7 @@ impl DataQp {
     pub fn my_dest(&self, p: &Params) -> Dest {
         let base = self.ep.mr.addr;
         let vaddr = if p.credits() {
-            base + 2 * self.half
+            base + self.credit_at
         } else {
             base + self.half
         };
@@ -230,6 +240,83 @@ impl DataQp {
             srqn: 0,
             gid_index: p.gid_index as i32,
         }
+    }
+
+    /// `-c UD -R`, client: the server's QP as SIDR resolved it (`qpn`, `qkey`), reached at
+    /// `server`. Where the server must answer (latency, bidirectional), tell it our QP
+    /// number as perftest does (`send_qp_num_for_ah`): a Send with it as immediate data.
+    pub fn ud_resolved(
+        &self,
+        p: &Params,
+        server: std::net::IpAddr,
+        qpn: u32,
+        qkey: u32,
+    ) -> Result<(), PerfError> {
+        let attr = AhAttr {
+            port: 1,
+            sgid_index: u8::try_from(p.gid_index).unwrap_or(0),
+            hop_limit: HOP_LIMIT,
+            dgid: rnicpi::ip_to_gid(server),
+            ..Default::default()
+        };
+        let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
+        let _ = self.ud_peer.set((ah, qpn, qkey));
+        if p.test.is_lat() || p.duplex {
+            // From the credit area (unused over IB), leaving the pattern in the halves.
+            let me = self.ep.qp.qp_num;
+            let at = self.credit_at + CREDIT_OUT;
+            self.ep.buf.write(at as usize, &me.to_ne_bytes());
+            let (ah, qpn, qkey) = self.ud_peer.get().expect("set above");
+            let w = ual::Wqe::new(0, WrOpcode::SendWithImm, &[self.ep.mr.sge(at, 4)])
+                .with_imm(u32::from_ne_bytes(me.to_be_bytes()))
+                .with_flags(send_flags::SIGNALED)
+                .with_ud(ah.num(), *qpn, *qkey);
+            self.ep.qp.post_send(&w)?;
+            self.next("our QP number")?;
+        }
+        tracing::info!(
+            qpn = self.ep.qp.qp_num,
+            peer_qpn = qpn,
+            "perftest: UD service resolved"
+        );
+        Ok(())
+    }
+
+    /// `-c UD -R`, server, before accepting: where the server answers (latency,
+    /// bidirectional), a receive for the client's QP number (`post_recv_to_get_ah`).
+    pub fn ud_await_peer(&self, p: &Params) -> Result<(), PerfError> {
+        if p.test.is_lat() || p.duplex {
+            self.ep.post_recv(0, self.half, GRH_LEN as u32 + 4)?;
+        }
+        Ok(())
+    }
+
+    /// `-c UD -R`, server, after accepting: the client's address from the GRH of its
+    /// first datagram and its QP number from the immediate data (`create_ah_from_wc_recv`).
+    pub fn ud_learn_peer(&self, p: &Params) -> Result<(), PerfError> {
+        if !(p.test.is_lat() || p.duplex) {
+            return Ok(());
+        }
+        let c = self.next("the client's QP number")?;
+        if c.opcode() != Some(WcOpcode::Recv) {
+            return Err(PerfError::Protocol("expected the client's QP number"));
+        }
+        let mut grh = [0u8; GRH_LEN];
+        self.ep.buf.read(self.half as usize, &mut grh);
+        let src = crate::udaddy::grh_source(&grh)
+            .ok_or(PerfError::Protocol("no source address in the GRH"))?;
+        let qpn = u32::from_be_bytes(c.imm_or_inv.to_ne_bytes());
+        let attr = AhAttr {
+            port: 1,
+            sgid_index: u8::try_from(p.gid_index).unwrap_or(0),
+            hop_limit: HOP_LIMIT,
+            dgid: rnicpi::ip_to_gid(src),
+            ..Default::default()
+        };
+        let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
+        let _ = self.ud_peer.set((ah, qpn, RDMA_UDP_QKEY));
+        tracing::info!(qpn = self.ep.qp.qp_num, peer_qpn = qpn, %src, "perftest: UD client known");
+        Ok(())
     }
 
     /// Aim RDMA requests (and send_bw credits) at what the peer advertised.
@@ -312,7 +399,7 @@ impl DataQp {
     /// to the peer's QP through its address handle.
     fn addressed(&self, w: ual::Wqe, op: WrOpcode, remote: (u64, u32)) -> ual::Wqe {
         match (op, self.ud_peer.get()) {
-            (WrOpcode::Send, Some((ah, qpn))) => w.with_ud(ah.num(), *qpn, DEF_QKEY),
+            (WrOpcode::Send, Some((ah, qpn, qkey))) => w.with_ud(ah.num(), *qpn, *qkey),
             (WrOpcode::Send, None) => w,
             _ => w.with_remote(remote.0, remote.1),
         }
@@ -396,17 +483,17 @@ impl DataQp {
     /// The receive count the peer last wrote into our credit word.
     pub(super) fn credit(&self) -> u64 {
         let mut b = [0u8; 4];
-        self.ep.buf.read((2 * self.half) as usize, &mut b);
+        self.ep.buf.read(self.credit_at as usize, &mut b);
         u32::from_le_bytes(b) as u64
     }
 
     pub(super) fn reset_credit(&self) {
-        self.ep.buf.write((2 * self.half) as usize, &[0; 4]);
+        self.ep.buf.write(self.credit_at as usize, &[0; 4]);
     }
 
     /// RDMA-Write our receive count into the peer's credit word (host order, as perftest).
     pub(super) fn send_credit(&self, received: u64) -> Result<(), PerfError> {
-        let off = 2 * self.half + CREDIT_OUT;
+        let off = self.credit_at + CREDIT_OUT;
         self.ep
             .buf
             .write(off as usize, &(received as u32).to_le_bytes());
@@ -415,17 +502,31 @@ impl DataQp {
     }
 
     /// Check that the `count` messages of `cyc` left the peer's pattern in the upper half
-    /// (`upper`) or the lower half.
-    fn verify(&self, cyc: &Cycle, count: u64, peer_seed: u32, upper: bool) -> bool {
+    /// (`upper`) or the lower half; `Err` says where the first difference is.
+    fn verify(&self, cyc: &Cycle, count: u64, peer_seed: u32, upper: bool) -> Result<(), String> {
         let expect = pattern(peer_seed, self.half as usize);
         let base = if upper { self.half } else { 0 };
-        cyc.covered(count).all(|(off, len)| {
+        let lead = if upper { cyc.lead } else { 0 };
+        for (off, len) in cyc.covered(count) {
             let mut got = vec![0u8; len as usize];
-            let lead = if upper { cyc.lead } else { 0 };
             self.ep.buf.read((base + off + lead) as usize, &mut got);
-            got[..] == expect[off as usize..(off + len) as usize]
-        })
+            let want = &expect[off as usize..(off + len) as usize];
+            if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+                let end = (i + 8).min(got.len());
+                return Err(format!(
+                    "message place {off}, byte {i} of {len}: {:02x?}, expected {:02x?}",
+                    &got[i..end],
+                    &want[i..end]
+                ));
+            }
+        }
+        Ok(())
     }
+}
+
+/// Where a data QP's credit area starts (see the module comment).
+fn credit_area(p: &Params) -> u64 {
+    2 * p.half() + p.grh()
 }
 
 /// Reset the credit words before a send_bw run (perftest zeroes `credit_buf`).
@@ -436,18 +537,20 @@ pub fn reset_credits(qps: &[DataQp]) {
 /// `--validate` (krdma to krdma only): the bytes `p.iters` messages of `size` put into
 /// this side's buffers match the peer's fill pattern. Where they land: the upper half
 /// for Writes and Sends received, the lower half for Reads. A server checking Writes
-/// waits up to `patience` for data still in flight on the data connection.
-pub fn validate(qps: &[DataQp], p: &Params, size: u64, patience: Duration) -> bool {
+/// waits up to `patience` for data still in flight on the data connection. `Err` says
+/// where the first difference is.
+pub fn validate(qps: &[DataQp], p: &Params, size: u64, patience: Duration) -> Result<(), String> {
     let cyc = p.cycle(size);
     let peer = seed(!p.client);
     let upper = p.test.verb() != Verb::Read;
     let deadline = Instant::now() + patience;
     loop {
-        if qps.iter().all(|dq| dq.verify(&cyc, p.iters, peer, upper)) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
+        let checked = qps.iter().enumerate().try_for_each(|(q, dq)| {
+            dq.verify(&cyc, p.iters, peer, upper)
+                .map_err(|e| format!("QP {q}, {e}"))
+        });
+        if checked.is_ok() || Instant::now() >= deadline {
+            return checked;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
