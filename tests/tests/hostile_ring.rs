@@ -459,7 +459,8 @@ fn cq_signal_socket_must_be_a_stream_pair_and_never_stalls_the_engine() {
             .create_cq_signalled(dev, 64, Some(mine.as_fd()))
             .unwrap();
         let access = tools::perf::ENDPOINT_ACCESS;
-        let ep = tools::perf::endpoint_on(&ctx, dev, cq, 4096, 16, access).unwrap();
+        let ep =
+            tools::perf::endpoint_on(&ctx, dev, cq, 4096, 16, access, ual::QpType::Rc).unwrap();
         mine.set_nonblocking(true).unwrap();
         while mine.write(&[0; 4096]).is_ok() {}
         mine.set_nonblocking(false).unwrap();

@@ -51,23 +51,12 @@ pub fn new_endpoint_with(
     access: Access,
 ) -> Result<Endpoint> {
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
-    endpoint_on(ctx, dev, cq, buf_len, depth, access)
+    endpoint_on(ctx, dev, cq, buf_len, depth, access, QpType::Rc)
 }
 
-/// [`new_endpoint_with`] over a CQ the caller made (at least `2 * depth` deep).
+/// [`new_endpoint_with`] over a CQ the caller made (at least `2 * depth` deep), with a QP
+/// of `qp_type`.
 pub fn endpoint_on(
-    ctx: &Arc<Context>,
-    dev: u32,
-    cq: Arc<Cq>,
-    buf_len: usize,
-    depth: u32,
-    access: Access,
-) -> Result<Endpoint> {
-    endpoint_of(ctx, dev, cq, buf_len, depth, access, QpType::Rc)
-}
-
-/// [`endpoint_on`] with a QP of `qp_type`.
-pub fn endpoint_of(
     ctx: &Arc<Context>,
     dev: u32,
     cq: Arc<Cq>,

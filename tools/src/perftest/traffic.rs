@@ -20,7 +20,7 @@ use super::params::{Cycle, Params, MAX_INLINE};
 use super::timed::RunClock;
 use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
-use crate::perf::{endpoint_of, Endpoint, ENDPOINT_ACCESS};
+use crate::perf::{endpoint_on, Endpoint, ENDPOINT_ACCESS};
 use rnicpi::{send_flags, Access, AhAttr, QpType, WcOpcode, WrOpcode, GRH_LEN, RDMA_UDP_QKEY};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -82,7 +82,7 @@ impl DataQp {
         let cq = ctx.create_cq(dev, depth * 2 + 8)?;
         let kind = if p.ud { QpType::Ud } else { QpType::Rc };
         let len = (credit_area(p) + CREDIT_AREA) as usize;
-        let ep = endpoint_of(ctx, dev, cq, len, depth, access, kind)?;
+        let ep = endpoint_on(ctx, dev, cq, len, depth, access, kind)?;
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
@@ -106,19 +106,9 @@ impl DataQp {
     /// latency test or the client. IRD is our `out_reads`, ORD the peer's (the device
     /// lowers both to what it supports).
     pub fn connect(&self, p: &Params, my: &Dest, rem: &Dest) -> Result<(), PerfError> {
-        let sgid_index = u8::try_from(p.gid_index)
-            .map_err(|_| PerfError::Options("GID index above 255".into()))?;
         if p.ud {
             oob::ud_to_rts(&self.ep.qp, DEF_QKEY, my.psn)?;
-            let attr = AhAttr {
-                port: 1,
-                sgid_index,
-                hop_limit: HOP_LIMIT,
-                dgid: rem.gid,
-                ..Default::default()
-            };
-            let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
-            let _ = self.ud_peer.set((ah, rem.qpn, DEF_QKEY));
+            self.set_ud_peer(p, rem.gid, rem.qpn, DEF_QKEY)?;
             tracing::info!(
                 qpn = self.ep.qp.qp_num,
                 peer_qpn = rem.qpn,
@@ -128,7 +118,7 @@ impl DataQp {
         }
         let path = RcPath {
             path_mtu: wire::mtu_bytes(p.mtu),
-            sgid_index,
+            sgid_index: sgid_index(p)?,
             hop_limit: HOP_LIMIT,
             max_dest_rd_atomic: my.out_reads.min(255) as u8,
             max_rd_atomic: rem.out_reads.min(255) as u8,
@@ -252,15 +242,7 @@ impl DataQp {
         qpn: u32,
         qkey: u32,
     ) -> Result<(), PerfError> {
-        let attr = AhAttr {
-            port: 1,
-            sgid_index: u8::try_from(p.gid_index).unwrap_or(0),
-            hop_limit: HOP_LIMIT,
-            dgid: rnicpi::ip_to_gid(server),
-            ..Default::default()
-        };
-        let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
-        let _ = self.ud_peer.set((ah, qpn, qkey));
+        self.set_ud_peer(p, rnicpi::ip_to_gid(server), qpn, qkey)?;
         if p.test.is_lat() || p.duplex {
             // From the credit area (unused over IB), leaving the pattern in the halves.
             let me = self.ep.qp.qp_num;
@@ -306,16 +288,23 @@ impl DataQp {
         let src = crate::udaddy::grh_source(&grh)
             .ok_or(PerfError::Protocol("no source address in the GRH"))?;
         let qpn = u32::from_be_bytes(c.imm_or_inv.to_ne_bytes());
+        self.set_ud_peer(p, rnicpi::ip_to_gid(src), qpn, RDMA_UDP_QKEY)?;
+        tracing::info!(qpn = self.ep.qp.qp_num, peer_qpn = qpn, %src, "perftest: UD client known");
+        Ok(())
+    }
+
+    /// `-c UD`: Sends go to QP `qpn` (Q_Key `qkey`) at `gid`, through an address handle
+    /// from our GID.
+    fn set_ud_peer(&self, p: &Params, gid: [u8; 16], qpn: u32, qkey: u32) -> Result<(), PerfError> {
         let attr = AhAttr {
             port: 1,
-            sgid_index: u8::try_from(p.gid_index).unwrap_or(0),
+            sgid_index: sgid_index(p)?,
             hop_limit: HOP_LIMIT,
-            dgid: rnicpi::ip_to_gid(src),
+            dgid: gid,
             ..Default::default()
         };
         let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
-        let _ = self.ud_peer.set((ah, qpn, RDMA_UDP_QKEY));
-        tracing::info!(qpn = self.ep.qp.qp_num, peer_qpn = qpn, %src, "perftest: UD client known");
+        let _ = self.ud_peer.set((ah, qpn, qkey));
         Ok(())
     }
 
@@ -522,6 +511,11 @@ impl DataQp {
         }
         Ok(())
     }
+}
+
+/// Our GID index as the address vector takes it.
+fn sgid_index(p: &Params) -> Result<u8, PerfError> {
+    u8::try_from(p.gid_index).map_err(|_| PerfError::Options("GID index above 255".into()))
 }
 
 /// Where a data QP's credit area starts (see the module comment).
