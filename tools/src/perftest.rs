@@ -252,8 +252,8 @@ pub struct Options {
     pub duplex: bool,
     /// krdma to krdma only: fill buffers with known patterns and check what arrives.
     pub validate: bool,
-    /// `-c UD`: the data QPs are unreliable datagram QPs (Send tests on IB/RoCE devices,
-    /// without `-R`); else RC.
+    /// `-c UD`: the data QPs are unreliable datagram QPs (Send tests on IB/RoCE devices;
+    /// with `-R` the control connection stays RC); else RC.
     pub ud: bool,
 }
 
