@@ -262,8 +262,8 @@ struct PerfArgs {
     /// Bidirectional: both sides send (bandwidth tests; both sides give -b).
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
-    /// Connection type: RC, or UD for send-bw and send-lat on IB/RoCE devices (without -R);
-    /// the others are refused.
+    /// Connection type: RC, or UD for send-bw and send-lat on IB/RoCE devices (with or
+    /// without -R); the others are refused.
     #[arg(short = 'c', long = "connection", value_parser = ["RC", "UC", "UD", "XRC", "DC", "SRD"])]
     connection: Option<String>,
 }
