@@ -39,19 +39,20 @@ pub const ENDPOINT_ACCESS: Access = Access::LOCAL_WRITE
 /// An endpoint's verbs objects (one CQ for both queues, `depth` slots in each queue and
 /// twice that in the CQ); `remote` is filled in once the peer's offer arrives.
 pub fn new_endpoint(ctx: &Arc<Context>, dev: u32, buf_len: usize, depth: u32) -> Result<Endpoint> {
-    new_endpoint_with(ctx, dev, buf_len, depth, ENDPOINT_ACCESS)
+    new_endpoint_with(ctx, dev, buf_len, depth, ENDPOINT_ACCESS, QpType::Rc)
 }
 
-/// [`new_endpoint`] with the buffer registered for `access`.
+/// [`new_endpoint`] with the buffer registered for `access` and a QP of `qp_type`.
 pub fn new_endpoint_with(
     ctx: &Arc<Context>,
     dev: u32,
     buf_len: usize,
     depth: u32,
     access: Access,
+    qp_type: QpType,
 ) -> Result<Endpoint> {
     let cq = ctx.create_cq(dev, depth * 2 + 8)?;
-    endpoint_on(ctx, dev, cq, buf_len, depth, access, QpType::Rc)
+    endpoint_on(ctx, dev, cq, buf_len, depth, access, qp_type)
 }
 
 /// [`new_endpoint_with`] over a CQ the caller made (at least `2 * depth` deep), with a QP

@@ -356,6 +356,12 @@ impl Params {
         Cycle::with_lead(size, self.grh(), page, self.cache_line as u64)
     }
 
+    /// A UD server sends too (latency, bidirectional): with rdma_cm it must first learn
+    /// the client's QP from a datagram.
+    pub fn server_answers(&self) -> bool {
+        self.test.is_lat() || self.duplex
+    }
+
     /// The room before each message in its receive buffer: a UD receive takes the GRH
     /// there.
     pub fn grh(&self) -> u64 {

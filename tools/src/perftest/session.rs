@@ -370,11 +370,13 @@ impl<'a> Session<'a> {
             }
         };
         // (UD data QPs have no connection to close.)
-        for q in qps.iter().filter(|_| !self.p.ud) {
-            let _ = q.ep.qp.disconnect(false);
-        }
-        for q in qps.iter().filter(|_| !self.p.ud) {
-            control::await_disconnect(&q.ep, CLOSE_WAIT);
+        if !self.p.ud {
+            for q in qps {
+                let _ = q.ep.qp.disconnect(false);
+            }
+            for q in qps {
+                control::await_disconnect(&q.ep, CLOSE_WAIT);
+            }
         }
         if self.p.client {
             ctrl.await_peer_close(CLOSE_WAIT);

@@ -20,7 +20,7 @@ use super::params::{Cycle, Params, MAX_INLINE};
 use super::timed::RunClock;
 use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
-use crate::perf::{endpoint_on, Endpoint, ENDPOINT_ACCESS};
+use crate::perf::{new_endpoint_with, Endpoint, ENDPOINT_ACCESS};
 use rnicpi::{send_flags, Access, AhAttr, QpType, WcOpcode, WrOpcode, GRH_LEN, RDMA_UDP_QKEY};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -79,10 +79,9 @@ impl DataQp {
         if p.test.verb() == Verb::Atomic {
             access |= Access::REMOTE_ATOMIC;
         }
-        let cq = ctx.create_cq(dev, depth * 2 + 8)?;
         let kind = if p.ud { QpType::Ud } else { QpType::Rc };
         let len = (credit_area(p) + CREDIT_AREA) as usize;
-        let ep = endpoint_on(ctx, dev, cq, len, depth, access, kind)?;
+        let ep = new_endpoint_with(ctx, dev, len, depth, access, kind)?;
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
@@ -242,17 +241,16 @@ impl DataQp {
         qpn: u32,
         qkey: u32,
     ) -> Result<(), PerfError> {
-        self.set_ud_peer(p, rnicpi::ip_to_gid(server), qpn, qkey)?;
-        if p.test.is_lat() || p.duplex {
+        let ah = self.set_ud_peer(p, rnicpi::ip_to_gid(server), qpn, qkey)?;
+        if p.server_answers() {
             // From the credit area (unused over IB), leaving the pattern in the halves.
             let me = self.ep.qp.qp_num;
             let at = self.credit_at + CREDIT_OUT;
             self.ep.buf.write(at as usize, &me.to_ne_bytes());
-            let (ah, qpn, qkey) = self.ud_peer.get().expect("set above");
             let w = ual::Wqe::new(0, WrOpcode::SendWithImm, &[self.ep.mr.sge(at, 4)])
                 .with_imm(u32::from_ne_bytes(me.to_be_bytes()))
                 .with_flags(send_flags::SIGNALED)
-                .with_ud(ah.num(), *qpn, *qkey);
+                .with_ud(ah, qpn, qkey);
             self.ep.qp.post_send(&w)?;
             self.next("our QP number")?;
         }
@@ -267,7 +265,7 @@ impl DataQp {
     /// `-c UD -R`, server, before accepting: where the server answers (latency,
     /// bidirectional), a receive for the client's QP number (`post_recv_to_get_ah`).
     pub fn ud_await_peer(&self, p: &Params) -> Result<(), PerfError> {
-        if p.test.is_lat() || p.duplex {
+        if p.server_answers() {
             self.ep.post_recv(0, self.half, GRH_LEN as u32 + 4)?;
         }
         Ok(())
@@ -276,7 +274,7 @@ impl DataQp {
     /// `-c UD -R`, server, after accepting: the client's address from the GRH of its
     /// first datagram and its QP number from the immediate data (`create_ah_from_wc_recv`).
     pub fn ud_learn_peer(&self, p: &Params) -> Result<(), PerfError> {
-        if !(p.test.is_lat() || p.duplex) {
+        if !p.server_answers() {
             return Ok(());
         }
         let c = self.next("the client's QP number")?;
@@ -294,8 +292,14 @@ impl DataQp {
     }
 
     /// `-c UD`: Sends go to QP `qpn` (Q_Key `qkey`) at `gid`, through an address handle
-    /// from our GID.
-    fn set_ud_peer(&self, p: &Params, gid: [u8; 16], qpn: u32, qkey: u32) -> Result<(), PerfError> {
+    /// from our GID; the handle's number.
+    fn set_ud_peer(
+        &self,
+        p: &Params,
+        gid: [u8; 16],
+        qpn: u32,
+        qkey: u32,
+    ) -> Result<u32, PerfError> {
         let attr = AhAttr {
             port: 1,
             sgid_index: sgid_index(p)?,
@@ -304,8 +308,9 @@ impl DataQp {
             ..Default::default()
         };
         let ah = self.ep.pd.context().create_ah(&self.ep.pd, &attr)?;
+        let num = ah.num();
         let _ = self.ud_peer.set((ah, qpn, qkey));
-        Ok(())
+        Ok(num)
     }
 
     /// Aim RDMA requests (and send_bw credits) at what the peer advertised.
