@@ -378,7 +378,7 @@ fn create_qp(kal: &Kal, c: &Arc<Context>, a: &mut abi::CreateQp) -> Result<()> {
     let h = objs.next_handle()?;
     let conn = Arc::new(match qp_type {
         QpType::Ud => ConnAccount::datagram(),
-        QpType::Rc => ConnAccount::default(),
+        QpType::Rc | QpType::Uc => ConnAccount::default(),
     });
     let init = QpInit {
         qp_type,

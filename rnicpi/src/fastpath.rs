@@ -412,6 +412,18 @@ impl UserCq {
         }
     }
 
+    /// Lend the thread to the engine once, as an empty poll does, without taking a
+    /// completion: for a consumer that waits on memory (the last byte of a peer's RDMA
+    /// Write) instead of on the CQ. Its earlier polls told the engine's own receive
+    /// thread to leave receiving to it ([`crate::Driven`]), so it must go on driving
+    /// while it waits. Whether anything moved.
+    pub fn drive(&self) -> bool {
+        match &self.progress {
+            Some(p) if !self.released.load(Ordering::Relaxed) => p.progress(),
+            _ => false,
+        }
+    }
+
     /// Whether empty polls drive the engine (a progress handle, see [`crate::progress`]).
     pub fn drives_progress(&self) -> bool {
         self.progress.is_some()

@@ -102,8 +102,9 @@ impl Doorbell for Bell {
     }
 }
 
-/// An RC QP of a provider with what its consumer holds: the posting ends of its rings,
-/// its CQ's polling end, and one registered buffer (local write, remote write and read).
+/// A QP (RC unless made [`SimQp::with_type`]) of a provider with what its consumer
+/// holds: the posting ends of its rings, its CQ's polling end, and one registered buffer
+/// (local write, remote write and read).
 pub struct SimQp {
     pub engine: Arc<dyn ProviderQp>,
     pub user: UserQp,
@@ -118,6 +119,11 @@ impl SimQp {
     /// A QP on `dev` (send and receive queues `depth` deep, one CQ for both) with a
     /// `len`-byte buffer registered in its own protection domain.
     pub fn new(dev: &dyn Provider, len: usize, depth: u32) -> SimQp {
+        Self::with_type(dev, len, depth, QpType::Rc)
+    }
+
+    /// As [`SimQp::new`], a QP of service type `qp_type`.
+    pub fn with_type(dev: &dyn Provider, len: usize, depth: u32, qp_type: QpType) -> SimQp {
         let pd = dev.alloc_pd().expect("pd");
         let cq_depth = (2 * depth).next_power_of_two();
         let cq_mem =
@@ -146,7 +152,7 @@ impl SimQp {
         };
         let engine = dev
             .create_qp(QpInit {
-                qp_type: QpType::Rc,
+                qp_type,
                 pd,
                 send_cq: engine_cq.clone(),
                 recv_cq: engine_cq.clone(),

@@ -67,14 +67,12 @@ impl SoftResources {
         })
     }
 
-    /// A software device makes RC QPs, and UD QPs when it has datagrams (`ud`):
+    /// A software device makes QPs of the service types its transport has (`types`):
     /// `Unsupported` for others. A QP may only use this device's own CQs, and an SRQ of
     /// its own PD.
-    pub fn check_qp_init(&self, init: &QpInit, ud: bool) -> Result<()> {
-        match init.qp_type {
-            QpType::Rc => {}
-            QpType::Ud if ud => {}
-            QpType::Ud => return Err(VerbsError::Unsupported),
+    pub fn check_qp_init(&self, init: &QpInit, types: &[QpType]) -> Result<()> {
+        if !types.contains(&init.qp_type) {
+            return Err(VerbsError::Unsupported);
         }
         let ours_cq = |cq: &Arc<dyn ProviderCq>| {
             cq.as_any()

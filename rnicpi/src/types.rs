@@ -114,6 +114,9 @@ pub struct PortAttr {
 pub enum QpType {
     /// Reliable connected.
     Rc = 2,
+    /// Unreliable connected (IB/RoCE only): one peer, no acknowledgements, a lost
+    /// packet loses its message.
+    Uc = 3,
     /// Unreliable datagram.
     Ud = 4,
 }
@@ -122,6 +125,7 @@ impl QpType {
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             2 => Some(Self::Rc),
+            3 => Some(Self::Uc),
             4 => Some(Self::Ud),
             _ => None,
         }
@@ -273,6 +277,15 @@ impl QpAttrMask {
         .union(QpAttrMask::TIMEOUT)
         .union(QpAttrMask::RETRY_CNT)
         .union(QpAttrMask::RNR_RETRY);
+    /// What a UC QP's move from INIT to RTR sets: an RC QP's less what only answers
+    /// need (responder resources, RNR timer).
+    pub const UC_RTR: QpAttrMask = QpAttrMask::STATE
+        .union(QpAttrMask::AV)
+        .union(QpAttrMask::PATH_MTU)
+        .union(QpAttrMask::DEST_QPN)
+        .union(QpAttrMask::RQ_PSN);
+    /// What a UC QP's move from RTR to RTS sets: the send PSN.
+    pub const UC_RTS: QpAttrMask = QpAttrMask::STATE.union(QpAttrMask::SQ_PSN);
 }
 
 /// Attributes of a QP for Modify/Query QP. Fields not named in the mask are ignored.

@@ -5,7 +5,7 @@
 //! A UD QP has no peer: [`ud_to_rts`] readies it, and each Send names its destination.
 
 use crate::verbs::Qp;
-use rnicpi::{Access, QpAttr, QpAttrMask, QpState, Result};
+use rnicpi::{Access, QpAttr, QpAttrMask, QpState, QpType, Result};
 
 /// What the peer told us about its QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +74,9 @@ pub fn ud_to_rts(qp: &Qp, qkey: u32, sq_psn: u32) -> Result<()> {
     qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
 }
 
-/// INIT → RTR towards `peer`: from here the QP answers the peer's requests.
+/// INIT → RTR towards `peer`: from here the QP answers the peer's requests. A UC QP
+/// takes only what UC has (no responder resources, no RNR timer: a verbs provider
+/// refuses those for UC).
 pub fn to_rtr(qp: &Qp, path: &RcPath, peer: &RcPeer) -> Result<()> {
     let rtr = QpAttr {
         state: QpState::Rtr,
@@ -88,10 +90,15 @@ pub fn to_rtr(qp: &Qp, path: &RcPath, peer: &RcPeer) -> Result<()> {
         hop_limit: path.hop_limit,
         ..QpAttr::default()
     };
-    qp.modify(&rtr, QpAttrMask::RC_RTR)
+    let mask = match qp.qp_type {
+        QpType::Uc => QpAttrMask::UC_RTR,
+        _ => QpAttrMask::RC_RTR,
+    };
+    qp.modify(&rtr, mask)
 }
 
-/// RTR → RTS: our requests start at `sq_psn` (the PSN we told the peer).
+/// RTR → RTS: our requests start at `sq_psn` (the PSN we told the peer); a UC QP takes
+/// nothing else (it has no timeouts, retries or reads).
 pub fn to_rts(qp: &Qp, path: &RcPath, sq_psn: u32) -> Result<()> {
     let rts = QpAttr {
         state: QpState::Rts,
@@ -102,7 +109,11 @@ pub fn to_rts(qp: &Qp, path: &RcPath, sq_psn: u32) -> Result<()> {
         max_rd_atomic: path.max_rd_atomic,
         ..QpAttr::default()
     };
-    qp.modify(&rts, QpAttrMask::RC_RTS)
+    let mask = match qp.qp_type {
+        QpType::Uc => QpAttrMask::UC_RTS,
+        _ => QpAttrMask::RC_RTS,
+    };
+    qp.modify(&rts, mask)
 }
 
 /// A PSN for a new connection (24 bits; perftest and `ibv_rc_pingpong` draw

@@ -429,6 +429,7 @@ impl UserPd for IbvPd {
         };
         let qp_type = match init.qp_type {
             QpType::Rc => rdma_mummy_sys::ibv_qp_type::IBV_QPT_RC,
+            QpType::Uc => rdma_mummy_sys::ibv_qp_type::IBV_QPT_UC,
             QpType::Ud => rdma_mummy_sys::ibv_qp_type::IBV_QPT_UD,
         };
         let (qp, caps) = sys::Qp::new(

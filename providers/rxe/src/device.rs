@@ -64,6 +64,10 @@ rnicpi::counters!(
         rx_bad_qkey,
         /// UD datagrams that found no receive posted.
         ud_dropped_no_recv,
+        /// UC messages a responder noticed it dropped: from a packet out of sequence,
+        /// with no receive posted, refused access or a malformed sequence, and
+        /// messages missing whole before the PSN of a new one.
+        uc_dropped,
         rx_dropped_state,
         retransmits,
         retry_timeouts,
@@ -614,7 +618,9 @@ impl Provider for RxeDevice {
     rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
-        self.shared.res.check_qp_init(&init, true)?;
+        self.shared
+            .res
+            .check_qp_init(&init, &[QpType::Rc, QpType::Uc, QpType::Ud])?;
         // A random QP number (unpredictable to an off-path attacker), never 0 or 1 (the
         // special QPs) nor one in use; picked and taken under one lock.
         let mut qps = self.shared.qps.write();

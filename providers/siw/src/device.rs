@@ -259,7 +259,7 @@ impl Provider for SiwDevice {
     rnicpi::soft_resources!(shared.res);
 
     fn create_qp(&self, init: QpInit) -> Result<Arc<dyn ProviderQp>> {
-        self.shared.res.check_qp_init(&init, false)?;
+        self.shared.res.check_qp_init(&init, &[QpType::Rc])?;
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         self.shared
             .counters

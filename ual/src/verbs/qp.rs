@@ -53,7 +53,7 @@ impl Context {
             None => self.chan.direct_doorbell(a.handle)?,
         };
         let path = QpPath::Ring(UserQp::new(a.qp_num, caps, sq, rq, doorbell));
-        Ok(self.qp_object(a.handle, a.qp_num, path, pd, send_cq, recv_cq, cfg.srq))
+        Ok(self.qp_object(a.handle, a.qp_num, path, pd, send_cq, recv_cq, cfg))
     }
 
     /// A QP made by the device's uVP in this process (its CQs and SRQ must be too).
@@ -97,7 +97,7 @@ impl Context {
         })?;
         let qp_num = qp.qp_num();
         let path = QpPath::Device(udev.clone(), qp);
-        Ok(self.qp_object(handle, qp_num, path, pd, send_cq, recv_cq, cfg.srq))
+        Ok(self.qp_object(handle, qp_num, path, pd, send_cq, recv_cq, cfg))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -109,16 +109,17 @@ impl Context {
         pd: &Arc<Pd>,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
-        srq: Option<Arc<Srq>>,
+        cfg: QpConfig,
     ) -> Arc<Qp> {
         let events = self.subscribe(handle);
         Arc::new(Qp {
             ctx: self.clone(),
             handle,
             qp_num,
+            qp_type: cfg.qp_type,
             path,
             events,
-            srq,
+            srq: cfg.srq,
             _parents: (pd.clone(), send_cq.clone(), recv_cq.clone()),
         })
     }
@@ -174,6 +175,8 @@ pub struct Qp {
     ctx: Arc<Context>,
     pub handle: u32,
     pub qp_num: u32,
+    /// The service type it was created with.
+    pub qp_type: QpType,
     path: QpPath,
     events: Receiver<Event>,
     srq: Option<Arc<Srq>>,

@@ -65,6 +65,7 @@ fn connect_to(qp: QpRef, port: u16) -> Connect {
         src: Ok(A),
         param: param(b"hello"),
         mtu: 4096,
+        service: QpType::Rc,
     }
 }
 
@@ -210,6 +211,20 @@ fn establish(p: &mut Pair, qa: QpRef, qb: QpRef) -> Setup {
 }
 
 #[test]
+fn a_uc_qp_asks_for_uc() {
+    let mut p = pair();
+    let uc = Connect {
+        service: QpType::Uc,
+        ..connect_to(qp(10), PORT)
+    };
+    let req = p.a.connect(uc, p.now).unwrap();
+    let CmMessage::Req(r) = one_sent(&req) else {
+        panic!("a REQ: {req:?}")
+    };
+    assert_eq!(r.transport_service_type, cm::transport_type::UC);
+}
+
+#[test]
 fn req_rep_rtu_connects_both_sides() {
     let mut p = pair();
     let req = p.a.connect(connect_to(qp(10), PORT), p.now).unwrap();
@@ -223,6 +238,7 @@ fn req_rep_rtu_connects_both_sides() {
     assert_eq!(r.local_qpn, 10);
     assert_eq!(r.service_id, cma::service_id_tcp(PORT));
     assert_eq!(r.path_mtu, 5);
+    assert_eq!(r.transport_service_type, cm::transport_type::RC);
     assert_eq!(&r.private_data[cma::HEADER_LEN..][..5], b"hello");
     assert_eq!(r.cma_header().unwrap().dst, B);
 
@@ -847,6 +863,7 @@ fn resolve_at(qa: QpRef, port: u16) -> Connect {
     Connect {
         state: QpState::Rts,
         param: param(b"ud"),
+        service: QpType::Ud,
         ..connect_to(qa, port)
     }
 }

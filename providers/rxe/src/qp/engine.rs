@@ -79,7 +79,7 @@ impl Engine<'_> {
     /// One verified packet from `src` addressed to this QP; whether transmission should
     /// go on past the inline budget (the transmit thread's part).
     pub(super) fn on_packet(&self, st: &mut State, d: &Datagram<'_>, p: &RoceRepr<'_>) -> bool {
-        if st.ud {
+        if st.ud() {
             self.ud_receive(st, d.src, d.dst, p);
             return false;
         }
@@ -88,7 +88,11 @@ impl Engine<'_> {
             self.count(&self.counters.rx_wrong_source);
             return false;
         }
-        if p.bth.opcode.transport() != wire::opcode::Transport::Rc {
+        let transport = match st.uc() {
+            true => wire::Transport::Uc,
+            false => wire::Transport::Rc,
+        };
+        if p.bth.opcode.transport() != transport {
             self.count(&self.counters.rx_malformed);
             return false;
         }
@@ -96,6 +100,10 @@ impl Engine<'_> {
             wire::Direction::Request => {
                 if !matches!(st.qp, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                     self.count(&self.counters.rx_dropped_state);
+                    return false;
+                }
+                if st.uc() {
+                    self.on_uc_request(st, p);
                     return false;
                 }
                 self.on_request(st, p)
@@ -123,7 +131,7 @@ impl Engine<'_> {
             st.resume = true;
             return false;
         }
-        if st.ud {
+        if st.ud() {
             return self.ud_pump(st, budget);
         }
         let more = self.send_read_responses(st, budget);

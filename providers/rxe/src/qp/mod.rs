@@ -110,9 +110,22 @@ pub(crate) fn byte_len(n: u64) -> u32 {
     u32::try_from(n.min(MAX_MSG)).unwrap_or(u32::MAX)
 }
 
+impl State {
+    /// An unreliable-datagram QP.
+    pub fn ud(&self) -> bool {
+        self.service == QpType::Ud
+    }
+
+    /// An unreliable-connected QP: no acknowledgements either way.
+    pub fn uc(&self) -> bool {
+        self.service == QpType::Uc
+    }
+}
+
 pub(crate) struct State {
-    /// An unreliable-datagram QP (`datagram`), else reliable connected.
-    pub ud: bool,
+    /// The QP's service: reliable or unreliable connected, or unreliable datagram
+    /// (`datagram`).
+    pub service: QpType,
     pub qp: QpState,
     pub attr: QpAttr,
     pub av: Option<Av>,
@@ -158,13 +171,13 @@ impl RxeQp {
             max_dest_rd_atomic: 1,
             ..QpAttr::default()
         };
-        let ud = init.qp_type == QpType::Ud;
+        let service = init.qp_type;
         let qp = Arc::new_cyclic(|me| RxeQp {
             base: QpBase::new(qpn, init),
             serial,
             dev,
             st: Mutex::new(State {
-                ud,
+                service,
                 qp: QpState::Reset,
                 attr,
                 av: None,
@@ -405,7 +418,12 @@ impl RxeQp {
 
     /// An unreliable-datagram QP.
     pub(crate) fn is_ud(&self) -> bool {
-        self.st.lock().ud
+        self.st.lock().ud()
+    }
+
+    /// The QP's service type.
+    pub(crate) fn service(&self) -> QpType {
+        self.st.lock().service
     }
 
     /// Send-queue work is posted or in flight, or responder output (Read responses, an
@@ -446,11 +464,11 @@ impl RxeQp {
         let need = |m: QpAttrMask| mask.contains(m);
         match (st.qp, to) {
             // A UD QP takes its Q_Key as it enters Init; it has no peer to learn.
-            (QpState::Reset, QpState::Init) if st.ud && !need(QpAttrMask::QKEY) => {
+            (QpState::Reset, QpState::Init) if st.ud() && !need(QpAttrMask::QKEY) => {
                 return Err(VerbsError::Invalid)
             }
             (QpState::Init, QpState::Rtr)
-                if !st.ud
+                if !st.ud()
                     && !need(
                         QpAttrMask::AV
                             | QpAttrMask::PATH_MTU
@@ -531,7 +549,7 @@ impl RxeQp {
                     self.base.rearm_last_wqe();
                     e.set_state(st, QpState::Reset);
                 }
-                QpState::Rtr if st.ud => {
+                QpState::Rtr if st.ud() => {
                     // Every datagram carries its own address; the port's MTU bounds it.
                     st.mtu = self.dev.active_mtu();
                     e.set_state(st, QpState::Rtr);
@@ -588,7 +606,7 @@ impl ProviderQp for RxeQp {
             // A UD QP sends everything posted: one datagram per request, no window, and
             // the kAL counts on a doorbell it serves before a destructive call
             // (kal::doorbell::Doorbells::serve_all) leaving nothing behind.
-            let mut budget = if st.ud { u32::MAX } else { INLINE_BUDGET };
+            let mut budget = if st.ud() { u32::MAX } else { INLINE_BUDGET };
             e.transmit(st, &mut budget)
         });
         if more {

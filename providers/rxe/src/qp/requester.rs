@@ -1,6 +1,10 @@
 //! Requester: send-queue work requests become request packets (segmented at the path MTU,
 //! PSNs assigned, at most a window of packets unacknowledged), as Linux's `rxe_req.c`.
 //! What comes back is the completer's (`completer`); both share the [`Requester`] state.
+//!
+//! A UC QP's requests are Sends and RDMA Writes only; nothing comes back, so a request
+//! completes once its last packet is made (its payload is in the packet by then), with
+//! no window, no acknowledgement asked for and no timer.
 
 use super::{byte_len, Engine, State, MAX_MSG, WINDOW};
 use crate::wire::{
@@ -46,10 +50,7 @@ pub(crate) struct SendWqe {
 
 impl SendWqe {
     pub(super) fn is_read_like(&self) -> bool {
-        matches!(
-            self.op,
-            WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd
-        )
+        is_read_like(self.op)
     }
     pub(super) fn is_local(&self) -> bool {
         matches!(self.op, WrOpcode::LocalInv | WrOpcode::BindMw)
@@ -224,7 +225,7 @@ impl Engine<'_> {
             }
             *budget -= 1;
             self.send_request(st, i);
-            if st.timer_at.is_none() {
+            if st.timer_at.is_none() && !st.uc() {
                 if let Some(t) = Self::ack_timeout(st) {
                     self.arm_timer(st, t);
                 }
@@ -258,11 +259,7 @@ impl Engine<'_> {
             drop(sq);
             return self.reject_local(st, wqe, WcStatus::LocQpOpErr);
         };
-        let read_like = matches!(
-            op,
-            WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd
-        );
-        if read_like && st.req.rd_atomic() >= st.attr.max_rd_atomic.max(1) as u32 {
+        if is_read_like(op) && st.req.rd_atomic() >= st.attr.max_rd_atomic.max(1) as u32 {
             return false; // a response frees a slot and pumps again
         }
         if wqe.flags & send_flags::FENCE != 0 && st.req.rd_atomic() > 0 {
@@ -309,6 +306,9 @@ impl Engine<'_> {
 
     /// Validate a request against the QP's caps and its registrations.
     fn prepare(&self, st: &State, wqe: Wqe, op: WrOpcode) -> Result<SendWqe, WcStatus> {
+        if st.uc() && (op == WrOpcode::SendWithInv || is_read_like(op)) {
+            return Err(WcStatus::LocQpOpErr); // UC has no such operation
+        }
         let max_inline = (self.base.caps.max_inline as usize).min(MAX_INLINE);
         if u32::from(wqe.num_sge) > self.base.caps.max_send_sge
             || (wqe.is_inline() && wqe.inline_len as usize > max_inline)
@@ -415,6 +415,14 @@ impl Engine<'_> {
             .map_err(|_| WcStatus::LocProtErr)
     }
 
+    /// Request `i` failed with `status`: it completes so (in order), and the QP goes to
+    /// Error.
+    fn fail_request(&self, st: &mut State, i: usize, status: WcStatus) {
+        st.req.wqes[i].status = Some(status);
+        st.req.wqes[i].done = true;
+        self.complete_in_order(st);
+    }
+
     /// Transmit the packet at the transmit position of request `i`.
     fn send_request(&self, st: &mut State, i: usize) {
         let k = st.req.cur_pkt;
@@ -489,6 +497,14 @@ impl Engine<'_> {
         // and on the packet that fills the window (else a full window waits for the timer).
         let fills = st.req.in_flight() + 1 >= st.req.cwnd;
         bth.ack_req = last || fills || psn.is_multiple_of(ACK_EVERY);
+        if st.uc() {
+            // Only Sends and Writes get here (`prepare`), and UC has all of theirs.
+            let Some(op) = bth.opcode.in_transport(wire::Transport::Uc) else {
+                return self.fail_request(st, i, WcStatus::LocQpOpErr);
+            };
+            bth.opcode = op;
+            bth.ack_req = false;
+        }
         let mut repr = RoceRepr::new(bth, &[]);
         repr.reth = reth;
         repr.immdt = immdt;
@@ -499,12 +515,7 @@ impl Engine<'_> {
         let roce = match self.packet_with(&repr, n, |out| Self::gather(w, off, n, out)) {
             Ok(Some(roce)) => roce,
             Ok(None) => return,
-            Err(status) => {
-                st.req.wqes[i].status = Some(status);
-                st.req.wqes[i].done = true;
-                self.complete_in_order(st);
-                return;
-            }
+            Err(status) => return self.fail_request(st, i, status),
         };
         self.queue_packet(st, roce);
         let r = &mut st.req;
@@ -542,7 +553,23 @@ impl Engine<'_> {
         } else {
             r.cur_pkt += 1;
         }
+        if st.uc() {
+            // Nothing will acknowledge it: what is made is done.
+            st.req.comp_psn = psn_add(psn, 1);
+            if last {
+                st.req.wqes[i].done = true;
+                self.complete_in_order(st);
+            }
+        }
     }
+}
+
+/// An operation answered with data (a Read's responses, an atomic's original value).
+fn is_read_like(op: WrOpcode) -> bool {
+    matches!(
+        op,
+        WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd
+    )
 }
 
 /// The opcode of one segment of a Send or RDMA Write.

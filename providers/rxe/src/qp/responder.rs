@@ -11,9 +11,11 @@
 //! consumer's to end.
 //!
 //! This file checks each packet in the order IBTA's responder does and places Sends and
-//! Writes; Reads, atomics, duplicates and the output queue are in [`resources`].
+//! Writes; Reads, atomics, duplicates and the output queue are in [`resources`]; a UC
+//! QP's responder, which never answers, is in [`unreliable`].
 
 mod resources;
+mod unreliable;
 
 use super::requester::ack_aeth;
 use super::{byte_len, Engine, State, MAX_MSG};
@@ -53,6 +55,11 @@ pub(crate) struct Responder {
     cur: Option<InMsg>,
     resources: VecDeque<Resource>,
     jobs: VecDeque<Out>,
+    /// UC: the rest of a message is being dropped (until a First or Only packet).
+    drop_msg: bool,
+    /// UC: a receive taken for a message that was then dropped; the next message that
+    /// needs one takes it before the ring's (so receives still complete in order).
+    spare: Option<Wqe>,
 }
 
 /// What became of one request packet.
@@ -75,6 +82,8 @@ impl Responder {
             cur: None,
             resources: VecDeque::new(),
             jobs: VecDeque::new(),
+            drop_msg: false,
+            spare: None,
         }
     }
 
@@ -84,11 +93,12 @@ impl Responder {
         self.resources.clear();
     }
 
-    /// The receive a multi-packet Send is being placed into (to flush it).
+    /// The receive a multi-packet Send is being placed into, or a UC QP's spare one (to
+    /// flush it; there is never both).
     pub fn take_current_recv(&mut self) -> Option<Wqe> {
         match self.cur.take() {
             Some(InMsg::Send { wqe, .. }) => Some(wqe),
-            _ => None,
+            _ => self.spare.take(),
         }
     }
 }
@@ -254,7 +264,7 @@ impl Engine<'_> {
         }
         let pos = p.bth.opcode.position();
         if pos.is_start() {
-            let wqe = match self.take_recv() {
+            let wqe = match self.next_recv(st) {
                 Ok(Some(w)) => w,
                 Ok(None) => return Verdict::Rnr,
                 Err(RingCorrupt) => return corrupt_ring(),
@@ -318,6 +328,15 @@ impl Engine<'_> {
         Verdict::Done { npkts: 1 }
     }
 
+    /// The receive the next message that needs one takes: a UC QP's spare one, else the
+    /// ring's next.
+    fn next_recv(&self, st: &mut State) -> Result<Option<Wqe>, RingCorrupt> {
+        match st.resp.spare.take() {
+            Some(w) => Ok(Some(w)),
+            None => self.take_recv(),
+        }
+    }
+
     /// Scatter `data` at message offset `off` of receive `w`.
     fn place_recv(&self, w: &Wqe, off: u64, data: &[u8]) -> Result<(), WcStatus> {
         self.mrs
@@ -375,7 +394,7 @@ impl Engine<'_> {
         }
         // A Write with immediate consumes a receive: without one, nothing is placed.
         let recv = if p.immdt.is_some() {
-            match self.take_recv() {
+            match self.next_recv(st) {
                 Ok(Some(w)) => Some(w),
                 Ok(None) => return Verdict::Rnr,
                 Err(RingCorrupt) => return corrupt_ring(),

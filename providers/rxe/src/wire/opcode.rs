@@ -193,6 +193,20 @@ impl Opcode {
         self as u8
     }
 
+    /// The opcode of the same operation and place in `transport`'s set, if it has one
+    /// (UC has Sends and RDMA Writes, without Invalidate; UD only Send Only).
+    pub const fn in_transport(self, transport: Transport) -> Option<Opcode> {
+        let top = match transport {
+            Transport::Rc => 0x00,
+            Transport::Uc => 0x20,
+            Transport::Ud => 0x60,
+        };
+        match Opcode::from_u8(top | (self as u8 & 0x1f)) {
+            Ok(op) => Some(op),
+            Err(_) => None,
+        }
+    }
+
     /// Transport service (the top three bits).
     pub const fn transport(self) -> Transport {
         match (self as u8) >> 5 {
@@ -295,6 +309,38 @@ mod tests {
         }
         assert_eq!(known, Opcode::ALL.len());
         assert_eq!(known, 23 + 12 + 2);
+    }
+
+    #[test]
+    fn uc_has_the_sends_and_writes_of_rc() {
+        for &op in Opcode::ALL
+            .iter()
+            .filter(|o| o.transport() != Transport::Ud)
+        {
+            let Some(uc) = op.in_transport(Transport::Uc) else {
+                continue;
+            };
+            assert_eq!(uc.transport(), Transport::Uc);
+            assert_eq!(uc.operation(), op.operation());
+            assert_eq!(uc.position(), op.position());
+            assert_eq!(uc.ext_headers(), op.ext_headers());
+            let rc = uc
+                .in_transport(Transport::Rc)
+                .expect("every UC opcode has an RC twin");
+            assert_eq!(rc.in_transport(Transport::Uc), Some(uc));
+        }
+        let rc_with_uc = Opcode::ALL
+            .iter()
+            .filter(|o| o.transport() == Transport::Rc)
+            .filter_map(|o| o.in_transport(Transport::Uc))
+            .count();
+        assert_eq!(rc_with_uc, 12, "UC: 6 Send and 6 RDMA Write opcodes");
+        assert_eq!(Opcode::RcSendOnlyInv.in_transport(Transport::Uc), None);
+        assert_eq!(Opcode::RcRdmaReadRequest.in_transport(Transport::Uc), None);
+        assert_eq!(
+            Opcode::RcSendOnly.in_transport(Transport::Ud),
+            Some(Opcode::UdSendOnly)
+        );
     }
 
     #[test]
