@@ -4,10 +4,11 @@
 # and the capture checked: tshark decodes InfiniBand over UDP 4791 with no malformed frames,
 # and every RoCEv2 ICRC is recomputed and must match (../shared/interop/icrc-check.py).
 # The guest's IPv4 GID is index 1 (0 is its IPv6 link-local); krdma's is index 0.
-# Five tool sets: ibv_rc_pingpong (`krdma pingpong`), ibv_ud_pingpong (`krdma ud-pingpong`),
-# udaddy (`krdma udaddy`), rping (`krdma rping`), and perftest
-# 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat against
-# `krdma perf`) with and without -R, and the Send tests over UD (-c UD).
+# Six tool sets: ibv_rc_pingpong (`krdma pingpong`), ibv_uc_pingpong (`krdma uc-pingpong`),
+# ibv_ud_pingpong (`krdma ud-pingpong`), udaddy (`krdma udaddy`), rping (`krdma rping`), and
+# perftest 4.5 (ib_write_bw, ib_read_bw, ib_send_bw, ib_send_lat, ib_write_lat, ib_read_lat
+# against `krdma perf`) with and without -R, the Send tests over UD (-c UD) and the Send
+# and Write tests over UC (-c UC).
 #
 #   bash scripts/interop-rxe.sh                  # the whole set
 #   ONLY=pingpong bash scripts/interop-rxe.sh    # the cases whose name matches
@@ -27,6 +28,12 @@ record "pingpong-host-server" 1 "" "ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS $HOST
     "pingpong -n $ITERS -g 0" host-first
 record "pingpong-host-server-64k" 1 "" "ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 65536 -n $ITERS $HOST" \
     "pingpong -n $ITERS -g 0 -m 1024 -s 65536" host-first daemon
+# ibv_uc_pingpong: the same exchange, UC QPs brought up with UC's attributes only, then
+# Sends of four packets (UC opcodes, no acknowledgements).
+record "uc-pingpong-guest-server" 2 "" "ibv_uc_pingpong -d rxe0 -g 1 -m 1024 -s 4096 -n $ITERS" \
+    "uc-pingpong -n $ITERS -g 0 -m 1024 -s 4096 $GUEST" guest-first
+record "uc-pingpong-host-server" 2 "" "ibv_uc_pingpong -d rxe0 -g 1 -m 1024 -s 4096 -n $ITERS $HOST" \
+    "uc-pingpong -n $ITERS -g 0 -m 1024 -s 4096" host-first daemon
 # ibv_ud_pingpong: the same exchange, then UD Sends (SEND Only with a DETH, Q_Key
 # 0x11111111) through address handles, each receive 40 bytes longer for the GRH.
 record "ud-pingpong-guest-server" 2 "" "ibv_ud_pingpong -d rxe0 -g 1 -n $ITERS" \
@@ -83,6 +90,22 @@ for cm in "" "-R"; do
         record "perf-$k-ud-host-server$tag" 1 "" "ib_$t -d rxe0 -x 1 -c UD $cm -n $PERF_ITERS $HOST" \
             "perf $k -d rxe0 -c UD $cm -n $PERF_ITERS" host-first $front
     done
+done
+
+# perftest's UC tests (-c UC; perftest runs UC without -R only): Sends and RDMA Writes with
+# UC opcodes, nothing acknowledged, each Send finding one of the receives perftest posts
+# per message. 4 KiB messages for the bandwidth tests: a UC message lost to a full socket
+# buffer in the slow guest is lost for good. One host-server case through krdmad.
+for t in send_bw write_bw send_lat write_lat; do
+    k=${t/_/-}
+    size=""
+    [ "${k#*-}" = bw ] && size="-s 4096"
+    front=embedded
+    [ "$k" = write-bw ] && front=daemon
+    record "perf-$k-uc-guest-server" 2 "" "ib_$t -d rxe0 -x 1 -c UC $size -n $PERF_ITERS" \
+        "perf $k -d rxe0 -c UC $size -n $PERF_ITERS $GUEST" guest-first
+    record "perf-$k-uc-host-server" 1 "" "ib_$t -d rxe0 -x 1 -c UC $size -n $PERF_ITERS $HOST" \
+        "perf $k -d rxe0 -c UC $size -n $PERF_ITERS" host-first $front
 done
 
 # perftest's run options, both roles, each exchange method: a timed run (-D seconds, -f

@@ -11,7 +11,7 @@ use krdma_tests::{each_front_door, FrontDoor};
 use std::io::{Read, Write};
 use std::time::Duration;
 use tools::perftest::{self, AtomicType, BwReport, Options, PerfError, Summary, Test};
-use ual::{send_flags, ConnParam};
+use ual::{send_flags, ConnParam, QpType};
 
 /// One side's result and what it printed.
 struct Side {
@@ -525,7 +525,7 @@ fn rxe_ud_send_tests() {
     each_front_door(|door| {
         for (cm, method) in RXE_MODES {
             let ud = |o: Options| Options {
-                ud: true,
+                connection: QpType::Ud,
                 ..rxe(o, cm)
             };
             let (s, c) = run_pair(door, &ud(opts(Test::SendLat, 200)));
@@ -549,7 +549,7 @@ fn rxe_ud_send_tests() {
     let o = Options {
         all_sizes: true,
         ..Options {
-            ud: true,
+            connection: QpType::Ud,
             ..rxe(opts(Test::SendLat, 5), false)
         }
     };
@@ -563,9 +563,61 @@ fn rxe_ud_send_tests() {
         (opts(Test::SendBw, 10), "iWARP"),
         (rxe(opts(Test::WriteBw, 10), false), "SEND"),
     ] {
-        match run_one(&door, &Options { ud: true, ..o }) {
+        match run_one(
+            &door,
+            &Options {
+                connection: QpType::Ud,
+                ..o
+            },
+        ) {
             PerfError::Options(m) => assert!(m.contains("-c UD") && m.contains(why), "{m}"),
             e => panic!("-c UD must be refused ({why}): {e}"),
+        }
+    }
+}
+
+/// `-c UC` (rxe0, without -R as perftest): the Send and Write tests over UC QPs
+/// through both front doors, validated; the peer's Writes land unacknowledged. Reads,
+/// atomics, rdma_cm and iWARP are refused with perftest's words.
+#[test]
+fn rxe_uc_send_and_write_tests() {
+    each_front_door(|door| {
+        let uc = |test, iters| Options {
+            connection: QpType::Uc,
+            ..rxe(opts(test, iters), false)
+        };
+        for test in [Test::SendLat, Test::WriteLat] {
+            let (s, c) = run_pair(door, &uc(test, 200));
+            for side in [&s, &c] {
+                sane_lat(side, 2, 200);
+                assert!(side.text.contains("Connection type : UC"), "{}", side.text);
+            }
+        }
+        for test in [Test::WriteBw, Test::SendBw] {
+            let o = Options {
+                size: Some(65536),
+                ..uc(test, 300)
+            };
+            let (s, c) = run_pair(door, &o);
+            sane_bw(&c.summary.bw[0], 65536, 300, true);
+            assert!(s.summary.validated || c.summary.validated, "{test:?}");
+            check_info(&s, "IB", "Ethernet");
+        }
+    });
+    let door = FrontDoor::Embedded;
+    let uc = |o: Options| Options {
+        connection: QpType::Uc,
+        ..o
+    };
+    for (o, why) in [
+        (rxe(opts(Test::ReadBw, 10), false), "READ/ATOMIC"),
+        (rxe(opts(Test::AtomicLat, 10), false), "READ/ATOMIC"),
+        (rxe(opts(Test::WriteBw, 10), true), "librdmacm"),
+        (opts(Test::WriteBw, 10), "iWARP"),
+    ] {
+        match run_one(&door, &uc(o)) {
+            PerfError::Options(m) => assert!(m.contains("-c UC") && m.contains(why), "{m}"),
+            e => panic!("-c UC must be refused ({why}): {e}"),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! what is dropped or refused — a wrong Q_Key, no receive posted, a Send over the MTU, a
 //! receive too small, another PD's address handle — with the counters that say so.
 //! `krdma ud-pingpong` (ibv_ud_pingpong's handshake and pattern) runs here too; against
-//! the real ibv_ud_pingpong in `scripts/interop-rxe.sh`.
+//! the real ibv_ud_pingpong in `scripts/interop-rxe.sh`. So does the other unreliable
+//! service, UC (`krdma uc-pingpong`; its engine is tested in `providers/rxe/tests/uc.rs`).
 
 use krdma_tests::{each_front_door, FrontDoor};
 use std::sync::Arc;
@@ -341,16 +342,17 @@ fn address_handles_need_a_datagram_device_and_a_destination() {
     });
 }
 
-#[test]
-fn ud_pingpong_runs_both_sides() {
+/// `krdma ud-pingpong` (UD) or `krdma uc-pingpong` (UC) against itself, both sides
+/// through each front door, `size`-byte messages at a 1024-byte MTU.
+fn pingpong_both_sides(qp_type: QpType, size: u32, port_base: u16) {
     each_front_door(|door| {
         let (a, b) = (door.open(), door.open());
-        let port = 18600 + std::process::id() as u16 % 1000;
+        let port = port_base + std::process::id() as u16 % 1000;
         let opts = |server: Option<String>| tools::pingpong::Options {
-            ud: true,
+            qp_type,
             server,
             port,
-            size: 1024,
+            size,
             iters: 200,
             rx_depth: 50,
             ..Default::default()
@@ -370,10 +372,51 @@ fn ud_pingpong_runs_both_sides() {
                 r => break r.expect("client"),
             }
         };
-        assert_eq!(moved.0, 2 * 1024 * 200);
-        assert_eq!(srv.join().unwrap().expect("server"), 2 * 1024 * 200);
+        let bytes = 2 * u64::from(size) * 200;
+        assert_eq!(moved.0, bytes);
+        assert_eq!(srv.join().unwrap().expect("server"), bytes);
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("iters in"), "{text}");
+    });
+}
+
+#[test]
+fn ud_pingpong_runs_both_sides() {
+    pingpong_both_sides(QpType::Ud, 1024, 18600);
+}
+
+/// UC (`ibv_uc_pingpong`), four packets a message: no acknowledgement, no loss on
+/// loopback, so every exchange completes.
+#[test]
+fn uc_pingpong_runs_both_sides() {
+    pingpong_both_sides(QpType::Uc, 4096, 17600);
+}
+
+/// UC is IB's (and RoCE's): an iWARP device refuses a UC QP, rxe makes one, through
+/// either front door.
+#[test]
+fn uc_qps_are_made_by_rxe_only() {
+    each_front_door(|door| {
+        let ctx = door.open();
+        for (name, ok) in [("rxe0", true), ("siw0", false)] {
+            let dev = ctx.device(name).unwrap().index;
+            let pd = ctx.alloc_pd(dev).unwrap();
+            let cq = ctx.create_cq(dev, 16).unwrap();
+            let cfg = QpConfig {
+                qp_type: QpType::Uc,
+                ..Default::default()
+            };
+            match ctx.create_qp(&pd, &cq, &cq, cfg) {
+                Ok(qp) => {
+                    assert!(ok, "{name} made a UC QP");
+                    assert_eq!(qp.qp_type, QpType::Uc);
+                }
+                Err(e) => {
+                    assert!(!ok, "{name}: {e}");
+                    assert_eq!(e, VerbsError::Unsupported);
+                }
+            }
+        }
     });
 }
 

@@ -70,7 +70,7 @@ use control::{
 };
 use params::Params;
 use report::RESULT_LINE;
-use rnicpi::{Transport, VerbsError, WcStatus};
+use rnicpi::{QpType, Transport, VerbsError, WcStatus};
 use session::Session;
 use sockets::SocketControl;
 use std::io::Write;
@@ -252,9 +252,10 @@ pub struct Options {
     pub duplex: bool,
     /// krdma to krdma only: fill buffers with known patterns and check what arrives.
     pub validate: bool,
-    /// `-c UD`: the data QPs are unreliable datagram QPs (Send tests on IB/RoCE devices;
-    /// with `-R` the control connection stays RC); else RC.
-    pub ud: bool,
+    /// `-c`: the data QPs' service type. RC; UC (Send and Write tests on IB/RoCE devices,
+    /// without `-R`); UD (Send tests on IB/RoCE devices; with `-R` the control
+    /// connection stays RC).
+    pub connection: QpType,
 }
 
 impl Options {
@@ -286,7 +287,7 @@ impl Options {
             post_list: 1,
             duplex: false,
             validate: false,
-            ud: false,
+            connection: QpType::Rc,
         }
     }
 }
@@ -423,11 +424,11 @@ impl Server {
         for _ in 0..s.p.num_qps {
             let req = next_request(&listener, CONNECT_PATIENCE)?;
             let dq = DataQp::new(DataQp::endpoint(&ctx, dev, &s.p)?, &s.p);
-            if s.p.ud {
+            if s.p.ud() {
                 dq.ud_await_peer(&s.p)?;
             }
-            accept(&listener, &req, &dq.ep, &s.data_param(), s.p.ud)?;
-            if s.p.ud {
+            accept(&listener, &req, &dq.ep, &s.data_param(), s.p.ud())?;
+            if s.p.ud() {
                 dq.ud_learn_peer(&s.p)?;
             }
             qps.push(dq);
@@ -459,7 +460,7 @@ fn client(
         let make = || DataQp::endpoint(ctx, dev, &s.p);
         let (ep, ev) = connect_retry(make, peer, &s.data_param(), CONNECT_PATIENCE)?;
         let dq = DataQp::new(ep, &s.p);
-        if s.p.ud {
+        if s.p.ud() {
             let server = ev.ud.ok_or(PerfError::Protocol(
                 "the server answered -c UD with a connection",
             ))?;

@@ -9,10 +9,12 @@
 //! `size` bytes; each side, once its last Send and a Receive have completed, sends again,
 //! `iters` times.
 //!
-//! With [`Options::ud`] it is rdma-core's `ibv_ud_pingpong` instead: the same handshake
-//! and message pattern over UD QPs (Q_Key 0x11111111), each Send addressed through an
-//! address handle made from the peer's GID, no larger than the port's MTU, and each
-//! receive buffer 40 bytes longer for the GRH a datagram arrives behind.
+//! With [`Options::qp_type`] UD it is rdma-core's `ibv_ud_pingpong` instead: the same
+//! handshake and message pattern over UD QPs (Q_Key 0x11111111), each Send addressed
+//! through an address handle made from the peer's GID, no larger than the port's MTU, and
+//! each receive buffer 40 bytes longer for the GRH a datagram arrives behind. With UC it
+//! is `ibv_uc_pingpong`: RC's exchange over UC QPs, brought up with only the attributes
+//! UC has (no responder resources, RNR timer, timeout or retries).
 
 use rnicpi::{send_flags, Access, Cqe, QpCaps, QpType, Result, VerbsError, Wqe, WrOpcode};
 use std::io::{Read, Write};
@@ -34,8 +36,8 @@ const MSG_LEN: usize = 52;
 /// The options of `ibv_rc_pingpong` (and of `ibv_ud_pingpong`, which has no `mtu`).
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Be `ibv_ud_pingpong`: UD QPs.
-    pub ud: bool,
+    /// RC: be `ibv_rc_pingpong`; UC: `ibv_uc_pingpong`; UD: `ibv_ud_pingpong`.
+    pub qp_type: QpType,
     /// Connect to this host; `None` = server.
     pub server: Option<String>,
     pub port: u16,
@@ -51,7 +53,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            ud: false,
+            qp_type: QpType::Rc,
             server: None,
             port: DEFAULT_PORT,
             device: "rxe0".into(),
@@ -120,12 +122,13 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     }
     let dev = ctx.device(&o.device)?.index;
     let port = ctx.query_port(dev, o.ib_port)?;
-    if o.ud && o.size > port.active_mtu {
+    let ud = o.qp_type == QpType::Ud;
+    if ud && o.size > port.active_mtu {
         eprintln!("Requested size larger than port MTU ({})", port.active_mtu);
         return Err(VerbsError::Invalid);
     }
     // A UD receive starts with the GRH; the Send's bytes follow it in the buffer.
-    let grh = if o.ud { rnicpi::GRH_LEN as u32 } else { 0 };
+    let grh = if ud { rnicpi::GRH_LEN as u32 } else { 0 };
     let pd = ctx.alloc_pd(dev)?;
     let cq = ctx.create_cq(dev, o.rx_depth + 1)?;
     let caps = QpCaps {
@@ -141,7 +144,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
         &cq,
         QpConfig {
             caps,
-            qp_type: if o.ud { QpType::Ud } else { QpType::Rc },
+            qp_type: o.qp_type,
             ..Default::default()
         },
     )?;
@@ -149,7 +152,7 @@ pub fn run(ctx: &Arc<Context>, o: &Options, out: &mut dyn Write) -> Result<(u64,
     buf.fill(0x7b);
     let mr = ctx.reg_buf(&pd, &buf, Access::LOCAL_WRITE)?;
     let psn = oob::random_psn(qp.qp_num);
-    if o.ud {
+    if ud {
         oob::ud_to_rts(&qp, UD_QKEY, psn)?;
     } else {
         oob::to_init(&qp, Access::empty())?;
@@ -241,7 +244,7 @@ fn connect_qp(
     me: &Dest,
     peer: &Dest,
 ) -> Result<Option<Arc<Ah>>> {
-    if o.ud {
+    if o.qp_type == QpType::Ud {
         let attr = rnicpi::AhAttr {
             port: o.ib_port,
             sgid_index: o.gid_index,

@@ -50,6 +50,8 @@ enum Cmd {
     /// RC ping-pong with the out-of-band handshake of rdma-core's ibv_rc_pingpong (IB/RoCE
     /// devices: an iWARP QP reaches RTS only through connection management).
     Pingpong(PingpongArgs),
+    /// UC ping-pong, interoperable with rdma-core's ibv_uc_pingpong (IB/RoCE devices).
+    UcPingpong(PingpongArgs),
     /// UD ping-pong, interoperable with rdma-core's ibv_ud_pingpong (IB/RoCE devices).
     UdPingpong(UdPingpongArgs),
     /// UD service resolution and datagrams, interoperable with librdmacm's udaddy (rdma_cm
@@ -262,8 +264,9 @@ struct PerfArgs {
     /// Bidirectional: both sides send (bandwidth tests; both sides give -b).
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
-    /// Connection type: RC, or UD for send-bw and send-lat on IB/RoCE devices (with or
-    /// without -R); the others are refused.
+    /// Connection type: RC; UC for the Send and Write tests on IB/RoCE devices (without
+    /// -R, as perftest); UD for send-bw and send-lat on IB/RoCE devices (with or without
+    /// -R); the others are refused.
     #[arg(short = 'c', long = "connection", value_parser = ["RC", "UC", "UD", "XRC", "DC", "SRD"])]
     connection: Option<String>,
 }
@@ -339,18 +342,11 @@ fn run(cmd: Cmd, target: &Target) -> Result<(), Box<dyn std::error::Error>> {
             markdown,
         } => demo(target, &device, bytes, iters, markdown),
         Cmd::Rping(a) => rping(target, a),
-        Cmd::Pingpong(a) => {
-            let o = tools::pingpong::Options {
-                mtu: a.mtu,
-                ..a.common.options(a.size)
-            };
-            let ctx = Context::open_target(target)?;
-            tools::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
-            Ok(())
-        }
+        Cmd::Pingpong(a) => pingpong(target, a, rnicpi::QpType::Rc),
+        Cmd::UcPingpong(a) => pingpong(target, a, rnicpi::QpType::Uc),
         Cmd::UdPingpong(a) => {
             let o = tools::pingpong::Options {
-                ud: true,
+                qp_type: rnicpi::QpType::Ud,
                 ..a.common.options(a.size)
             };
             let ctx = Context::open_target(target)?;
@@ -395,12 +391,14 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         Some("CMP_AND_SWAP") => AtomicType::CmpAndSwap,
         Some(_) => AtomicType::FetchAndAdd,
     };
-    let ud = match a.connection.as_deref() {
-        None | Some("RC") => false,
-        Some("UD") => true,
+    let connection = match a.connection.as_deref() {
+        None | Some("RC") => rnicpi::QpType::Rc,
+        Some("UC") => rnicpi::QpType::Uc,
+        Some("UD") => rnicpi::QpType::Ud,
         Some(c) => {
             return Err(format!(
-                "-c {c}: krdma's perftest runs RC, and UD Send tests (-c UD); {c} is not supported"
+                "-c {c}: krdma's perftest runs RC, UC and UD (as the test and device allow); \
+                 {c} is not supported"
             )
             .into())
         }
@@ -431,12 +429,28 @@ fn perftest(target: &Target, cmd: PerfCmd) -> Result<(), Box<dyn std::error::Err
         margin: a.margin,
         post_list: a.post_list,
         duplex: a.bidirectional,
-        ud,
+        connection,
         ..Options::new(test)
     };
     let ctx = Context::open_target(target)?;
     let mut out = std::io::stdout();
     tools::perftest::run(&ctx, &opts, &mut out)?;
+    Ok(())
+}
+
+/// `ibv_rc_pingpong` or `ibv_uc_pingpong` (`qp_type`).
+fn pingpong(
+    target: &Target,
+    a: PingpongArgs,
+    qp_type: rnicpi::QpType,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let o = tools::pingpong::Options {
+        mtu: a.mtu,
+        qp_type,
+        ..a.common.options(a.size)
+    };
+    let ctx = Context::open_target(target)?;
+    tools::pingpong::run(&ctx, &o, &mut std::io::stdout())?;
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 
 use super::timed::Timed;
 use super::{AtomicType, Options, PerfError, Test, Verb};
-use rnicpi::Transport;
+use rnicpi::{QpType, Transport};
 
 /// `MAX_SIZE`: `-a` runs 2, 4, ... up to 8 MiB, and sizes the buffers for it.
 pub const MAX_SIZE: u64 = 8 << 20;
@@ -80,8 +80,8 @@ pub struct Params {
     pub gid_index: usize,
     /// The GID at `gid_index` (informational over iWARP).
     pub gid: [u8; 16],
-    /// `-c UD`: unreliable datagram data QPs (Send tests only).
-    pub ud: bool,
+    /// `-c`: the data QPs' service type (UC: Send and Write tests, UD: Send tests).
+    pub connection: QpType,
     /// `-s` was given (a UD size above the MTU is then an error, not a change).
     pub size_given: bool,
 }
@@ -105,17 +105,24 @@ impl Params {
         }
         let lat = o.test.is_lat();
         let send = o.test.verb() == Verb::Send;
-        if o.ud {
-            let why = if iwarp {
-                Some("an iWARP device has no UD QPs")
-            } else if !send {
-                Some("UD connection only possible in SEND verb")
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(PerfError::Options(format!("-c UD: {why}")));
+        let why = match o.connection {
+            QpType::Rc => None,
+            QpType::Ud if iwarp => Some("an iWARP device has no UD QPs"),
+            QpType::Ud if !send => Some("UD connection only possible in SEND verb"),
+            QpType::Uc if iwarp => Some("an iWARP device has no UC QPs"),
+            QpType::Uc if matches!(o.test.verb(), Verb::Read | Verb::Atomic) => {
+                Some("UC connection not possible in READ/ATOMIC verbs")
             }
+            QpType::Uc if o.rdma_cm => Some("UC is not supported in librdmacm"),
+            QpType::Uc | QpType::Ud => None,
+        };
+        if let Some(why) = why {
+            let c = if o.connection == QpType::Uc {
+                "UC"
+            } else {
+                "UD"
+            };
+            return Err(PerfError::Options(format!("-c {c}: {why}")));
         }
         if o.duplex && lat {
             return Err(PerfError::Options(
@@ -203,8 +210,9 @@ impl Params {
             if send && rx_depth as u64 > iters {
                 rx_depth = iters as u32;
             }
-            if o.ud && rx_depth == DEF_RX_SEND {
-                // A datagram that finds no receive is lost: one receive per message.
+            if o.connection != QpType::Rc && rx_depth == DEF_RX_SEND {
+                // A UD or UC message that finds no receive is lost: one receive per
+                // message.
                 rx_depth = iters.min(UD_MAX_RX as u64) as u32;
             }
         }
@@ -250,7 +258,7 @@ impl Params {
         }
         // (perftest decides this before the post list, which then sets its own.)
         if size > MSG_SIZE_CQ_MOD_LIMIT
-            && !o.ud
+            && o.connection != QpType::Ud
             && !o.all_sizes
             && o.cq_mod.is_none()
             && !o.use_event
@@ -306,7 +314,7 @@ impl Params {
             mtu,
             gid_index: o.gid_index.unwrap_or(0),
             gid: [0; 16],
-            ud: o.ud,
+            connection: o.connection,
             size_given: o.size.is_some(),
         };
         p.fit_ud(false)?;
@@ -319,7 +327,7 @@ impl Params {
     /// sides have agreed on a smaller one (`exchanged`, as `check_mtu`).
     pub fn fit_ud(&mut self, exchanged: bool) -> Result<(), PerfError> {
         let most = super::wire::mtu_bytes(self.mtu) as u64;
-        if !self.ud || self.sizes.iter().all(|&s| s <= most) {
+        if !self.ud() || self.sizes.iter().all(|&s| s <= most) {
             return Ok(());
         }
         let all = self.sizes.len() > 1;
@@ -362,10 +370,15 @@ impl Params {
         self.test.is_lat() || self.duplex
     }
 
+    /// `-c UD`: unreliable datagram data QPs.
+    pub fn ud(&self) -> bool {
+        self.connection == QpType::Ud
+    }
+
     /// The room before each message in its receive buffer: a UD receive takes the GRH
     /// there.
     pub fn grh(&self) -> u64 {
-        if self.ud {
+        if self.ud() {
             GRH_LEN
         } else {
             0
@@ -542,7 +555,7 @@ mod tests {
 
     fn ud(test: Test, size: Option<u64>, all: bool) -> Options {
         Options {
-            ud: true,
+            connection: QpType::Ud,
             rdma_cm: false,
             size,
             all_sizes: all,

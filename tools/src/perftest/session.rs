@@ -11,6 +11,7 @@ use super::{
     bandwidth, is_ipv4_gid, latency, Options, PerfError, Summary, Test, Verb, CLOSE_WAIT,
     VALIDATE_PATIENCE,
 };
+use rnicpi::QpType;
 use std::io::Write;
 use std::time::Duration;
 
@@ -370,7 +371,7 @@ impl<'a> Session<'a> {
             }
         };
         // (UD data QPs have no connection to close.)
-        if !self.p.ud {
+        if !self.p.ud() {
             for q in qps {
                 let _ = q.ep.qp.disconnect(false);
             }
@@ -417,7 +418,11 @@ impl<'a> Session<'a> {
             " Number of qps   : {}\t\tTransport type : {transport}",
             p.num_qps
         )?;
-        let conn = if p.ud { "UD" } else { "RC" };
+        let conn = match p.connection {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
+        };
         writeln!(o, " Connection type : {conn}\t\tUsing SRQ      : OFF")?;
         // As Debian's perftest 4.5 prints them: PCIe relaxed ordering is turned off only
         // by ib_write_lat (it polls for the last byte), and the ibv_wr_* API is not used.

@@ -21,7 +21,7 @@ use super::timed::RunClock;
 use super::wire::{self, Dest};
 use super::{AtomicType, PerfError, Verb};
 use crate::perf::{new_endpoint_with, Endpoint, ENDPOINT_ACCESS};
-use rnicpi::{send_flags, Access, AhAttr, QpType, WcOpcode, WrOpcode, GRH_LEN, RDMA_UDP_QKEY};
+use rnicpi::{send_flags, Access, AhAttr, WcOpcode, WrOpcode, GRH_LEN, RDMA_UDP_QKEY};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use ual::oob::{self, RcPath, RcPeer};
@@ -79,17 +79,16 @@ impl DataQp {
         if p.test.verb() == Verb::Atomic {
             access |= Access::REMOTE_ATOMIC;
         }
-        let kind = if p.ud { QpType::Ud } else { QpType::Rc };
         let len = (credit_area(p) + CREDIT_AREA) as usize;
-        let ep = new_endpoint_with(ctx, dev, len, depth, access, kind)?;
+        let ep = new_endpoint_with(ctx, dev, len, depth, access, p.connection)?;
         let pat = pattern(seed(p.client), half as usize);
         ep.buf.write(0, &pat);
         ep.buf.write(half as usize, &pat);
-        if p.ud && p.rdma_cm {
+        if p.ud() && p.rdma_cm {
             // rdma_cm's UDP port space: its Q_Key, as librdmacm readies the QP.
             oob::ud_to_rts(&ep.qp, RDMA_UDP_QKEY, oob::random_psn(ep.qp.qp_num))?;
         }
-        if !p.rdma_cm && !p.ud {
+        if !p.rdma_cm && !p.ud() {
             let access = match p.test.verb() {
                 Verb::Write => Access::REMOTE_WRITE,
                 Verb::Read => Access::REMOTE_READ,
@@ -105,7 +104,7 @@ impl DataQp {
     /// latency test or the client. IRD is our `out_reads`, ORD the peer's (the device
     /// lowers both to what it supports).
     pub fn connect(&self, p: &Params, my: &Dest, rem: &Dest) -> Result<(), PerfError> {
-        if p.ud {
+        if p.ud() {
             oob::ud_to_rts(&self.ep.qp, DEF_QKEY, my.psn)?;
             self.set_ud_peer(p, rem.gid, rem.qpn, DEF_QKEY)?;
             tracing::info!(
@@ -453,8 +452,9 @@ impl DataQp {
             .is_none()
     }
 
-    /// Look at the byte at `off` until it reads `want` (`None`), yielding the CPU between
-    /// looks, or until `stop` gives an answer (`Some` of it).
+    /// Look at the byte at `off` until it reads `want` (`None`), driving the engine (in
+    /// embedded mode: [`ual::Cq::drive`]) or else yielding the CPU between looks, or until
+    /// `stop` gives an answer (`Some` of it).
     fn spin_on_byte<R>(
         &self,
         off: usize,
@@ -470,7 +470,9 @@ impl DataQp {
             if let Some(r) = stop() {
                 return Some(r);
             }
-            std::thread::yield_now();
+            if !self.ep.cq.drive() {
+                std::thread::yield_now();
+            }
         }
     }
 

@@ -104,6 +104,23 @@ impl Cq {
         }
     }
 
+    /// For a consumer that waits on memory rather than on this CQ (spinning on the last
+    /// byte of a peer's RDMA Write, as `ib_write_lat` does): lend the thread to the engine
+    /// once, as an empty poll does, without taking a completion. In embedded mode the
+    /// consumer's polls receive for the device, and its receive thread stays away while
+    /// they go on; a consumer that polled, then waits on memory without this, waits for
+    /// that thread (hundreds of µs). Elsewhere (through krdmad, or a device that works by
+    /// itself) it does nothing. Whether anything moved.
+    pub fn drive(&self) -> bool {
+        if self.ctx.here().is_err() {
+            return false;
+        }
+        match &self.path {
+            CqPath::Ring(r) => r.drive(),
+            CqPath::Device(_) => false,
+        }
+    }
+
     /// Whether a consumer waiting for completions does better to poll for a while than to
     /// sleep at once: its polls drive the engine (embedded mode, see `rnicpi::progress`) or
     /// the device works by itself (a uVP's adapter). Through krdmad a poller only takes the
