@@ -31,6 +31,19 @@ pub struct Setup {
     pub backlog: u8,
     /// The QP under test is a UD QP (Q_Key 0x11111111, as ibv_ud_pingpong's).
     pub ud: bool,
+    /// Else a UC QP (no acknowledgements either way) rather than RC.
+    pub uc: bool,
+}
+
+impl Setup {
+    /// The service of the QP under test.
+    pub fn qp_type(&self) -> rnicpi::QpType {
+        match (self.ud, self.uc) {
+            (true, _) => rnicpi::QpType::Ud,
+            (false, true) => rnicpi::QpType::Uc,
+            (false, false) => rnicpi::QpType::Rc,
+        }
+    }
 }
 
 impl Default for Setup {
@@ -44,6 +57,7 @@ impl Default for Setup {
             sq_psn: 200,
             backlog: 4,
             ud: false,
+            uc: false,
         }
     }
 }

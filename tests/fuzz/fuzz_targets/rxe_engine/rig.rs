@@ -237,13 +237,13 @@ impl World {
             wr_id: 0,
             ah,
         };
-        let qp = w.new_qp(setup.ud);
+        let qp = w.new_qp(setup.qp_type());
         w.bring_up(&qp);
         w.qps.push(qp);
         w
     }
 
-    fn new_qp(&self, ud: bool) -> TestQp {
+    fn new_qp(&self, qp_type: QpType) -> TestQp {
         let caps = QpCaps {
             max_send_wr: 16,
             max_recv_wr: 16,
@@ -258,7 +258,7 @@ impl World {
             .rig
             .dev
             .create_qp(QpInit {
-                qp_type: if ud { QpType::Ud } else { QpType::Rc },
+                qp_type,
                 pd: self.pd,
                 send_cq: self.cq.clone(),
                 recv_cq: self.cq.clone(),
@@ -338,7 +338,12 @@ impl World {
             dgid: ip_to_gid(self.rig.peer.into()),
             ..QpAttr::default()
         };
-        q.modify(&rtr, QpAttrMask::RC_RTR).unwrap();
+        let uc = s.qp_type() == QpType::Uc;
+        let masks = match uc {
+            true => (QpAttrMask::UC_RTR, QpAttrMask::UC_RTS),
+            false => (QpAttrMask::RC_RTR, QpAttrMask::RC_RTS),
+        };
+        q.modify(&rtr, masks.0).unwrap();
         let rts = QpAttr {
             state: QpState::Rts,
             sq_psn: self.sq_psn,
@@ -348,7 +353,7 @@ impl World {
             max_rd_atomic: s.ord,
             ..QpAttr::default()
         };
-        q.modify(&rts, QpAttrMask::RC_RTS).unwrap();
+        q.modify(&rts, masks.1).unwrap();
     }
 
     fn qpn(&self) -> u32 {
@@ -468,7 +473,7 @@ impl World {
             }
             Action::Connect { ird, ord } => {
                 if self.qps.len() <= MAX_QPS {
-                    let qp = self.new_qp(false);
+                    let qp = self.new_qp(QpType::Rc);
                     let param = ConnParam {
                         private_data: b"fuzz".to_vec(),
                         ird: ird as u32 % 20,
@@ -482,7 +487,7 @@ impl World {
             Action::Accept { which, ird, ord } => {
                 let id = self.request_id(which);
                 if self.qps.len() <= MAX_QPS {
-                    let qp = self.new_qp(false);
+                    let qp = self.new_qp(QpType::Rc);
                     let param = ConnParam {
                         private_data: b"welcome".to_vec(),
                         ird: ird as u32 % 20,
