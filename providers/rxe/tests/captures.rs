@@ -5,8 +5,9 @@
 //! ib_send_lat and ib_write_bw; Debian 12, kernel 6.1, from the project's shared reference
 //! set), of a guest's rping sending CM REQs to a host with no RDMA stack, and of a
 //! guest's ibv_ud_pingpong over kernel rxe facing `krdma ud-pingpong` (UD datagrams both
-//! ways) and of librdmacm's udaddy facing `krdma udaddy` in both roles (SIDR, then
-//! datagrams; `scripts/interop-rxe.sh`, 2026-11-27). Every frame
+//! ways), of librdmacm's udaddy facing `krdma udaddy` in both roles (SIDR, then
+//! datagrams; `scripts/interop-rxe.sh`, 2026-11-27) and of ibv_uc_pingpong facing `krdma
+//! uc-pingpong` (UC Sends both ways, 2026-12-03). Every frame
 //! to UDP port 4791 is taken apart: Ethernet, IPv4/IPv6, UDP, then the RoCEv2 packet. Its
 //! ICRC is verified, it is parsed, and its `Repr` is emitted again and must reproduce the
 //! original bytes exactly, ICRC included. The opcode counts are those tshark 4.0 reports
@@ -320,6 +321,36 @@ fn ud_pingpong_kernel_and_krdma() {
     }
 }
 
+/// ibv_uc_pingpong (kernel rxe, 10.77.0.11, the server) and `krdma uc-pingpong`
+/// (10.77.0.1), 4096-byte Sends at a 1024-byte MTU (`scripts/interop-rxe.sh`,
+/// 2026-12-03, the first 28 packets): each message UC SEND First, Middle, Middle, Last
+/// with consecutive PSNs, full 1024-byte segments, and neither side asking for an
+/// acknowledgement nor sending one.
+#[test]
+fn uc_pingpong_kernel_and_krdma() {
+    use Opcode::*;
+    let (t, frames) = check_capture("uc_pingpong_rxe_krdma.pcap");
+    assert_eq!(
+        t.by_opcode,
+        counts(&[(UcSendFirst, 7), (UcSendMiddle, 14), (UcSendLast, 7)])
+    );
+    let host = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 1));
+    for from in [host, VM1] {
+        let packets: Vec<RoceRepr> = packets_from(&frames, from).collect();
+        assert!(packets.len() >= 12, "{from}: {} packets", packets.len());
+        let message = [UcSendFirst, UcSendMiddle, UcSendMiddle, UcSendLast];
+        for (i, p) in packets.iter().enumerate() {
+            assert_eq!(p.bth.opcode, message[i % 4], "{from}: packet {i}");
+            assert_eq!(p.bth.opcode.transport(), Transport::Uc);
+            assert!(!p.bth.ack_req, "{from}: packet {i} asks for an acknowledgement");
+            assert_eq!(p.payload.len(), 1024);
+            assert_eq!(p.bth.dest_qp, packets[0].bth.dest_qp);
+            let psn = packets[0].bth.psn.wrapping_add(i as u32) & 0xff_ffff;
+            assert_eq!(p.bth.psn, psn, "{from}: packet {i}: consecutive PSNs");
+        }
+    }
+}
+
 #[test]
 fn rping_with_rdma_cm() {
     let (t, frames) = check_capture("rping_rxe.pcap");
@@ -622,6 +653,7 @@ fn corpus() -> &'static Vec<Vec<u8>> {
             "write_bw_rxe_first400.pcap",
             "host_peer.pcap",
             "ud_pingpong_rxe_krdma.pcap",
+            "uc_pingpong_rxe_krdma.pcap",
             "udaddy_guest_server.pcap",
             "udaddy_host_server.pcap",
         ] {
