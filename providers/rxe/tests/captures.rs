@@ -342,7 +342,10 @@ fn uc_pingpong_kernel_and_krdma() {
         for (i, p) in packets.iter().enumerate() {
             assert_eq!(p.bth.opcode, message[i % 4], "{from}: packet {i}");
             assert_eq!(p.bth.opcode.transport(), Transport::Uc);
-            assert!(!p.bth.ack_req, "{from}: packet {i} asks for an acknowledgement");
+            assert!(
+                !p.bth.ack_req,
+                "{from}: packet {i} asks for an acknowledgement"
+            );
             assert_eq!(p.payload.len(), 1024);
             assert_eq!(p.bth.dest_qp, packets[0].bth.dest_qp);
             let psn = packets[0].bth.psn.wrapping_add(i as u32) & 0xff_ffff;

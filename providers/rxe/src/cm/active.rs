@@ -24,8 +24,6 @@ pub(crate) struct Connect {
     pub param: ConnParam,
     /// The path MTU from `src` (what its link carries).
     pub mtu: u32,
-    /// The QP's service type: a REQ names RC or UC.
-    pub service: QpType,
 }
 
 impl Machine {
@@ -57,10 +55,7 @@ impl Machine {
             initiator_depth: r.param.ord.clamp(1, config.max_ord) as u8,
             remote_eecn: 0,
             remote_cm_response_timeout: 20,
-            transport_service_type: match r.service {
-                QpType::Uc => cm::transport_type::UC,
-                _ => cm::transport_type::RC,
-            },
+            transport_service_type: r.qp.transport_type(),
             end_to_end_flow_control: false,
             starting_psn: rq_psn,
             local_cm_response_timeout: 20,

@@ -95,7 +95,6 @@ pub fn connect(s: &Arc<Shared>, qp: &Arc<RxeQp>, peer: SocketAddr, param: ConnPa
         mtu: src.as_ref().map_or(s.active_mtu(), |&ip| s.mtu_from(ip)),
         src,
         param,
-        service: qp.service(),
     };
     let mut m = s.cm.machine.lock();
     let actions = if qp.is_ud() {

@@ -84,11 +84,23 @@ enum Phase {
 }
 
 /// A QP as the connection manager knows it: its number, and the serial the device gave
-/// the QP object, so a later QP that gets the same number is never taken for it.
+/// the QP object, so a later QP that gets the same number is never taken for it; and its
+/// service (a REQ names RC or UC, and an accept must match it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QpRef {
     pub qpn: u32,
     pub serial: u64,
+    pub service: QpType,
+}
+
+impl QpRef {
+    /// The REQ's transport service type of a connected QP's service.
+    pub fn transport_type(&self) -> u8 {
+        match self.service {
+            QpType::Uc => crate::wire::cm::transport_type::UC,
+            _ => crate::wire::cm::transport_type::RC,
+        }
+    }
 }
 
 /// What a connection fixes for its QP.

@@ -136,8 +136,11 @@ impl Machine {
         }
         let rq_psn = self.rng.psn()?;
         let c = self.conns.get(id).ok_or(VerbsError::NoSuchResource)?;
-        // A SIDR request wants a UD QP (`accept_ud`).
+        // A SIDR request wants a UD QP (`accept_ud`), a REQ a QP of the service it names.
         let req = c.req.ok_or(VerbsError::Invalid)?;
+        if req.transport_service_type != qp.transport_type() || qp.service == QpType::Ud {
+            return Err(VerbsError::Invalid);
+        }
         let mtu = cm::mtu_bytes(req.path_mtu)
             .map(|m| m as u32)
             .unwrap_or(1024)

@@ -45,6 +45,7 @@ fn qp(qpn: u32) -> QpRef {
     QpRef {
         qpn,
         serial: u64::from(qpn) + 1000,
+        service: QpType::Rc,
     }
 }
 
@@ -65,7 +66,6 @@ fn connect_to(qp: QpRef, port: u16) -> Connect {
         src: Ok(A),
         param: param(b"hello"),
         mtu: 4096,
-        service: QpType::Rc,
     }
 }
 
@@ -210,18 +210,39 @@ fn establish(p: &mut Pair, qa: QpRef, qb: QpRef) -> Setup {
     }
 }
 
+/// A UC QP's REQ says UC, and only a UC QP accepts it (an RC QP's REQ only an RC QP):
+/// the two ends of a connection must speak the same opcodes.
 #[test]
-fn a_uc_qp_asks_for_uc() {
+fn a_uc_request_wants_a_uc_qp() {
     let mut p = pair();
-    let uc = Connect {
+    let uc = |qpn| QpRef {
         service: QpType::Uc,
-        ..connect_to(qp(10), PORT)
+        ..qp(qpn)
     };
-    let req = p.a.connect(uc, p.now).unwrap();
+    let (req, b_id) = request(&mut p, uc(10));
     let CmMessage::Req(r) = one_sent(&req) else {
         panic!("a REQ: {req:?}")
     };
     assert_eq!(r.transport_service_type, cm::transport_type::UC);
+    for wrong in [
+        qp(20),
+        QpRef {
+            service: QpType::Ud,
+            ..qp(21)
+        },
+    ] {
+        let refused =
+            p.b.accept(p.listener, b_id.into(), wrong, &param(b""), |_| 4096);
+        assert_eq!(refused.err(), Some(VerbsError::Invalid), "{wrong:?}");
+    }
+    let acc =
+        p.b.accept(p.listener, b_id.into(), uc(22), &param(b""), |_| 4096);
+    assert!(acc.is_ok(), "the request still waits for a UC QP");
+
+    let (_, b_id) = request(&mut p, qp(11));
+    let refused =
+        p.b.accept(p.listener, b_id.into(), uc(23), &param(b""), |_| 4096);
+    assert_eq!(refused.err(), Some(VerbsError::Invalid));
 }
 
 #[test]
@@ -817,7 +838,10 @@ fn connect_checks_before_it_sends() {
         "one connection per QP"
     );
     // A later QP that got the same number is another QP.
-    let reused = QpRef { qpn: 10, serial: 1 };
+    let reused = QpRef {
+        serial: 1,
+        ..qp(10)
+    };
     assert!(p.a.connect(connect_to(reused, PORT), p.now).is_ok());
     // No randomness, no connection (never a predictable ID instead).
     let mut broken = machine_with(3, Box::new(Script(VecDeque::new())));
@@ -863,7 +887,6 @@ fn resolve_at(qa: QpRef, port: u16) -> Connect {
     Connect {
         state: QpState::Rts,
         param: param(b"ud"),
-        service: QpType::Ud,
         ..connect_to(qa, port)
     }
 }

@@ -156,6 +156,8 @@ pub struct RxeQp {
     pub(crate) base: QpBase,
     /// The device's serial of this QP object: unlike its number, never reused.
     serial: u64,
+    /// Its service type (also in the state, for the engine; it never changes).
+    service: QpType,
     pub(crate) dev: Arc<Shared>,
     st: Mutex<State>,
     /// Signalled when the send token is given back (a verb waits for it: [`Caller::Verb`]).
@@ -175,6 +177,7 @@ impl RxeQp {
         let qp = Arc::new_cyclic(|me| RxeQp {
             base: QpBase::new(qpn, init),
             serial,
+            service,
             dev,
             st: Mutex::new(State {
                 service,
@@ -222,6 +225,7 @@ impl RxeQp {
         crate::cm::QpRef {
             qpn: self.base.qpn,
             serial: self.serial,
+            service: self.service,
         }
     }
 
@@ -418,12 +422,7 @@ impl RxeQp {
 
     /// An unreliable-datagram QP.
     pub(crate) fn is_ud(&self) -> bool {
-        self.st.lock().ud()
-    }
-
-    /// The QP's service type.
-    pub(crate) fn service(&self) -> QpType {
-        self.st.lock().service
+        self.service == QpType::Ud
     }
 
     /// Send-queue work is posted or in flight, or responder output (Read responses, an

@@ -157,19 +157,18 @@ impl Engine<'_> {
         if d < 0 {
             return self.duplicate(st, p);
         }
-        let op = p.bth.opcode.operation();
-        let verdict = if !st.attr.access.contains(right_for(op)) {
-            // The QP does not grant this operation (kernel rxe: check_op_valid).
-            self.count(&self.counters.qp_access_refused);
-            invalid()
-        } else {
-            self.execute(st, p, op)
-        };
+        let verdict = self.execute(st, p);
         self.conclude(st, p, verdict)
     }
 
-    /// Carry out an in-sequence request the QP permits.
-    fn execute(&self, st: &mut State, p: &RoceRepr<'_>, op: Operation) -> Verdict {
+    /// Carry out an in-sequence request, if the QP grants its operation (kernel rxe:
+    /// `check_op_valid`).
+    fn execute(&self, st: &mut State, p: &RoceRepr<'_>) -> Verdict {
+        let op = p.bth.opcode.operation();
+        if !st.attr.access.contains(right_for(op)) {
+            self.count(&self.counters.qp_access_refused);
+            return invalid();
+        }
         match op {
             Operation::Send => self.recv_send(st, p),
             Operation::RdmaWrite => self.recv_write(st, p),

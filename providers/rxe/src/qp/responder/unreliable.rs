@@ -13,7 +13,7 @@
 //! A Send too long for its receive completes that receive with `LocLenErr`, as a UD
 //! datagram does, and the QP stays up.
 
-use super::{invalid, right_for, InMsg, Verdict};
+use super::{InMsg, Verdict};
 use crate::qp::{Engine, State};
 use crate::wire::{psn_add, NakCode, RoceRepr};
 
@@ -35,14 +35,7 @@ impl Engine<'_> {
             self.abandon_uc(st);
             st.resp.drop_msg = false;
         }
-        let op = p.bth.opcode.operation();
-        let verdict = if !st.attr.access.contains(right_for(op)) {
-            self.count(&self.counters.qp_access_refused);
-            invalid()
-        } else {
-            self.execute(st, p, op)
-        };
-        match verdict {
+        match self.execute(st, p) {
             Verdict::Done { npkts } => st.resp.psn = psn_add(p.bth.psn, npkts),
             Verdict::Rnr => self.drop_uc(st, p, "no receive posted"),
             Verdict::Fatal(NakCode::RemoteOperationalError, kind) => {
