@@ -57,8 +57,9 @@ pub(crate) struct Responder {
     jobs: VecDeque<Out>,
     /// UC: the rest of a message is being dropped (until a First or Only packet).
     drop_msg: bool,
-    /// UC: a receive taken for a message that was then dropped; the next message that
-    /// needs one takes it before the ring's (so receives still complete in order).
+    /// A receive taken for a message that was then refused or dropped: the next message
+    /// that needs one (UC) takes it before the ring's, so receives still complete in
+    /// order; a QP going to Error flushes it.
     spare: Option<Wqe>,
 }
 
@@ -93,8 +94,8 @@ impl Responder {
         self.resources.clear();
     }
 
-    /// The receive a multi-packet Send is being placed into, or a UC QP's spare one (to
-    /// flush it; there is never both).
+    /// The receive a multi-packet Send is being placed into, or the spare one (to flush
+    /// it; there is never both).
     pub fn take_current_recv(&mut self) -> Option<Wqe> {
         match self.cur.take() {
             Some(InMsg::Send { wqe, .. }) => Some(wqe),
@@ -327,8 +328,8 @@ impl Engine<'_> {
         Verdict::Done { npkts: 1 }
     }
 
-    /// The receive the next message that needs one takes: a UC QP's spare one, else the
-    /// ring's next.
+    /// The receive the next message that needs one takes: the spare one, else the ring's
+    /// next.
     fn next_recv(&self, st: &mut State) -> Result<Option<Wqe>, RingCorrupt> {
         match st.resp.spare.take() {
             Some(w) => Ok(Some(w)),
@@ -407,6 +408,11 @@ impl Engine<'_> {
                 .map(|r| r.write(self.base.pd, va + off, p.payload, Access::REMOTE_WRITE));
             if !matches!(placed, Some(Ok(()))) {
                 st.resp.cur = None;
+                // The receive taken stays the consumer's: flushed when the QP goes to
+                // Error, or (UC) taken by the next message.
+                if recv.is_some() {
+                    st.resp.spare = recv;
+                }
                 return access();
             }
         }
