@@ -5,6 +5,15 @@ use super::timed::Timed;
 use super::{AtomicType, Options, PerfError, Test, Verb};
 use rnicpi::{QpType, Transport};
 
+/// perftest's name of a connection type (`-c`, and its "Connection type" line).
+pub fn connection_name(t: QpType) -> &'static str {
+    match t {
+        QpType::Rc => "RC",
+        QpType::Uc => "UC",
+        QpType::Ud => "UD",
+    }
+}
+
 /// `MAX_SIZE`: `-a` runs 2, 4, ... up to 8 MiB, and sizes the buffers for it.
 pub const MAX_SIZE: u64 = 8 << 20;
 const DEF_SIZE_BW: u64 = 65536;
@@ -20,8 +29,8 @@ const DEF_ITERS_LAT: u64 = 1000;
 const DEF_TX_BW: u32 = 128;
 const DEF_TX_LAT: u32 = 1;
 const DEF_RX_SEND: u32 = 512;
-/// `UC_MAX_RX`: a UD receiver left at the default depth posts this many at most.
-const UD_MAX_RX: u32 = 16000;
+/// `UC_MAX_RX`: a UC or UD receiver left at the default depth posts this many at most.
+const UC_MAX_RX: u32 = 16000;
 /// `UD_ADDITION`: the room before a UD message in its receive buffer, where the GRH lands.
 pub const GRH_LEN: u64 = 40;
 const DEF_RX_RDMA: u32 = 1;
@@ -117,11 +126,7 @@ impl Params {
             QpType::Uc | QpType::Ud => None,
         };
         if let Some(why) = why {
-            let c = if o.connection == QpType::Uc {
-                "UC"
-            } else {
-                "UD"
-            };
+            let c = connection_name(o.connection);
             return Err(PerfError::Options(format!("-c {c}: {why}")));
         }
         if o.duplex && lat {
@@ -213,7 +218,7 @@ impl Params {
             if o.connection != QpType::Rc && rx_depth == DEF_RX_SEND {
                 // A UD or UC message that finds no receive is lost: one receive per
                 // message.
-                rx_depth = iters.min(UD_MAX_RX as u64) as u32;
+                rx_depth = iters.min(UC_MAX_RX as u64) as u32;
             }
         }
         let post_list = o.post_list.max(1);

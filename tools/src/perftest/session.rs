@@ -11,7 +11,6 @@ use super::{
     bandwidth, is_ipv4_gid, latency, Options, PerfError, Summary, Test, Verb, CLOSE_WAIT,
     VALIDATE_PATIENCE,
 };
-use rnicpi::QpType;
 use std::io::Write;
 use std::time::Duration;
 
@@ -418,11 +417,7 @@ impl<'a> Session<'a> {
             " Number of qps   : {}\t\tTransport type : {transport}",
             p.num_qps
         )?;
-        let conn = match p.connection {
-            QpType::Rc => "RC",
-            QpType::Uc => "UC",
-            QpType::Ud => "UD",
-        };
+        let conn = super::params::connection_name(p.connection);
         writeln!(o, " Connection type : {conn}\t\tUsing SRQ      : OFF")?;
         // As Debian's perftest 4.5 prints them: PCIe relaxed ordering is turned off only
         // by ib_write_lat (it polls for the last byte), and the ibv_wr_* API is not used.
