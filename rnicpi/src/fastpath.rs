@@ -406,9 +406,9 @@ impl UserCq {
             self.released.store(false, Ordering::Relaxed);
             return n;
         }
-        match &self.progress {
-            Some(p) if !self.released.load(Ordering::Relaxed) && p.progress() => self.pop(out),
-            _ => 0,
+        match self.drive() {
+            true => self.pop(out),
+            false => 0,
         }
     }
 

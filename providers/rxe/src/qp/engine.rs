@@ -55,6 +55,8 @@ pub(crate) struct Outputs {
 /// the registrations in `mrs`, and `now` is the only clock it reads.
 pub(crate) struct Engine<'a> {
     pub now: Instant,
+    /// The QP's service: RC, UC or UD (which engine runs, and what it leaves out).
+    pub service: QpType,
     pub base: &'a QpBase,
     pub mrs: &'a MrTable,
     /// Address handles, for UD Sends.
@@ -63,6 +65,16 @@ pub(crate) struct Engine<'a> {
 }
 
 impl Engine<'_> {
+    /// An unreliable-datagram QP.
+    pub(crate) fn ud(&self) -> bool {
+        self.service == QpType::Ud
+    }
+
+    /// An unreliable-connected QP: no acknowledgements either way.
+    pub(crate) fn uc(&self) -> bool {
+        self.service == QpType::Uc
+    }
+
     pub(crate) fn count(&self, c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -79,7 +91,7 @@ impl Engine<'_> {
     /// One verified packet from `src` addressed to this QP; whether transmission should
     /// go on past the inline budget (the transmit thread's part).
     pub(super) fn on_packet(&self, st: &mut State, d: &Datagram<'_>, p: &RoceRepr<'_>) -> bool {
-        if st.ud() {
+        if self.ud() {
             self.ud_receive(st, d.src, d.dst, p);
             return false;
         }
@@ -88,7 +100,7 @@ impl Engine<'_> {
             self.count(&self.counters.rx_wrong_source);
             return false;
         }
-        let transport = match st.uc() {
+        let transport = match self.uc() {
             true => wire::Transport::Uc,
             false => wire::Transport::Rc,
         };
@@ -102,7 +114,7 @@ impl Engine<'_> {
                     self.count(&self.counters.rx_dropped_state);
                     return false;
                 }
-                if st.uc() {
+                if self.uc() {
                     self.on_uc_request(st, p);
                     return false;
                 }
@@ -131,7 +143,7 @@ impl Engine<'_> {
             st.resume = true;
             return false;
         }
-        if st.ud() {
+        if self.ud() {
             return self.ud_pump(st, budget);
         }
         let more = self.send_read_responses(st, budget);

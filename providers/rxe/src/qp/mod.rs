@@ -110,22 +110,7 @@ pub(crate) fn byte_len(n: u64) -> u32 {
     u32::try_from(n.min(MAX_MSG)).unwrap_or(u32::MAX)
 }
 
-impl State {
-    /// An unreliable-datagram QP.
-    pub fn ud(&self) -> bool {
-        self.service == QpType::Ud
-    }
-
-    /// An unreliable-connected QP: no acknowledgements either way.
-    pub fn uc(&self) -> bool {
-        self.service == QpType::Uc
-    }
-}
-
 pub(crate) struct State {
-    /// The QP's service: reliable or unreliable connected, or unreliable datagram
-    /// (`datagram`).
-    pub service: QpType,
     pub qp: QpState,
     pub attr: QpAttr,
     pub av: Option<Av>,
@@ -156,7 +141,8 @@ pub struct RxeQp {
     pub(crate) base: QpBase,
     /// The device's serial of this QP object: unlike its number, never reused.
     serial: u64,
-    /// Its service type (also in the state, for the engine; it never changes).
+    /// Its service type: reliable or unreliable connected, or unreliable datagram
+    /// (`datagram`); the engine of each call is told it.
     service: QpType,
     pub(crate) dev: Arc<Shared>,
     st: Mutex<State>,
@@ -180,7 +166,6 @@ impl RxeQp {
             service,
             dev,
             st: Mutex::new(State {
-                service,
                 qp: QpState::Reset,
                 attr,
                 av: None,
@@ -267,6 +252,7 @@ impl RxeQp {
         let mut st = self.st.lock();
         let engine = Engine {
             now: self.dev.clock.now(),
+            service: self.service,
             base: &self.base,
             mrs: &self.dev.res.mrs,
             ahs: &self.dev.ahs,
@@ -463,11 +449,11 @@ impl RxeQp {
         let need = |m: QpAttrMask| mask.contains(m);
         match (st.qp, to) {
             // A UD QP takes its Q_Key as it enters Init; it has no peer to learn.
-            (QpState::Reset, QpState::Init) if st.ud() && !need(QpAttrMask::QKEY) => {
+            (QpState::Reset, QpState::Init) if self.is_ud() && !need(QpAttrMask::QKEY) => {
                 return Err(VerbsError::Invalid)
             }
             (QpState::Init, QpState::Rtr)
-                if !st.ud()
+                if !self.is_ud()
                     && !need(
                         QpAttrMask::AV
                             | QpAttrMask::PATH_MTU
@@ -548,7 +534,7 @@ impl RxeQp {
                     self.base.rearm_last_wqe();
                     e.set_state(st, QpState::Reset);
                 }
-                QpState::Rtr if st.ud() => {
+                QpState::Rtr if self.is_ud() => {
                     // Every datagram carries its own address; the port's MTU bounds it.
                     st.mtu = self.dev.active_mtu();
                     e.set_state(st, QpState::Rtr);
@@ -605,7 +591,11 @@ impl ProviderQp for RxeQp {
             // A UD QP sends everything posted: one datagram per request, no window, and
             // the kAL counts on a doorbell it serves before a destructive call
             // (kal::doorbell::Doorbells::serve_all) leaving nothing behind.
-            let mut budget = if st.ud() { u32::MAX } else { INLINE_BUDGET };
+            let mut budget = if self.is_ud() {
+                u32::MAX
+            } else {
+                INLINE_BUDGET
+            };
             e.transmit(st, &mut budget)
         });
         if more {

@@ -225,7 +225,7 @@ impl Engine<'_> {
             }
             *budget -= 1;
             self.send_request(st, i);
-            if st.timer_at.is_none() && !st.uc() {
+            if st.timer_at.is_none() && !self.uc() {
                 if let Some(t) = Self::ack_timeout(st) {
                     self.arm_timer(st, t);
                 }
@@ -306,7 +306,7 @@ impl Engine<'_> {
 
     /// Validate a request against the QP's caps and its registrations.
     fn prepare(&self, st: &State, wqe: Wqe, op: WrOpcode) -> Result<SendWqe, WcStatus> {
-        if st.uc() && (op == WrOpcode::SendWithInv || is_read_like(op)) {
+        if self.uc() && (op == WrOpcode::SendWithInv || is_read_like(op)) {
             return Err(WcStatus::LocQpOpErr); // UC has no such operation
         }
         let max_inline = (self.base.caps.max_inline as usize).min(MAX_INLINE);
@@ -497,7 +497,7 @@ impl Engine<'_> {
         // and on the packet that fills the window (else a full window waits for the timer).
         let fills = st.req.in_flight() + 1 >= st.req.cwnd;
         bth.ack_req = last || fills || psn.is_multiple_of(ACK_EVERY);
-        if st.uc() {
+        if self.uc() {
             // Only Sends and Writes get here (`prepare`), and UC has all of theirs.
             let Some(op) = bth.opcode.in_transport(wire::Transport::Uc) else {
                 return self.fail_request(st, i, WcStatus::LocQpOpErr);
@@ -553,7 +553,7 @@ impl Engine<'_> {
         } else {
             r.cur_pkt += 1;
         }
-        if st.uc() {
+        if self.uc() {
             // Nothing will acknowledge it: what is made is done.
             st.req.comp_psn = psn_add(psn, 1);
             if last {
