@@ -388,3 +388,57 @@ fn polling_consumers_receive_in_their_own_thread() {
         polling_consumers_drive(door, "rxe0", "rx_packets_polled", "rx_packets")
     });
 }
+
+/// Embedded, the positive acknowledgement a polling consumer's delivery makes waits for
+/// that consumer's next call, so the completion it polls for costs no `sendmsg` first:
+/// it leaves with the reply the consumer posts next; if the consumer neither polls nor
+/// posts again, the device's receive thread sends it once the consumer's drive window has
+/// passed. (Both QPs are on the one embedded rxe0 here: its `tx_packets` counts both.)
+#[test]
+fn a_polling_receivers_acknowledgement_waits_for_its_next_call() {
+    use krdma_tests::{counted, device_counter};
+    let door = FrontDoor::Embedded;
+    let (a, _b, s, c) = connected_pair(&door, "rxe0", 4096);
+    let count = |name| device_counter(&a, "rxe0", name);
+    let mut none = [ual::Cqe::default(); 1];
+    // One round: a Send the server's poll receives. Whether its ACK is still held when
+    // the poll returns (an empty poll marks the device driven, but the receive thread
+    // may still be the one that took the datagram, or a lapsed window may have let it
+    // send the ACK already): then only the client's Send was sent.
+    let mut round = |i: u64| -> bool {
+        let (tx, held) = (count("tx_packets"), count("acks_held"));
+        s.post_recv(i, 0, 64).unwrap();
+        assert_eq!(s.cq.poll(&mut none), 0);
+        c.send(i, 0, 8, SIG).unwrap();
+        assert_eq!(s.complete(1).unwrap()[0].wr_id, i);
+        count("acks_held") > held && count("tx_packets") == tx + 1
+    };
+    let deadline = Instant::now() + T;
+    let mut i = 0;
+    // Nobody calls: the receive thread sends it, and the client's Send completes.
+    while !round(i) {
+        c.complete(1).unwrap();
+        assert!(Instant::now() < deadline, "no acknowledgement held back");
+        i += 1;
+    }
+    let tx = count("tx_packets");
+    counted(&a, "rxe0", "tx_packets", tx);
+    assert_eq!(c.complete(1).unwrap()[0].wr_id, i);
+    // The server replies: its held ACK leaves with the reply, in the same call.
+    c.post_recv(u64::MAX, 0, 64).unwrap();
+    loop {
+        i += 1;
+        if round(i) {
+            break;
+        }
+        c.complete(1).unwrap();
+        assert!(Instant::now() < deadline, "no acknowledgement held back");
+    }
+    let tx = count("tx_packets");
+    s.send(i, 0, 8, SIG).unwrap();
+    assert_eq!(count("tx_packets"), tx + 2, "the ACK went with the reply");
+    let mut got: Vec<_> = c.complete(2).unwrap().iter().map(|e| e.wr_id).collect();
+    got.sort();
+    assert_eq!(got, [i, u64::MAX]);
+    assert_eq!(s.complete(1).unwrap()[0].wr_id, i);
+}

@@ -6,7 +6,7 @@ use crate::ah::{Ah, AhTable, MAX_AH};
 use crate::cm::Cm;
 use crate::net::{Datagram, Net, Wire};
 use crate::qp::RxeQp;
-use crate::receive::Receiver;
+use crate::receive::{HeldAcks, Receiver};
 use crate::timer::{Clock, Timers};
 use crate::wire::{self, RocePacket, RoceRepr};
 use parking_lot::RwLock;
@@ -79,6 +79,13 @@ rnicpi::counters!(
         nak_other_rcvd,
         duplicate_requests,
         acks_sent,
+        /// Positive acknowledgements a polling consumer's delivery left queued for its
+        /// next call (sent with the QP's next datagrams, or when the receive side takes
+        /// over: `receive.rs`).
+        acks_held,
+        /// Of those, the ones a later acknowledgement replaced before they were sent
+        /// (each acknowledges all before it): made and counted in `acks_sent`, never sent.
+        acks_coalesced,
         qp_access_refused,
         rd_atomic_refused,
         remote_inv_refused,
@@ -104,6 +111,8 @@ pub(crate) struct Shared {
     /// The socket's receive side, which polling consumers may drive (`None` in a
     /// simulation, which delivers datagrams itself).
     pub receiver: Option<Arc<Receiver>>,
+    /// QPs holding acknowledgements back for a polling consumer's next call.
+    pub held: HeldAcks,
     /// The receive side computes and checks ICRCs over real IP headers (raw sockets).
     raw: bool,
     /// The device's time: the host's, or a simulation's.
@@ -420,6 +429,7 @@ impl RxeDevice {
             counters: Counters::default(),
             wire: io.wire,
             receiver: io.receiver,
+            held: HeldAcks::default(),
             raw: io.raw,
             clock: io.clock,
             qpns: io.qpns,
@@ -474,15 +484,30 @@ impl RxeDevice {
     /// the `rxe_engine` fuzz target drives the engine through without raw sockets (the
     /// ICRC and datagram framing have their own target, `rxe_packet`).
     pub fn receive(&self, src: IpAddr, dst: IpAddr, sport: u16, roce: &[u8]) {
-        deliver(
-            &self.shared,
-            &Datagram {
-                src,
-                dst,
-                sport,
-                roce,
-            },
-        );
+        self.receive_by(src, dst, sport, roce, false);
+    }
+
+    /// [`RxeDevice::receive`] as a polling consumer's thread receives in embedded mode
+    /// (`rnicpi::progress`): the positive acknowledgements it makes wait for the QP's
+    /// next datagrams or for [`RxeDevice::send_held`] (the consumer's next poll). The
+    /// simulation delivers this way to run that path under loss.
+    pub fn receive_polled(&self, src: IpAddr, dst: IpAddr, sport: u16, roce: &[u8]) {
+        self.receive_by(src, dst, sport, roce, true);
+    }
+
+    fn receive_by(&self, src: IpAddr, dst: IpAddr, sport: u16, roce: &[u8], polled: bool) {
+        let d = Datagram {
+            src,
+            dst,
+            sport,
+            roce,
+        };
+        deliver(&self.shared, &d, polled);
+    }
+
+    /// Send the acknowledgements held back for a polling consumer; whether there were any.
+    pub fn send_held(&self) -> bool {
+        self.shared.held.send()
     }
 }
 
@@ -501,8 +526,9 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
         .map_err(|_| VerbsError::Exhausted)
 }
 
-/// Hand one verified datagram to its QP (or the CM for QP1).
-pub(crate) fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
+/// Hand one verified datagram to its QP (or the CM for QP1), received by the device's
+/// thread or by a polling consumer (`polled`).
+pub(crate) fn deliver(s: &Arc<Shared>, d: &Datagram<'_>, polled: bool) {
     let c = &s.counters;
     // BTH's destination QP: bytes 5..8.
     let dest_qp = d
@@ -529,7 +555,7 @@ pub(crate) fn deliver(s: &Arc<Shared>, d: &Datagram<'_>) {
         return s.cm.on_packet(s, d, &repr);
     }
     match s.qp(repr.bth.dest_qp) {
-        Some(qp) => qp.on_packet(d, &repr),
+        Some(qp) => qp.on_packet(d, &repr, polled),
         None => s.count(&c.rx_unknown_qp),
     }
 }

@@ -9,12 +9,18 @@
 //! driven ([`Driven`]). Once the thread sees that, it parks until the consumers stop (one
 //! arms its CQ to sleep, or none has polled for the window): a thread woken for every
 //! packet would only find it gone, and on two cores it takes the CPU the consumers need.
+//!
+//! A consumer's delivery leaves the positive acknowledgements it produced queued on their
+//! QPs ([`crate::qp::RxeQp::with_state`]): they go with the QP's next datagrams, or are
+//! sent here at the next poll of any consumer of the device, when one arms its CQ, or when
+//! the receive thread takes the socket back ([`HeldAcks`]).
 
 use crate::device::{deliver, Shared};
 use crate::net::{Net, RxBatch, RxDrop};
+use crate::qp::RxeQp;
 use parking_lot::Mutex;
 use rnicpi::{Driven, Progress};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,6 +40,44 @@ pub(crate) struct Receiver {
     driven: Driven,
     /// The device it delivers to (set once the device is assembled).
     dev: OnceLock<Weak<Shared>>,
+}
+
+/// The QPs of a device holding acknowledgements back for a polling consumer's next call
+/// ([`crate::qp::RxeQp::with_state`]).
+#[derive(Default)]
+pub(crate) struct HeldAcks {
+    qps: Mutex<Vec<Weak<RxeQp>>>,
+    /// Whether `qps` may be non-empty, read without its lock on every poll.
+    any: AtomicBool,
+}
+
+impl HeldAcks {
+    /// `qp` holds an acknowledgement back: it is sent at the next [`HeldAcks::send`]
+    /// unless the QP sends it first with other datagrams.
+    pub(crate) fn hold(&self, qp: &Arc<RxeQp>) {
+        let mut qps = self.qps.lock();
+        if !qps
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
+        {
+            qps.push(Arc::downgrade(qp));
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Send every acknowledgement held back: at each consumer's poll and arming, and by
+    /// the receive thread before it waits on the socket, so one is never held longer than
+    /// a datagram to the device waits for its receiving. Whether any QP held one.
+    pub(crate) fn send(&self) -> bool {
+        if !self.any.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        let qps = std::mem::take(&mut *self.qps.lock());
+        for qp in qps.iter().filter_map(Weak::upgrade) {
+            qp.release_held();
+        }
+        true
+    }
 }
 
 impl Receiver {
@@ -73,6 +117,9 @@ impl Receiver {
                 return;
             };
             let mut batch = self.batch.lock();
+            // Consumers deliver only under the slots' lock: nothing is held back once the
+            // thread has it, before it sleeps in the socket.
+            s.held.send();
             match self.net.recv_batch(&mut batch, spin_until.is_none()) {
                 Ok(0) => {
                     drop(batch);
@@ -82,7 +129,7 @@ impl Receiver {
                     }
                 }
                 Ok(_) => {
-                    if self.deliver_batch(&s, &batch).bulk {
+                    if self.deliver_batch(&s, &batch, false).bulk {
                         spin_until = Some(Instant::now() + RX_SPIN);
                     }
                 }
@@ -105,7 +152,7 @@ struct Delivered {
 
 impl Receiver {
     /// Verify and deliver what `batch` holds, in order, counting what is dropped.
-    fn deliver_batch(&self, s: &Arc<Shared>, batch: &RxBatch) -> Delivered {
+    fn deliver_batch(&self, s: &Arc<Shared>, batch: &RxBatch, polled: bool) -> Delivered {
         let mut done = Delivered {
             count: 0,
             bulk: false,
@@ -115,7 +162,7 @@ impl Receiver {
                 Ok(d) => {
                     done.bulk |= d.roce.len() >= RX_SPIN_AFTER;
                     done.count += 1;
-                    deliver(s, &d);
+                    deliver(s, &d, polled);
                 }
                 Err(drop) => count_drop(s, drop),
             }
@@ -143,20 +190,30 @@ impl Progress for Receiver {
         let Some(s) = self.dev.get().and_then(Weak::upgrade) else {
             return false;
         };
+        s.held.send();
         let Some(mut batch) = self.batch.try_lock() else {
             return false; // the receive thread is at it (it parks once it is done)
         };
         if !matches!(self.net.recv_batch(&mut batch, false), Ok(n) if n > 0) {
             return false;
         }
-        let done = self.deliver_batch(&s, &batch);
+        let done = self.deliver_batch(&s, &batch, true);
+        drop(batch);
         s.counters
             .rx_packets_polled
             .fetch_add(done.count, Ordering::Relaxed);
+        if done.bulk {
+            // Part of a transfer: the sender's window waits for these; one per QP (the
+            // batch's last) goes now. Only a small message's waits for the next call.
+            s.held.send();
+        }
         done.count > 0
     }
 
     fn release(&self) {
+        if let Some(s) = self.dev.get().and_then(Weak::upgrade) {
+            s.held.send();
+        }
         self.driven.release();
     }
 }

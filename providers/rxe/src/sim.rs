@@ -217,6 +217,8 @@ pub struct Sim {
     link: Arc<SimLink>,
     nodes: Vec<Node>,
     start: Instant,
+    /// Datagrams are received as a polling consumer receives them ([`Sim::set_polled`]).
+    polled: bool,
 }
 
 impl Sim {
@@ -244,7 +246,15 @@ impl Sim {
             link,
             nodes: Vec::new(),
             start,
+            polled: false,
         }
+    }
+
+    /// Receive datagrams as a polling consumer's thread does in embedded mode: the
+    /// positive acknowledgements they draw wait for the QP's next datagrams or for the
+    /// consumers' next poll, which the simulation takes before its clock moves on.
+    pub fn set_polled(&mut self, polled: bool) {
+        self.polled = polled;
     }
 
     /// A device serving `addr` on the link.
@@ -323,7 +333,10 @@ impl Sim {
             match self.nodes.iter().find(|n| n.addr == d.dst) {
                 Some(n) => {
                     self.link.state.lock().stats.delivered += 1;
-                    n.dev.receive(d.src, d.dst, d.sport, &d.bytes);
+                    match self.polled {
+                        true => n.dev.receive_polled(d.src, d.dst, d.sport, &d.bytes),
+                        false => n.dev.receive(d.src, d.dst, d.sport, &d.bytes),
+                    }
                 }
                 None => self.link.state.lock().stats.lost += 1,
             }
@@ -369,6 +382,11 @@ impl Sim {
             while self.step() {}
             if done() {
                 return true;
+            }
+            // The consumers poll again before any time passes: what their last delivery
+            // held back goes now.
+            for n in &self.nodes {
+                n.dev.send_held();
             }
             match self.next_event() {
                 Some(at) if at <= end => {

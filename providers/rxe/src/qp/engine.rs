@@ -26,6 +26,10 @@ pub(crate) struct Outgoing {
     pub av: Av,
     /// BTH .. ICRC slot (the wire fills the ICRC in).
     pub roce: Vec<u8>,
+    /// A positive acknowledgement and nothing else: it may wait for the consumer's next
+    /// call when a polling consumer's thread made it, and a later one replaces it
+    /// ([`super::RxeQp::with_state`]).
+    pub plain_ack: bool,
 }
 
 /// A completion or an event for the consumer.
@@ -207,6 +211,18 @@ impl Engine<'_> {
         }
     }
 
+    /// Queue an acknowledgement packet; a positive one (`plain`) is marked so its driver
+    /// may hold it back for a polling consumer's next call ([`Outgoing::plain_ack`]).
+    pub(crate) fn send_ack_packet(&self, st: &mut State, repr: &RoceRepr<'_>, plain: bool) {
+        let queued = st.out.datagrams.len();
+        self.send_packet(st, repr);
+        if st.out.datagrams.len() > queued {
+            if let Some(d) = st.out.datagrams.last_mut() {
+                d.plain_ack = plain;
+            }
+        }
+    }
+
     /// Queue one packet to `av`.
     pub(crate) fn send_packet_to(&self, st: &mut State, av: Av, repr: &RoceRepr<'_>) {
         match repr.to_vec() {
@@ -217,7 +233,11 @@ impl Engine<'_> {
 
     /// Queue a packet made by [`Engine::packet_with`] to `av`.
     pub(crate) fn queue_packet_to(st: &mut State, av: Av, roce: Vec<u8>) {
-        st.out.datagrams.push(Outgoing { av, roce });
+        st.out.datagrams.push(Outgoing {
+            av,
+            roce,
+            plain_ack: false,
+        });
     }
 
     /// A packet of `repr`'s headers around the `n` payload bytes `payload` appends to

@@ -68,6 +68,10 @@ enum Caller {
     /// A device thread (receive, transmit, timer): never waits; the token's holder
     /// delivers what it produced.
     Device,
+    /// A consumer polling a CQ in embedded mode, receiving for the device
+    /// ([`crate::receive`]): as a device thread, except that positive acknowledgements it
+    /// produced wait for that consumer's next call (see [`RxeQp::with_state`]).
+    Polled,
     /// The consumer or the connection manager (Modify QP, a doorbell, destroy, a close):
     /// returns with its completions on the CQ and its events delivered, as a verb should.
     Verb,
@@ -261,7 +265,7 @@ impl RxeQp {
         let r = f(&engine, &mut st);
         let deadline = st.out.deadline.take();
         let wait = match caller {
-            Caller::Device => false,
+            Caller::Device | Caller::Polled => false,
             Caller::Verb => !st.out.effects.is_empty(),
             Caller::Close => true,
         };
@@ -270,17 +274,22 @@ impl RxeQp {
                 self.token_free.wait(&mut st);
             }
         }
+        let hold = caller == Caller::Polled && !st.sending && self.hold_acks(&mut st);
         let owed = if st.sending || (st.out.datagrams.is_empty() && st.out.effects.is_empty()) {
             false
         } else {
-            self.apply(&mut st);
+            let held = self.apply(&mut st, hold);
             // What is still queued goes with the transmit step owed, or one started now.
-            let left = !st.out.datagrams.is_empty() || !st.out.effects.is_empty();
+            let left = st.out.datagrams.len() > held || !st.out.effects.is_empty();
             std::mem::take(&mut st.resume) || left
         };
+        let held = hold && !st.out.datagrams.is_empty();
         drop(st);
         if let Some(at) = deadline {
             self.dev.timers.arm(Target::Qp(self.base.qpn), 0, at);
+        }
+        if held {
+            self.hold_for_consumer();
         }
         if owed {
             self.schedule();
@@ -288,15 +297,65 @@ impl RxeQp {
         r
     }
 
+    /// Whether what a polling consumer's delivery left queued is positive
+    /// acknowledgements only, which then wait for its next call: the completion it is
+    /// polling for reaches it without a `sendmsg` first, and the acknowledgement leaves
+    /// with whatever it posts next in one batch (a ping-pong's reply), or at its next poll
+    /// or when it arms the CQ, or when the receive thread takes over from consumers that
+    /// stopped polling ([`crate::receive::Receiver`]) — the bound that already holds for
+    /// the datagrams they receive. A peer's Send over RC costs one `sendmsg` and one
+    /// receive less per message this way. Every AETH acknowledges all before it, so of
+    /// several only the last is kept.
+    fn hold_acks(&self, st: &mut State) -> bool {
+        let queue = &mut st.out.datagrams;
+        if queue.is_empty() || !queue.iter().all(|d| d.plain_ack) {
+            return false;
+        }
+        let c = &self.dev.counters;
+        let older = queue.len() - 1;
+        if older > 0 {
+            queue.drain(..older);
+            c.acks_coalesced.fetch_add(older as u64, Ordering::Relaxed);
+        }
+        self.dev.count(&c.acks_held);
+        true
+    }
+
+    /// List this QP with the device's held acknowledgements, which the receive side
+    /// sends at the consumer's next call or when its thread takes over.
+    fn hold_for_consumer(&self) {
+        if let Some(me) = self.arc() {
+            self.dev.held.hold(&me);
+        }
+    }
+
+    /// Send what is held back for a polling consumer (any queued output).
+    pub(crate) fn release_held(&self) {
+        self.with_state(Caller::Device, |_, _| ());
+    }
+
     /// Apply the outputs as the send token's holder (see [`RxeQp::with_state`]), for at
     /// most [`DRAIN_ROUNDS`] rounds: what others keep queueing meanwhile is left to the
     /// transmit step the caller then asks for, so no thread is kept applying another's
     /// work (a consumer's doorbell behind a stream of receive completions).
-    fn apply(&self, st: &mut MutexGuard<'_, State>) {
+    ///
+    /// With `hold`, the datagrams queued now stay queued unless others queue more behind
+    /// them meanwhile (then all go, in order); how many stay is returned.
+    fn apply(&self, st: &mut MutexGuard<'_, State>, hold: bool) -> usize {
         let sender = Sender::take(st);
+        let mut held = if hold {
+            sender.0.out.datagrams.len()
+        } else {
+            0
+        };
         for _ in 0..DRAIN_ROUNDS {
             let effects = std::mem::take(&mut sender.0.out.effects);
-            let mut datagrams = std::mem::take(&mut sender.0.out.datagrams);
+            let mut datagrams = if sender.0.out.datagrams.len() > held {
+                held = 0;
+                std::mem::take(&mut sender.0.out.datagrams)
+            } else {
+                Vec::new()
+            };
             if effects.is_empty() && datagrams.is_empty() {
                 break;
             }
@@ -318,6 +377,7 @@ impl RxeQp {
         }
         drop(sender);
         self.token_free.notify_all();
+        held
     }
 
     /// Write a completion (one lost to a full CQ is counted: the CQ reports it) or
@@ -369,8 +429,15 @@ impl RxeQp {
     }
 
     /// One verified packet addressed to this QP.
-    pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>) {
-        if self.with_state(Caller::Device, |e, st| e.on_packet(st, d, p)) {
+    /// A packet for this QP, received by the device's thread or by a polling consumer
+    /// (`polled`).
+    pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>, polled: bool) {
+        let caller = if polled {
+            Caller::Polled
+        } else {
+            Caller::Device
+        };
+        if self.with_state(caller, |e, st| e.on_packet(st, d, p)) {
             self.schedule();
         }
     }

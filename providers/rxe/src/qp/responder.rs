@@ -237,7 +237,8 @@ impl Engine<'_> {
     fn emit_ack(&self, st: &mut State, psn: u32, aeth: AethRepr) {
         let mut r = RoceRepr::new(self.bth(st, Opcode::RcAcknowledge, psn), &[]);
         r.aeth = Some(aeth);
-        self.send_packet(st, &r);
+        let plain = matches!(aeth.syndrome, Syndrome::Ack { .. });
+        self.send_ack_packet(st, &r, plain);
     }
 
     fn send_aeth(&self, st: &mut State, psn: u32, syndrome: Syndrome) {

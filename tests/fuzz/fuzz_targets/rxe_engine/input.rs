@@ -33,6 +33,10 @@ pub struct Setup {
     pub ud: bool,
     /// Else a UC QP (no acknowledgements either way) rather than RC.
     pub uc: bool,
+    /// Datagrams are received as a polling consumer receives them: positive
+    /// acknowledgements wait (coalesced) for the QP's next datagrams or for the
+    /// consumer's next poll, taken before every action but a packet.
+    pub polled: bool,
 }
 
 impl Setup {
@@ -58,6 +62,7 @@ impl Default for Setup {
             backlog: 4,
             ud: false,
             uc: false,
+            polled: false,
         }
     }
 }

@@ -396,9 +396,11 @@ impl World {
 
     fn send(&self, src: Ipv4Addr, repr: &RoceRepr<'_>) {
         if let Ok(bytes) = repr.to_vec() {
-            self.rig
-                .dev
-                .receive(src.into(), self.rig.ip.into(), 0xc000, &bytes);
+            let (dev, dst) = (&self.rig.dev, self.rig.ip.into());
+            match self.setup.polled {
+                true => dev.receive_polled(src.into(), dst, 0xc000, &bytes),
+                false => dev.receive(src.into(), dst, 0xc000, &bytes),
+            }
         }
     }
 
@@ -461,6 +463,9 @@ impl World {
     }
 
     fn act(&mut self, a: Action) {
+        if !matches!(a, Action::Request(_) | Action::Response(_)) {
+            self.rig.dev.send_held(); // the consumer polls
+        }
         match a {
             Action::Request(q) => self.request(q),
             Action::Response(r) => self.response(r),
