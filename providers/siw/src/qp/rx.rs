@@ -199,7 +199,7 @@ impl SiwQp {
 }
 
 /// A consumer polling one of this QP's CQs lends its thread (see the module comment):
-/// it reads while the stream has something, at most [`POLL_READS`] times.
+/// it reads while reads fill the buffer, at most [`POLL_READS`] times.
 impl Progress for SiwQp {
     fn progress(&self) -> bool {
         self.rx.driven.touch();
@@ -212,12 +212,17 @@ impl Progress for SiwQp {
         let mut any = false;
         for _ in 0..POLL_READS {
             match self.read_once(side, false) {
-                Read::Data(_) => {
+                Read::Data(n) => {
                     self.dev
                         .counters
                         .rx_reads_polled
                         .fetch_add(1, Ordering::Relaxed);
                     any = true;
+                    if n < side.buf.len() {
+                        // A short read took all the stream had: another now would only
+                        // find it empty (a system call per ping-pong message).
+                        break;
+                    }
                 }
                 Read::Empty => break,
                 Read::End(end) => {
