@@ -302,7 +302,7 @@ impl RxeQp {
     /// polling for reaches it without a `sendmsg` first, and the acknowledgement leaves
     /// with whatever it posts next in one batch (a ping-pong's reply), or at its next poll
     /// or when it arms the CQ, or when the receive thread takes over from consumers that
-    /// stopped polling ([`crate::receive::Receiver`]) — the bound that already holds for
+    /// stopped polling ([`crate::receive::HeldAcks`]) — the bound that already holds for
     /// the datagrams they receive. A peer's Send over RC costs one `sendmsg` and one
     /// receive less per message this way. Every AETH acknowledges all before it, so of
     /// several only the last is kept.
@@ -428,9 +428,8 @@ impl RxeQp {
         }
     }
 
-    /// One verified packet addressed to this QP.
-    /// A packet for this QP, received by the device's thread or by a polling consumer
-    /// (`polled`).
+    /// One verified packet addressed to this QP, received by the device's thread or by a
+    /// polling consumer (`polled`).
     pub(crate) fn on_packet(&self, d: &Datagram<'_>, p: &RoceRepr<'_>, polled: bool) {
         let caller = if polled {
             Caller::Polled
