@@ -149,6 +149,10 @@ struct Manual {
 }
 
 fn manual(ctx: &Arc<Context>, len: usize) -> Manual {
+    manual_of(ctx, len, ual::QpType::Rc)
+}
+
+fn manual_of(ctx: &Arc<Context>, len: usize, qp_type: ual::QpType) -> Manual {
     let dev = ctx.device("rxe0").unwrap().index;
     let pd = ctx.alloc_pd(dev).unwrap();
     let cq = ctx.create_cq(dev, 256).unwrap();
@@ -165,6 +169,7 @@ fn manual(ctx: &Arc<Context>, len: usize) -> Manual {
                     max_recv_sge: 1,
                     max_inline: 0,
                 },
+                qp_type,
                 ..Default::default()
             },
         )
@@ -441,4 +446,69 @@ fn a_polling_receivers_acknowledgement_waits_for_its_next_call() {
     got.sort();
     assert_eq!(got, [i, u64::MAX]);
     assert_eq!(s.complete(1).unwrap()[0].wr_id, i);
+}
+
+/// UC through the connection manager, end to end: a UC QP's REQ (transport type UC) is
+/// refused onto an RC QP and accepted onto a UC one, and the connection then carries a
+/// multi-packet Send and an RDMA Write with immediate, byte-exact, with no
+/// acknowledgement coming back (`acks_sent` stays put); a disconnect ends it both ways.
+#[test]
+fn uc_qps_connect_through_the_cm() {
+    use krdma_tests::device_counter;
+    each_front_door(|door| {
+        let (a, b) = (door.open(), door.open());
+        let dev = a.device("rxe0").unwrap().index;
+        let ip = tools::perf::loopback_of(&a, dev).unwrap();
+        let l = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
+        let peer = std::net::SocketAddr::new(ip, l.port);
+        let param = ConnParam {
+            private_data: b"uc".to_vec(),
+            ird: 0,
+            ord: 0,
+        };
+        let len = 16 * 1024;
+        let x = manual_of(&b, len, ual::QpType::Uc);
+        x.qp.connect(peer, &param).unwrap();
+        let req = l.get_request(T).unwrap();
+        let rc = manual(&a, 64);
+        assert!(l.accept(req.conn_id, &rc.qp, &param).is_err(), "an RC QP");
+        let y = manual_of(&a, len, ual::QpType::Uc);
+        l.accept(req.conn_id, &y.qp, &param).unwrap();
+        assert_eq!(x.qp.next_event(T).unwrap().kind, EventKind::Established);
+        assert_eq!(y.qp.next_event(T).unwrap().kind, EventKind::Established);
+
+        let acks = device_counter(&a, "rxe0", "acks_sent");
+        let mut data = vec![0u8; len];
+        fill_pattern(&mut data, 7);
+        x.buf.write(0, &data);
+        let half = (len / 2) as u32;
+        y.qp.post_recv(&Wqe::recv(1, &[y.mr.sge(0, half)])).unwrap();
+        y.qp.post_recv(&Wqe::recv(2, &[y.mr.sge(0, 0)])).unwrap();
+        x.qp.post_send(&Wqe::new(10, WrOpcode::Send, &[x.mr.sge(0, half)]).with_flags(SIG))
+            .unwrap();
+        let w = Wqe::new(
+            11,
+            WrOpcode::RdmaWriteWithImm,
+            &[x.mr.sge(half as u64, half)],
+        )
+        .with_remote(y.mr.addr + half as u64, y.mr.rkey)
+        .with_imm(0x1234)
+        .with_flags(SIG);
+        x.qp.post_send(&w).unwrap();
+        let sent: Vec<u64> = x.cq.wait(2, T).unwrap().iter().map(|c| c.wr_id).collect();
+        assert_eq!(sent, [10, 11]);
+        let got = y.cq.wait(2, T).unwrap();
+        assert_eq!((got[0].wr_id, got[0].byte_len), (1, half));
+        assert_eq!((got[1].wr_id, got[1].imm_or_inv), (2, 0x1234));
+        assert_eq!(y.buf.to_vec(), data, "Send and Write placed");
+        assert_eq!(
+            device_counter(&a, "rxe0", "acks_sent"),
+            acks,
+            "UC acknowledges nothing"
+        );
+
+        x.qp.disconnect(false).unwrap();
+        assert_eq!(y.qp.next_event(T).unwrap().kind, EventKind::Disconnected);
+        assert_eq!(x.qp.next_event(T).unwrap().kind, EventKind::Disconnected);
+    });
 }
