@@ -7,6 +7,7 @@
 use krdma_tests::{
     connected_pair, each_front_door, fill_pattern, polling_consumers_drive, FrontDoor,
 };
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tools::perf::Endpoint;
@@ -186,6 +187,17 @@ fn manual_of(ctx: &Arc<Context>, len: usize, qp_type: ual::QpType) -> Manual {
     }
 }
 
+/// Two contexts through `door`, the first listening on rxe0's loopback address: them,
+/// the listener and the address to connect to.
+fn listening(door: &FrontDoor) -> (Arc<Context>, Arc<Context>, Arc<ual::Listener>, SocketAddr) {
+    let (a, b) = (door.open(), door.open());
+    let dev = a.device("rxe0").unwrap().index;
+    let ip = tools::perf::loopback_of(&a, dev).unwrap();
+    let l = a.listen(dev, SocketAddr::new(ip, 0), 4).unwrap();
+    let peer = SocketAddr::new(ip, l.port);
+    (a, b, l, peer)
+}
+
 /// Bring `m` to RTS towards `peer` (QPN, its first PSN, its GID).
 fn bring_up(m: &Manual, peer_qpn: u32, peer_gid: [u8; 16], rq_psn: u32, sq_psn: u32, mtu: u32) {
     let init = QpAttr {
@@ -330,11 +342,7 @@ fn vanished_peer_yields_retry_exceeded() {
 #[test]
 fn reject_and_disconnect_with_private_data() {
     each_front_door(|door| {
-        let (a, b) = (door.open(), door.open());
-        let dev = a.device("rxe0").unwrap().index;
-        let ip = tools::perf::loopback_of(&a, dev).unwrap();
-        let l = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
-        let peer = std::net::SocketAddr::new(ip, l.port);
+        let (a, b, l, peer) = listening(door);
         let m = manual(&b, 64);
         let param = ConnParam {
             private_data: b"hello".to_vec(),
@@ -456,11 +464,7 @@ fn a_polling_receivers_acknowledgement_waits_for_its_next_call() {
 fn uc_qps_connect_through_the_cm() {
     use krdma_tests::device_counter;
     each_front_door(|door| {
-        let (a, b) = (door.open(), door.open());
-        let dev = a.device("rxe0").unwrap().index;
-        let ip = tools::perf::loopback_of(&a, dev).unwrap();
-        let l = a.listen(dev, std::net::SocketAddr::new(ip, 0), 4).unwrap();
-        let peer = std::net::SocketAddr::new(ip, l.port);
+        let (a, b, l, peer) = listening(door);
         let param = ConnParam {
             private_data: b"uc".to_vec(),
             ird: 0,
