@@ -333,9 +333,10 @@ impl Sim {
             match self.nodes.iter().find(|n| n.addr == d.dst) {
                 Some(n) => {
                     self.link.state.lock().stats.delivered += 1;
-                    match self.polled {
-                        true => n.dev.receive_polled(d.src, d.dst, d.sport, &d.bytes),
-                        false => n.dev.receive(d.src, d.dst, d.sport, &d.bytes),
+                    if self.polled {
+                        n.dev.receive_polled(d.src, d.dst, d.sport, &d.bytes);
+                    } else {
+                        n.dev.receive(d.src, d.dst, d.sport, &d.bytes);
                     }
                 }
                 None => self.link.state.lock().stats.lost += 1,

@@ -397,9 +397,10 @@ impl World {
     fn send(&self, src: Ipv4Addr, repr: &RoceRepr<'_>) {
         if let Ok(bytes) = repr.to_vec() {
             let (dev, dst) = (&self.rig.dev, self.rig.ip.into());
-            match self.setup.polled {
-                true => dev.receive_polled(src.into(), dst, 0xc000, &bytes),
-                false => dev.receive(src.into(), dst, 0xc000, &bytes),
+            if self.setup.polled {
+                dev.receive_polled(src.into(), dst, 0xc000, &bytes);
+            } else {
+                dev.receive(src.into(), dst, 0xc000, &bytes);
             }
         }
     }
