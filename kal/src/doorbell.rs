@@ -242,7 +242,7 @@ fn run(ctx: u32, shared: &Shared) {
             drain(fd.as_fd());
             if let Some(qp) = qp.upgrade() {
                 shared.rung.fetch_add(1, Ordering::Relaxed);
-                qp.doorbell();
+                qp.doorbell_on_thread();
             }
         }
     }

@@ -260,6 +260,15 @@ pub trait ProviderQp: Send + Sync + 'static {
     /// cannot block: a non-blocking send that hands the rest to its engine thread on
     /// `EAGAIN`.
     fn doorbell(&self);
+    /// [`ProviderQp::doorbell`], called by the kAL's doorbell thread of the QP's context,
+    /// which holds no lock of the consumer's. There a provider may also do, bounded, the
+    /// device work its post has just made ready — rxe takes what its datagrams to this
+    /// host have already put on its own socket, as kernel rxe's receive runs in the
+    /// sending context, instead of leaving a wake-up of its receive thread on the
+    /// message's path. The same contract as `doorbell`; by default only that.
+    fn doorbell_on_thread(&self) {
+        self.doorbell();
+    }
     /// Close the connection: orderly (flush, then `Disconnected`) or abortive.
     fn disconnect(&self, abortive: bool) -> Result<()>;
     /// Tear down: flush outstanding work, tell the peer, free everything (idempotent).

@@ -456,6 +456,32 @@ fn a_polling_receivers_acknowledgement_waits_for_its_next_call() {
     assert_eq!(s.complete(1).unwrap()[0].wr_id, i);
 }
 
+/// Through krdmad, a message to a QP of this host is on the device's socket when the
+/// sending doorbell thread's `sendmsg` returns, and that thread delivers it
+/// (`rx_packets_here`) instead of leaving it for the receive thread's wake-up; every
+/// message and acknowledgement still arrives, in order. Embedded, a consumer's post never
+/// receives (it may hold locks of its own): its poll does.
+#[test]
+fn a_doorbell_thread_delivers_what_it_sent_to_this_host() {
+    use krdma_tests::device_counter;
+    each_front_door(|door| {
+        let (a, _b, s, c) = connected_pair(door, "rxe0", 4096);
+        let here = || device_counter(&a, "rxe0", "rx_packets_here");
+        let before = here();
+        for i in 0..200u64 {
+            s.post_recv(i, 0, 64).unwrap();
+            c.send(i, 0, 8, SIG).unwrap();
+            assert_eq!(s.complete(1).unwrap()[0].wr_id, i);
+            assert_eq!(c.complete(1).unwrap()[0].wr_id, i);
+        }
+        let got = here() - before;
+        match door {
+            FrontDoor::Embedded => assert_eq!(got, 0, "a post received"),
+            FrontDoor::Daemon(_) => assert!(got > 0, "no doorbell thread delivered"),
+        }
+    });
+}
+
 /// UC through the connection manager, end to end: a UC QP's REQ (transport type UC) is
 /// refused onto an RC QP and accepted onto a UC one, and the connection then carries a
 /// multi-packet Send and an RDMA Write with immediate, byte-exact, with no

@@ -52,6 +52,9 @@ rnicpi::counters!(
         /// Of those, received by a consumer polling a CQ in embedded mode
         /// (`rnicpi::progress`) rather than by the receive thread.
         rx_packets_polled,
+        /// Of those, received by the kAL's doorbell thread right after it sent datagrams
+        /// to this host (`receive.rs`, `Receiver::receive_here`).
+        rx_packets_here,
         rx_not_ours,
         tx_bytes,
         rx_bytes,
@@ -129,6 +132,9 @@ pub(crate) struct Shared {
     pub timers: Timers,
     pub cm: Cm,
     tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
+    /// Bumped by every send that put a small datagram (a message, not data of a
+    /// transfer) on a socket of this host: what [`Shared::after_doorbell`] looks at.
+    sent_here: AtomicU64,
     stop: AtomicBool,
     ours: parking_lot::Mutex<Ours>,
 }
@@ -184,6 +190,26 @@ impl Shared {
         let c = &self.counters;
         c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        let here = |p: &crate::net::Packet<'_>| {
+            p.roce.len() < crate::receive::RX_SPIN_AFTER && crate::net::to_this_host(p.src, p.dst)
+        };
+        if packets.iter().take(sent).any(here) {
+            self.sent_here.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many sends so far put a small datagram on a socket of this host.
+    pub fn sent_here(&self) -> u64 {
+        self.sent_here.load(Ordering::Relaxed)
+    }
+
+    /// The kAL's doorbell thread served a doorbell during which small datagrams went to
+    /// this host (`sent_here` moved from `before`): take what they put on the device's
+    /// socket ([`Receiver::receive_here`]).
+    pub fn after_doorbell(&self, before: u64) {
+        if let (true, Some(r)) = (self.sent_here() != before, &self.receiver) {
+            r.receive_here();
+        }
     }
 
     /// Emit `repr` into a fresh buffer and send it.
@@ -441,6 +467,7 @@ impl RxeDevice {
             timers: Timers::new(),
             cm,
             tx_queue: tx,
+            sent_here: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             ours: parking_lot::Mutex::new(Ours {
                 gids,

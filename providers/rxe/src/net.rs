@@ -41,7 +41,6 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 pub use sys::bind_udp;
 use sys::{
     as_bytes, attach_filter, bpf, grow_buffers, io_slice, open_raw, open_udp6, sendmmsg, sendmsg,
@@ -203,14 +202,6 @@ impl Net {
             }
         }
         let gso = use_gso && raw.is_some();
-        udp.set_read_timeout(Some(Duration::from_millis(200)))?;
-        if let Some(rx) = &raw {
-            let tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 200_000,
-            };
-            setsockopt(rx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
-        }
         let udp6 = match bind {
             None => open_udp6(port)
                 .map_err(|e| tracing::info!(error = %e, "rxe: no IPv6"))
@@ -468,43 +459,44 @@ impl Net {
         }
     }
 
-    /// Receive what the sockets hold into `batch` (up to [`RX_BATCH`] datagrams, one
-    /// system call per socket read), waiting up to 200 ms for the first (or, without
-    /// `wait`, not at all); how many it got, [`Net::datagrams`] hands them over.
-    ///
-    /// A device that also serves IPv6 polls both sockets when it waits. When it does not
-    /// (a consumer's poll, many per microsecond at times), it reads the IPv6 socket only
-    /// while IPv6 traffic is flowing and otherwise every [`V6_IDLE_EVERY`]th call: an
-    /// empty read of a second socket on every poll cost a busy IPv4 receive path about a
-    /// twentieth of its throughput.
-    pub fn recv_batch(&self, batch: &mut RxBatch, wait: bool) -> io::Result<usize> {
-        batch.got.clear();
-        let v4 = self
-            .raw
+    /// Sleep until a datagram waits on one of the device's sockets, at most 200 ms (to
+    /// notice the device's end): which hold one (`None`: neither did). The sockets are
+    /// not read here, so whoever holds the receive slots meanwhile may take it.
+    pub fn wait_readable(&self) -> Option<Readable> {
+        let v6 = self.udp6.as_ref().map_or(-1, |u| u.as_raw_fd());
+        sys::poll_readable([self.v4_fd(), v6], 200).map(|[v4, v6]| Readable { v4, v6 })
+    }
+
+    fn v4_fd(&self) -> RawFd {
+        self.raw
             .as_ref()
-            .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd());
-        let (mut read_v4, mut read_v6, mut wait_v4) = (true, false, wait);
-        if let Some(u6) = &self.udp6 {
-            if wait {
-                match sys::poll_readable([v4, u6.as_raw_fd()], 200) {
-                    None => return Ok(0),
-                    Some([a, b]) => (read_v4, read_v6, wait_v4) = (a, b, false),
-                }
-            } else {
-                read_v6 = batch.v6_due();
-            }
-        }
+            .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd())
+    }
+
+    /// Receive what the sockets hold now into `batch` (up to [`RX_BATCH`] datagrams, one
+    /// system call per socket read, never waiting): those [`Net::wait_readable`] found
+    /// `readable`, or (`None`: a poll, many per microsecond at times) the IPv4 socket and
+    /// the IPv6 one only while IPv6 traffic is flowing and otherwise every
+    /// [`V6_IDLE_EVERY`]th call — an empty read of a second socket on every poll cost a
+    /// busy IPv4 receive path about a twentieth of its throughput. How many it got;
+    /// [`Net::datagrams`] hands them over.
+    pub fn recv_batch(&self, batch: &mut RxBatch, readable: Option<Readable>) -> io::Result<usize> {
+        batch.got.clear();
+        let (read_v4, read_v6) = match readable {
+            Some(r) => (r.v4, r.v6),
+            None => (true, self.udp6.is_some() && batch.v6_due()),
+        };
         if read_v4 {
             let from = if self.raw.is_some() {
                 Source::Raw
             } else {
                 Source::Udp
             };
-            batch.fill(v4, from, wait_v4)?;
+            batch.fill(self.v4_fd(), from)?;
         }
         if let (true, Some(u6)) = (read_v6, &self.udp6) {
             let before = batch.got.len();
-            batch.fill(u6.as_raw_fd(), Source::Udp, false)?;
+            batch.fill(u6.as_raw_fd(), Source::Udp)?;
             batch.v6_hot = batch.got.len() > before;
         }
         Ok(batch.got.len())
@@ -658,6 +650,13 @@ enum Source {
     Udp,
 }
 
+/// Which of a device's sockets hold datagrams ([`Net::wait_readable`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Readable {
+    v4: bool,
+    v6: bool,
+}
+
 /// Datagrams received by one [`Net::recv_batch`], each in its own slot.
 pub struct RxBatch {
     buf: Vec<u8>,
@@ -681,10 +680,10 @@ impl Default for RxBatch {
 
 impl RxBatch {
     /// Read what `fd` holds into the free slots.
-    fn fill(&mut self, fd: RawFd, from: Source, wait: bool) -> io::Result<()> {
+    fn fill(&mut self, fd: RawFd, from: Source) -> io::Result<()> {
         let free = &mut self.buf[self.got.len() * RX_SLOT..];
         let got = &mut self.got;
-        sys::recv_many(fd, free, RX_SLOT, wait, |r| got.push((from, r)))
+        sys::recv_many(fd, free, RX_SLOT, |r| got.push((from, r)))
     }
 
     /// Whether a non-waiting receive reads the IPv6 socket this time.
@@ -735,6 +734,12 @@ fn pktinfo_cmsg(info: &libc::in_pktinfo) -> Cmsg<'_> {
     }
 }
 
+/// Whether a datagram from `src` to `dst` stays on this host (a loopback address, or the
+/// sender's own), where the kernel delivers it to the receiving socket within the send.
+pub(crate) fn to_this_host(src: IpAddr, dst: IpAddr) -> bool {
+    dst.is_loopback() || dst == src
+}
+
 /// How many packets at the head of `packets` leave as one GSO run ([`gso`]): at least two
 /// IPv4 packets from one address to the same address on this host (loopback, or the
 /// sender's own), the first a full segment, the rest no longer and all but the last as
@@ -743,10 +748,7 @@ fn gso_run(packets: &[Packet<'_>]) -> usize {
     let Some(first) = packets.first() else {
         return 0;
     };
-    let (IpAddr::V4(src), IpAddr::V4(dst)) = (first.src, first.dst) else {
-        return 0;
-    };
-    if !(dst.is_loopback() || dst == src) {
+    if !(first.src.is_ipv4() && first.dst.is_ipv4() && to_this_host(first.src, first.dst)) {
         return 0;
     }
     let seg = first.roce.len();
@@ -830,7 +832,7 @@ mod tests {
 
     /// Every datagram the next batch that gets any holds (waiting for one).
     fn next_batch(a: &Net, batch: &mut RxBatch) -> Vec<Got> {
-        while a.recv_batch(batch, true).unwrap() == 0 {}
+        while a.recv_batch(batch, a.wait_readable()).unwrap() == 0 {}
         a.datagrams(batch)
             .map(|d| d.map(|d| (d.src, d.dst, d.sport, d.roce.to_vec())))
             .collect()
@@ -1041,9 +1043,9 @@ mod tests {
         // Without waiting (a consumer's poll) an idle IPv6 socket is still read, within
         // a few calls.
         a.send(lo, lo, 0, a.port(), &mut pkt).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(20));
         let calls = (1..=V6_IDLE_EVERY * 2)
-            .find(|_| a.recv_batch(&mut batch, false).unwrap() > 0)
+            .find(|_| a.recv_batch(&mut batch, None).unwrap() > 0)
             .expect("the IPv6 datagram");
         assert!(calls <= V6_IDLE_EVERY, "read after {calls} calls");
     }

@@ -3,17 +3,22 @@
 //! the device's QPs in embedded mode, by that consumer's thread ([`rnicpi::progress`]).
 //!
 //! Whoever holds the receive slots' lock receives (up to a batch of datagrams with one
-//! `recvmmsg`) and delivers, so one QP's packets reach its engine in the order the socket
-//! had them whoever receives. The receive thread holds it while it sleeps in `recvmmsg`;
-//! a polling consumer only tries it (never waits), and its attempt marks the device
-//! driven ([`Driven`]). Once the thread sees that, it parks until the consumers stop (one
-//! arms its CQ to sleep, or none has polled for the window): a thread woken for every
-//! packet would only find it gone, and on two cores it takes the CPU the consumers need.
+//! `recvmmsg`, never waiting) and delivers, so one QP's packets reach its engine in the
+//! order the socket had them whoever receives. The receive thread sleeps in `poll`
+//! without the lock. A polling consumer only tries it (never waits), and its attempt
+//! marks the device driven ([`Driven`]). Once the thread sees that, it parks until the
+//! consumers stop (one arms its CQ to sleep, or none has polled for the window): a thread
+//! woken for every packet would only find it gone, and on two cores it takes the CPU the
+//! consumers need.
 //!
-//! A consumer's delivery leaves the positive acknowledgements it produced queued on their
-//! QPs ([`crate::qp::RxeQp::with_state`]): they go with the QP's next datagrams, or are
-//! sent here at the next poll of any consumer of the device, when one arms its CQ, or when
-//! the receive thread takes the socket back ([`HeldAcks`]).
+//! A consumer's delivery while the thread is parked leaves the positive acknowledgements
+//! it produced queued on their QPs ([`crate::qp::RxeQp::with_state`]): they go with the
+//! QP's next datagrams, or are sent here at the next poll of any consumer of the device,
+//! when one arms its CQ, or when the receive thread takes the socket back ([`HeldAcks`]).
+//!
+//! The kAL's doorbell thread that has just sent small datagrams to this host takes them
+//! off the socket itself ([`Receiver::receive_here`]): the kernel queued them within its
+//! send, and kernel rxe, too, receives them in the sending context.
 
 use crate::device::{deliver, Shared};
 use crate::net::{Net, RxBatch, RxDrop};
@@ -30,7 +35,10 @@ const RX_SPIN: Duration = Duration::from_micros(50);
 /// Datagrams at least this large carry data of a transfer; after smaller ones (ACKs,
 /// ping-pong messages) the thread sleeps at once: on two cores a spinning thread delays
 /// the consumers more than a wake-up costs.
-const RX_SPIN_AFTER: usize = 1024;
+pub(crate) const RX_SPIN_AFTER: usize = 1024;
+/// Batches [`Receiver::receive_here`] takes at most: the messages a doorbell sent, then
+/// what their delivery sent back (acknowledgements, a Read's response).
+const HERE_ROUNDS: usize = 2;
 
 /// The device's socket and whoever is receiving from it.
 pub(crate) struct Receiver {
@@ -38,6 +46,10 @@ pub(crate) struct Receiver {
     /// The receive slots: whoever holds them receives.
     batch: Mutex<RxBatch>,
     driven: Driven,
+    /// The receive thread is parked for polling consumers (or about to look whether it
+    /// must): only then may a consumer's delivery hold acknowledgements back, since the
+    /// thread sends them when it next takes the slots — before it sleeps on the socket.
+    parked: AtomicBool,
     /// The device it delivers to (set once the device is assembled).
     dev: OnceLock<Weak<Shared>>,
 }
@@ -86,6 +98,7 @@ impl Receiver {
             net,
             batch: Mutex::new(RxBatch::default()),
             driven: Driven::default(),
+            parked: AtomicBool::new(false),
             dev: OnceLock::new(),
         }
     }
@@ -94,10 +107,12 @@ impl Receiver {
         let _ = self.dev.set(Arc::downgrade(dev));
     }
 
-    /// The receive thread: sleep in `recvmmsg` (200 ms at a time, to notice the device's
-    /// end), deliver, again — parked while consumers drive.
+    /// The receive thread: sleep in `poll` (200 ms at a time, to notice the device's
+    /// end), receive and deliver, again — parked while consumers drive.
     pub(crate) fn run(self: Arc<Self>) {
         let mut spin_until: Option<Instant> = None;
+        // What the last sleep found readable (`None`: read as a poll does).
+        let mut readable = None;
         let device = || {
             self.dev
                 .get()
@@ -106,26 +121,29 @@ impl Receiver {
         };
         loop {
             // Parked, the thread does not hold the device up; it ends once the device has.
-            if self.driven.park_if_driven() {
+            if self.park() {
                 if device().is_none() {
                     return;
                 }
-                spin_until = None;
+                (spin_until, readable) = (None, None);
                 continue;
             }
             let Some(s) = device() else {
                 return;
             };
             let mut batch = self.batch.lock();
-            // Consumers deliver only under the slots' lock: nothing is held back once the
-            // thread has it, before it sleeps in the socket.
+            // Consumers hold acknowledgements back only while the thread is parked: once
+            // it has the slots nothing stays held, before it sleeps on the socket.
             s.held.send();
-            match self.net.recv_batch(&mut batch, spin_until.is_none()) {
+            match self.net.recv_batch(&mut batch, readable.take()) {
                 Ok(0) => {
                     drop(batch);
                     match spin_until {
                         Some(t) if Instant::now() < t => std::thread::yield_now(),
-                        _ => spin_until = None,
+                        _ => {
+                            spin_until = None;
+                            readable = self.net.wait_readable();
+                        }
                     }
                 }
                 Ok(_) => {
@@ -139,6 +157,44 @@ impl Receiver {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
+        }
+    }
+
+    /// [`Driven::park_if_driven`], with [`Receiver::parked`] set around it.
+    fn park(&self) -> bool {
+        self.parked.store(true, Ordering::SeqCst);
+        let parked = self.driven.park_if_driven();
+        self.parked.store(false, Ordering::SeqCst);
+        parked
+    }
+
+    /// A thread that has just sent small datagrams to this host, which the kernel queued
+    /// on the receiving socket within the send, takes them and delivers them now rather
+    /// than leave them for the receive thread: on two busy cores that thread's wake-up is
+    /// the longest part of a one-way message through krdmad (docs/benchmarks.md). Called
+    /// by the kAL's doorbell thread ([`rnicpi::ProviderQp::doorbell_on_thread`]) — never
+    /// by a consumer's, which may hold locks of its own that a delivery's events need.
+    /// Without waiting: not while consumers poll (they receive themselves) nor while
+    /// another holds the slots, at most [`HERE_ROUNDS`] batches; nothing held back.
+    pub(crate) fn receive_here(&self) {
+        if self.driven.left().is_some() {
+            return;
+        }
+        let Some(s) = self.dev.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        for _ in 0..HERE_ROUNDS {
+            let Some(mut batch) = self.batch.try_lock() else {
+                return;
+            };
+            if !matches!(self.net.recv_batch(&mut batch, None), Ok(n) if n > 0) {
+                return;
+            }
+            let done = self.deliver_batch(&s, &batch, false);
+            drop(batch);
+            s.counters
+                .rx_packets_here
+                .fetch_add(done.count, Ordering::Relaxed);
         }
     }
 }
@@ -194,10 +250,11 @@ impl Progress for Receiver {
         let Some(mut batch) = self.batch.try_lock() else {
             return false; // the receive thread is at it (it parks once it is done)
         };
-        if !matches!(self.net.recv_batch(&mut batch, false), Ok(n) if n > 0) {
+        if !matches!(self.net.recv_batch(&mut batch, None), Ok(n) if n > 0) {
             return false;
         }
-        let done = self.deliver_batch(&s, &batch, true);
+        let hold = self.parked.load(Ordering::SeqCst);
+        let done = self.deliver_batch(&s, &batch, hold);
         drop(batch);
         s.counters
             .rx_packets_polled

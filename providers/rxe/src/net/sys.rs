@@ -221,7 +221,7 @@ pub(super) fn sockaddr_in6(sa: SocketAddrV6) -> libc::sockaddr_in6 {
 }
 
 /// Wait up to `ms` milliseconds for either of two sockets to become readable: which are
-/// (`None` on timeout or error).
+/// (`None` on timeout or error). A negative descriptor stands for none.
 pub(super) fn poll_readable(fds: [RawFd; 2], ms: libc::c_int) -> Option<[bool; 2]> {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
@@ -250,15 +250,13 @@ pub(super) struct Received {
 }
 
 /// Receive up to [`RECV_MANY`] datagrams with one `recvmmsg`, each into its own
-/// `slot`-byte piece of `buf`, handing what each got to `got` in order. With `wait` it
-/// waits (up to the socket's receive timeout) for the first and takes the rest only if
-/// already queued; without, it takes only what is queued. Nothing queued is not an error.
-/// Everything the call needs is on the stack: a consumer's poll makes it many times.
+/// `slot`-byte piece of `buf`, handing what each got to `got` in order: only what is
+/// queued, never waiting (nothing queued is not an error). Everything the call needs is
+/// on the stack: a consumer's poll makes it many times.
 pub(super) fn recv_many(
     fd: RawFd,
     buf: &mut [u8],
     slot: usize,
-    wait: bool,
     mut got: impl FnMut(Received),
 ) -> io::Result<()> {
     let mut names: [libc::sockaddr_storage; RECV_MANY] = [unsafe_zeroed(); RECV_MANY];
@@ -283,11 +281,6 @@ pub(super) fn recv_many(
     if n == 0 {
         return Ok(());
     }
-    let flags = if wait {
-        libc::MSG_WAITFORONE
-    } else {
-        libc::MSG_DONTWAIT
-    };
     // SAFETY: each of the first `n` headers points at its own name, control buffer and
     // iovec, and each iovec at a distinct `slot`-byte piece of `buf`; all of them outlive
     // the call, and the kernel writes only within the lengths they give.
@@ -296,7 +289,7 @@ pub(super) fn recv_many(
             fd,
             hdrs.as_mut_ptr(),
             n as libc::c_uint,
-            flags,
+            libc::MSG_DONTWAIT,
             std::ptr::null_mut(),
         )
     };

@@ -669,6 +669,15 @@ impl ProviderQp for RxeQp {
         }
     }
 
+    /// A message to a QP of this host is on the device's socket when the doorbell's send
+    /// returns: the doorbell thread delivers it at once instead of waking the receive
+    /// thread (`Receiver::receive_here`).
+    fn doorbell_on_thread(&self) {
+        let before = self.dev.sent_here();
+        self.doorbell();
+        self.dev.after_doorbell(before);
+    }
+
     fn disconnect(&self, abortive: bool) -> Result<()> {
         let me = self.arc().ok_or(VerbsError::BadState)?;
         crate::cm::disconnect(&self.dev, &me, abortive)
