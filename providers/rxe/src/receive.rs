@@ -21,7 +21,7 @@
 //! send, and kernel rxe, too, receives them in the sending context.
 
 use crate::device::{deliver, Shared};
-use crate::net::{Net, RxBatch, RxDrop};
+use crate::net::{Net, RxBatch, RxDrop, RX_BATCH};
 use crate::qp::RxeQp;
 use parking_lot::Mutex;
 use rnicpi::{Driven, Progress};
@@ -146,9 +146,15 @@ impl Receiver {
                         }
                     }
                 }
-                Ok(_) => {
-                    if self.deliver_batch(&s, &batch, false).bulk {
+                Ok(n) => {
+                    let bulk = self.deliver_batch(&s, &batch, false).bulk;
+                    drop(batch);
+                    if bulk {
                         spin_until = Some(Instant::now() + RX_SPIN);
+                    } else if spin_until.is_none() && n < RX_BATCH {
+                        // The socket had no more: sleep at once (`poll` is level-triggered,
+                        // what came meanwhile wakes it) rather than read it empty first.
+                        readable = self.net.wait_readable();
                     }
                 }
                 Err(e) => {
