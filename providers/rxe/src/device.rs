@@ -11,6 +11,7 @@ use crate::timer::{Clock, Timers};
 use crate::wire::{self, RocePacket, RoceRepr};
 use parking_lot::RwLock;
 use rnicpi::*;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -132,11 +133,13 @@ pub(crate) struct Shared {
     pub timers: Timers,
     pub cm: Cm,
     tx_queue: crossbeam_channel::Sender<Weak<RxeQp>>,
-    /// Bumped by every send that put a small datagram (a message, not data of a
-    /// transfer) on a socket of this host: what [`Shared::after_doorbell`] looks at.
-    sent_here: AtomicU64,
     stop: AtomicBool,
     ours: parking_lot::Mutex<Ours>,
+}
+
+thread_local! {
+    /// [`Shared::sent_here`].
+    static SENT_HERE: Cell<u64> = const { Cell::new(0) };
 }
 
 /// What a device on every address takes for its own ([`Shared::serves`]).
@@ -194,20 +197,22 @@ impl Shared {
             p.roce.len() < crate::receive::RX_SPIN_AFTER && crate::net::to_this_host(p.src, p.dst)
         };
         if packets.iter().take(sent).any(here) {
-            self.sent_here.fetch_add(1, Ordering::Relaxed);
+            SENT_HERE.with(|n| n.set(n.get() + 1));
         }
     }
 
-    /// How many sends so far put a small datagram on a socket of this host.
-    pub fn sent_here(&self) -> u64 {
-        self.sent_here.load(Ordering::Relaxed)
+    /// How many of this thread's sends so far put a small datagram (a message, not data
+    /// of a transfer) on a socket of this host.
+    pub fn sent_here() -> u64 {
+        SENT_HERE.with(Cell::get)
     }
 
-    /// The kAL's doorbell thread served a doorbell during which small datagrams went to
-    /// this host (`sent_here` moved from `before`): take what they put on the device's
-    /// socket ([`Receiver::receive_here`]).
+    /// The kAL's doorbell thread served a doorbell in which it sent small datagrams to
+    /// this host itself ([`Shared::sent_here`] moved from `before`): take what they put on
+    /// the device's socket ([`Receiver::receive_here`]). Only its own sends count: the
+    /// acknowledgements other threads send meanwhile (a transfer's) are theirs to follow.
     pub fn after_doorbell(&self, before: u64) {
-        if let (true, Some(r)) = (self.sent_here() != before, &self.receiver) {
+        if let (true, Some(r)) = (Self::sent_here() != before, &self.receiver) {
             r.receive_here();
         }
     }
@@ -467,7 +472,6 @@ impl RxeDevice {
             timers: Timers::new(),
             cm,
             tx_queue: tx,
-            sent_here: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             ours: parking_lot::Mutex::new(Ours {
                 gids,

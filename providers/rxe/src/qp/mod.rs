@@ -673,7 +673,7 @@ impl ProviderQp for RxeQp {
     /// returns: the doorbell thread delivers it at once instead of waking the receive
     /// thread (`Receiver::receive_here`).
     fn doorbell_on_thread(&self) {
-        let before = self.dev.sent_here();
+        let before = crate::device::Shared::sent_here();
         self.doorbell();
         self.dev.after_doorbell(before);
     }
