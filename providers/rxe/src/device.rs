@@ -212,8 +212,9 @@ impl Shared {
     /// the device's socket ([`Receiver::receive_here`]). Only its own sends count: the
     /// acknowledgements other threads send meanwhile (a transfer's) are theirs to follow.
     pub fn after_doorbell(&self, before: u64) {
-        if let (true, Some(r)) = (Self::sent_here() != before, &self.receiver) {
-            r.receive_here();
+        match &self.receiver {
+            Some(r) if Self::sent_here() != before => r.receive_here(),
+            _ => {}
         }
     }
 

@@ -190,14 +190,9 @@ impl Receiver {
             return;
         };
         for _ in 0..HERE_ROUNDS {
-            let Some(mut batch) = self.batch.try_lock() else {
+            let Some(done) = self.try_receive(&s, false) else {
                 return;
             };
-            if !matches!(self.net.recv_batch(&mut batch, None), Ok(n) if n > 0) {
-                return;
-            }
-            let done = self.deliver_batch(&s, &batch, false);
-            drop(batch);
             s.counters
                 .rx_packets_here
                 .fetch_add(done.count, Ordering::Relaxed);
@@ -213,6 +208,19 @@ struct Delivered {
 }
 
 impl Receiver {
+    /// Take what the socket holds now and deliver it, unless another holds the slots;
+    /// `None` when nothing was taken. A `consumer`'s delivery holds acknowledgements back,
+    /// only while the receive thread is parked (it sends them when it next takes the
+    /// slots, before it sleeps on the socket).
+    fn try_receive(&self, s: &Arc<Shared>, consumer: bool) -> Option<Delivered> {
+        let mut batch = self.batch.try_lock()?;
+        if !matches!(self.net.recv_batch(&mut batch, None), Ok(n) if n > 0) {
+            return None;
+        }
+        let hold = consumer && self.parked.load(Ordering::SeqCst);
+        Some(self.deliver_batch(s, &batch, hold))
+    }
+
     /// Verify and deliver what `batch` holds, in order, counting what is dropped.
     fn deliver_batch(&self, s: &Arc<Shared>, batch: &RxBatch, polled: bool) -> Delivered {
         let mut done = Delivered {
@@ -253,15 +261,10 @@ impl Progress for Receiver {
             return false;
         };
         s.held.send();
-        let Some(mut batch) = self.batch.try_lock() else {
-            return false; // the receive thread is at it (it parks once it is done)
-        };
-        if !matches!(self.net.recv_batch(&mut batch, None), Ok(n) if n > 0) {
+        // The receive thread at it (it parks once it is done), or nothing there.
+        let Some(done) = self.try_receive(&s, true) else {
             return false;
-        }
-        let hold = self.parked.load(Ordering::SeqCst);
-        let done = self.deliver_batch(&s, &batch, hold);
-        drop(batch);
+        };
         s.counters
             .rx_packets_polled
             .fetch_add(done.count, Ordering::Relaxed);
