@@ -302,10 +302,13 @@ impl Filesystem for Device {
     }
 }
 
-/// A mounted device; unmounted by [`FuseHandle::shutdown`] or on drop.
+/// A mounted device; unmounted by [`FuseHandle::shutdown`] or on drop. The mount point
+/// goes too if mounting created it, so that a stopped daemon leaves no plain file behind
+/// for clients to open.
 pub struct FuseHandle {
     session: Option<fuser::BackgroundSession>,
     pub path: PathBuf,
+    created: bool,
 }
 
 impl FuseHandle {
@@ -322,9 +325,21 @@ impl FuseHandle {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 tracing::info!(path = %self.path.display(), "files still open: detaching the mount");
                 nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH)
-                    .map_err(std::io::Error::from)
+                    .map_err(std::io::Error::from)?;
             }
-            r => r,
+            r => r?,
+        }
+        self.remove_mount_point();
+        Ok(())
+    }
+
+    /// Remove the mount point if mounting created it (once unmounted: a path something is
+    /// mounted on cannot be removed, so a daemon started on it since keeps it).
+    fn remove_mount_point(&mut self) {
+        if std::mem::take(&mut self.created) {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::debug!(path = %self.path.display(), error = %e, "mount point kept");
+            }
         }
     }
 }
@@ -332,36 +347,47 @@ impl FuseHandle {
 impl Drop for FuseHandle {
     fn drop(&mut self) {
         if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
+            if s.umount_and_join().is_ok() {
+                self.remove_mount_point();
+            }
         }
     }
 }
 
 /// Create (or reuse) the regular file `path` to mount on, with mode 0666, never following
 /// a symbolic link and never changing anything but a regular file: `O_NOFOLLOW` on the
-/// open, and the mode set through the descriptor (`fchmod`), not the path.
-fn mount_point(path: &Path) -> std::io::Result<()> {
+/// open, and the mode set through the descriptor (`fchmod`), not the path. Says whether
+/// it created the file (then unmounting removes it again).
+fn mount_point(path: &Path) -> std::io::Result<bool> {
     use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o666)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => std::io::Error::other(format!(
-                "{} is a symbolic link: refusing to follow it",
-                path.display()
-            )),
-            _ => e,
-        })?;
+    let open = |create_new: bool| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(create_new)
+            .mode(0o666)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+    };
+    let (f, created) = match open(true) {
+        Ok(f) => (Ok(f), true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (open(false), false),
+        Err(e) => (Err(e), false),
+    };
+    let f = f.map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => std::io::Error::other(format!(
+            "{} is a symbolic link: refusing to follow it",
+            path.display()
+        )),
+        _ => e,
+    })?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other(format!(
             "{} exists and is not a regular file",
             path.display()
         )));
     }
-    f.set_permissions(std::fs::Permissions::from_mode(0o666))
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+    Ok(created)
 }
 
 /// The device mounted but not served yet: no thread of its own exists, so the threads
@@ -371,11 +397,12 @@ pub struct Mounted {
     session: fuser::Session<Device>,
     watch: Arc<Watch>,
     path: PathBuf,
+    created: bool,
 }
 
 /// Mount `kal` on the file `path` (created as an empty 0666 regular file if missing).
 pub fn mount(kal: Arc<Kal>, path: &Path) -> std::io::Result<Mounted> {
-    mount_point(path)?;
+    let created = mount_point(path)?;
     let files = Arc::new(Files {
         kal,
         open: Mutex::new(HashMap::new()),
@@ -408,6 +435,7 @@ pub fn mount(kal: Arc<Kal>, path: &Path) -> std::io::Result<Mounted> {
         session,
         watch,
         path: path.to_path_buf(),
+        created,
     })
 }
 
@@ -418,6 +446,7 @@ impl Mounted {
         Ok(FuseHandle {
             session: Some(self.session.spawn()?),
             path: self.path,
+            created: self.created,
         })
     }
 }

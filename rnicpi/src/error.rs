@@ -38,6 +38,9 @@ pub enum VerbsError {
     Quota,
     #[error("the access layer is gone (daemon died)")]
     Dead,
+    /// The device file is missing or not served by `krdmad` (a leftover mount point).
+    #[error("no krdmad serves the device file (is krdmad running?)")]
+    NoDevice,
     #[error("input/output error")]
     Io,
 }
@@ -63,6 +66,7 @@ impl VerbsError {
             AddrInUse => libc::EADDRINUSE,
             PinLimit | Quota => libc::EDQUOT,
             Dead => libc::ENOTCONN,
+            NoDevice => libc::ENODEV,
             Io => libc::EIO,
         }
     }
@@ -87,6 +91,7 @@ impl VerbsError {
             libc::EADDRINUSE => AddrInUse,
             libc::EDQUOT => Quota,
             libc::ENOTCONN => Dead,
+            libc::ENODEV => NoDevice,
             _ => Io,
         }
     }

@@ -8,6 +8,9 @@
 //! * SIGTERM with clients still connected and moving data: `krdmad` ends promptly, the
 //!   device is unmounted, the clients learn that the access layer is gone.
 //! * L2: `krdmad` never follows a symbolic link to create or chmod its device file.
+//! * A stopped `krdmad` removes the device file it created (one it found stays), and a
+//!   client opening a path no daemon serves is told so (`NoDevice`), not given whatever
+//!   the first command on a plain file fails with.
 
 use krdma_tests::{
     as_user, child_test, connected_pair, context_row, daemon_possible, krdmad_bin, private_dir,
@@ -270,4 +273,57 @@ fn krdmad_never_follows_a_symlink_to_its_device() {
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&elsewhere);
+}
+
+/// `krdmad --device path`, ready; then SIGTERM and its exit.
+fn serve_and_stop(path: &std::path::Path) {
+    let mut child = Command::new(krdmad_bin())
+        .arg("--device")
+        .arg(path)
+        .arg("--rxe-addr")
+        .arg(krdma_tests::private_loopback(230).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.contains("ready"), "{line:?}");
+    let ctx = Context::open_target(&Target::Device(path.into())).expect("served");
+    assert!(!ctx.devices().unwrap().is_empty());
+    drop(ctx);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_stopped_krdmad_leaves_no_device_file_and_clients_hear_why() {
+    if !daemon_possible() {
+        return;
+    }
+    let dir = private_dir("krdma-gone");
+    let created = dir.join("made-by-krdmad");
+    serve_and_stop(&created);
+    assert!(
+        !created.exists(),
+        "the device file krdmad made is still there"
+    );
+    let found = dir.join("made-before");
+    std::fs::write(&found, b"").unwrap();
+    serve_and_stop(&found);
+    assert!(found.exists(), "krdmad removed a file it did not make");
+    for path in [&created, &found] {
+        assert_eq!(
+            Context::open_target(&Target::Device(path.clone())).err(),
+            Some(VerbsError::NoDevice),
+            "{}",
+            path.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

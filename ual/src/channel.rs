@@ -61,11 +61,29 @@ fn is_served(path: &Path) -> bool {
     })
 }
 
+/// Open the device file at `path`, refusing one no daemon serves: a missing path, or the
+/// plain file a stopped `krdmad` leaves behind (its mount point), is `NoDevice` rather
+/// than whatever the first command on it would fail with.
+fn open_served(path: &Path) -> Result<DeviceFile> {
+    let file = DeviceFile::open(path).map_err(|e| match e {
+        VerbsError::NoSuchResource => VerbsError::NoDevice,
+        e => e,
+    })?;
+    match nix::sys::statfs::fstatfs(file.fd()) {
+        Ok(st) if st.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC => Ok(file),
+        Ok(_) => {
+            tracing::warn!(path = %path.display(), "not a krdmad mount: is krdmad running?");
+            Err(VerbsError::NoDevice)
+        }
+        Err(e) => Err(VerbsError::from_errno(e as i32)),
+    }
+}
+
 impl Channel {
     pub fn open(target: &Target) -> Result<Channel> {
         match target {
             Target::Device(path) => Ok(Channel::Device {
-                file: DeviceFile::open(path)?,
+                file: open_served(path)?,
                 path: path.clone(),
             }),
             #[cfg(feature = "embedded")]
@@ -196,5 +214,26 @@ impl Channel {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_no_daemon_serves_is_no_device() {
+        let missing = std::env::temp_dir().join(format!("krdma-none-{}", std::process::id()));
+        let plain = std::env::temp_dir().join(format!("krdma-plain-{}", std::process::id()));
+        std::fs::write(&plain, b"").unwrap();
+        for path in [&missing, &plain] {
+            assert_eq!(
+                Channel::open(&Target::Device(path.clone())).err(),
+                Some(VerbsError::NoDevice),
+                "{}",
+                path.display()
+            );
+        }
+        std::fs::remove_file(&plain).unwrap();
     }
 }

@@ -196,6 +196,7 @@ pub(crate) fn from_verbs(e: VerbsError, invalid: Error) -> Error {
         VerbsError::Unreachable => Error::InvalidAddress,
         VerbsError::AddrInUse => Error::ConnQualBusy,
         VerbsError::Dead => Error::IaCatastrophe,
+        VerbsError::NoDevice => Error::InvalidName,
         VerbsError::Refused | VerbsError::Io => Error::Abort,
     }
 }

@@ -517,76 +517,86 @@ fn dat_conf(
         };
         eprintln!("{} entries {what} {}", names.len(), conf.display());
     }
-    print!("{lines}");
+    tools::write_out(format_args!("{lines}"));
     Ok(())
 }
 
 fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
     let devs = ctx.devices()?;
     if devs.is_empty() {
-        println!("no devices");
+        tools::outln!("no devices");
     }
     for d in devs {
         let q = &d.attr;
-        println!("hca_id: {}", d.name);
-        println!(
+        tools::outln!("hca_id: {}", d.name);
+        tools::outln!(
             "\ttransport:\t\t{} ({})",
             d.transport.name(),
             d.transport as u8
         );
-        println!(
+        tools::outln!(
             "\tnode_guid:\t\t{:04x}:{:04x}:{:04x}:{:04x}",
             d.node_guid >> 48,
             (d.node_guid >> 32) & 0xffff,
             (d.node_guid >> 16) & 0xffff,
             d.node_guid & 0xffff
         );
-        println!("\tvendor_id:\t\t{:#06x}", q.vendor_id);
-        println!(
+        tools::outln!("\tvendor_id:\t\t{:#06x}", q.vendor_id);
+        tools::outln!(
             "\tmax_qp:\t\t\t{}\n\tmax_qp_wr:\t\t{}\n\tmax_sge:\t\t{}\n\tmax_inline:\t\t{}",
-            q.max_qp, q.max_qp_wr, q.max_sge, q.max_inline
+            q.max_qp,
+            q.max_qp_wr,
+            q.max_sge,
+            q.max_inline
         );
-        println!(
+        tools::outln!(
             "\tmax_cq:\t\t\t{}\n\tmax_cqe:\t\t{}\n\tmax_mr:\t\t\t{}\n\tmax_mr_size:\t\t{:#x}",
-            q.max_cq, q.max_cqe, q.max_mr, q.max_mr_size
+            q.max_cq,
+            q.max_cqe,
+            q.max_mr,
+            q.max_mr_size
         );
-        println!(
+        tools::outln!(
             "\tmax_pd:\t\t\t{}\n\tmax_ird/ord:\t\t{}/{}\n\tatomics:\t\t{}",
             q.max_pd,
             q.max_ird,
             q.max_ord,
             if q.atomics { "yes" } else { "no" }
         );
-        println!(
+        tools::outln!(
             "\tmax_srq:\t\t{}\n\tmax_srq_wr:\t\t{}\n\tmemory_windows:\t\t{}\n\tmax_ah:\t\t\t{}",
             q.max_srq,
             q.max_srq_wr,
             if q.memory_windows { "yes" } else { "no" },
             q.max_ah
         );
-        println!(
+        tools::outln!(
             "\tprivate data:\t\tconnect {} / accept {} / reject {} bytes",
-            q.private_data.connect, q.private_data.accept, q.private_data.reject
+            q.private_data.connect,
+            q.private_data.accept,
+            q.private_data.reject
         );
         match &q.fast_path {
-            rnicpi::FastPath::Kal => println!("\tfast path:\t\tshared rings to the kAL's engine"),
-            rnicpi::FastPath::Consumer { driver, device } => {
-                println!("\tfast path:\t\tin the consumer, through {driver} ({device})")
+            rnicpi::FastPath::Kal => {
+                tools::outln!("\tfast path:\t\tshared rings to the kAL's engine")
             }
-            rnicpi::FastPath::Either { driver, device } => println!(
+            rnicpi::FastPath::Consumer { driver, device } => {
+                tools::outln!("\tfast path:\t\tin the consumer, through {driver} ({device})")
+            }
+            rnicpi::FastPath::Either { driver, device } => tools::outln!(
                 "\tfast path:\t\tin the consumer, through {driver} ({device}), \
                  or shared rings to the kAL's engine (KRDMA_FAST_PATH=kal)"
             ),
         }
-        println!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
+        tools::outln!("\tphys_port_cnt:\t\t{}", q.phys_port_cnt);
         for port in 1..=q.phys_port_cnt {
             let p = ctx.query_port(d.index, port)?;
-            println!("\t\tport:\t{port}");
-            println!("\t\t\tstate:\t\t{:?}", p.state);
-            println!("\t\t\tactive_mtu:\t{}", p.active_mtu);
-            println!("\t\t\tnetdev:\t\t{}", p.netdev);
+            tools::outln!("\t\tport:\t{port}");
+            tools::outln!("\t\t\tstate:\t\t{:?}", p.state);
+            tools::outln!("\t\t\tactive_mtu:\t{}", p.active_mtu);
+            tools::outln!("\t\t\tnetdev:\t\t{}", p.netdev);
             for (i, g) in p.gids.iter().enumerate() {
-                println!(
+                tools::outln!(
                     "\t\t\tGID[{i:2}]:\t{}  ({})",
                     gid_str(g),
                     rnicpi::gid_to_ip(*g)
@@ -599,7 +609,7 @@ fn devices(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
 
 fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
     let (head, rows) = ctx.stat_contexts()?;
-    println!(
+    tools::outln!(
         "kAL: {} context(s), {} pinned bytes in all (this one is context {})",
         head.total,
         head.pinned_total,
@@ -639,16 +649,16 @@ fn stat(ctx: &Arc<Context>) -> Result<(), Box<dyn std::error::Error>> {
             r.events_dropped.to_string(),
         ]);
     }
-    println!("{t}");
+    tools::outln!("{t}");
     for d in ctx.devices()? {
-        println!("{}:\n{}", d.name, counter_table(ctx.stat_device(d.index)?));
+        tools::outln!("{}:\n{}", d.name, counter_table(ctx.stat_device(d.index)?));
         if let Some(counters) = ctx.stat_in_process(d.index) {
             let t = counter_table(counters);
-            println!("{}, the engine in this process:\n{t}", d.name);
+            tools::outln!("{}, the engine in this process:\n{t}", d.name);
         }
     }
     let t = counter_table(ctx.stat_kal()?);
-    println!(
+    tools::outln!(
         "kAL (quotas, refused rings and doorbells, requests not from a context's opener, \
          refused registrations and ports, consumers' rings):\n{t}"
     );
@@ -774,9 +784,9 @@ fn demo_device(
     let mut t = table(&columns);
     if markdown {
         t.load_preset(comfy_table::presets::ASCII_MARKDOWN);
-        println!("#### {heading}\n");
+        tools::outln!("#### {heading}\n");
     } else {
-        println!("{heading}");
+        tools::outln!("{heading}");
     }
     for msg in [64u32 << 10, 1 << 20] {
         let (s, c) = perf::connect_pair(server, client, device, msg as usize, 4096)?;
@@ -821,9 +831,9 @@ fn demo_device(
         }
         t.add_row(row);
     }
-    println!("{t}");
+    tools::outln!("{t}");
     if markdown {
-        println!();
+        tools::outln!();
     }
     Ok(())
 }
