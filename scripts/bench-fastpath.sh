@@ -36,8 +36,7 @@ cleanup() {
 trap cleanup EXIT
 "$KRDMAD" --device "$dev" --rxe-addr 127.0.0.1 >/dev/null 2>&1 &
 daemon=$!
-for _ in $(seq 100); do [ -e "$dev" ] && break; sleep 0.1; done
-[ -e "$dev" ] || { echo "krdmad did not serve $dev (root and FUSE needed)" >&2; exit 1; }
+bench_wait_served "$dev"
 
 # One run of `krdma perf TEST` between a server and a client process; prints the client's
 # figure line (perftest's columns). The environment of the case is set by the caller. An

@@ -15,6 +15,17 @@ bench_ratio() { # A B [SUFFIX]
     awk -v a="$1" -v b="$2" -v s="${3:-}" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f%s", a / b, s; else print "—" }'
 }
 
+# Wait up to 10 s for krdmad to serve DEV (a krdma FUSE mount there, not just the file
+# it creates first); fail with a message otherwise.
+bench_wait_served() { # DEV
+    for _ in $(seq 100); do
+        awk -v d="$1" '$1 == "krdma" && $2 == d { found = 1 } END { exit !found }' /proc/mounts && return 0
+        sleep 0.1
+    done
+    echo "krdmad did not serve $1 (root and FUSE needed)" >&2
+    return 1
+}
+
 # The CPU model, as /proc/cpuinfo names it.
 bench_cpu() {
     sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1

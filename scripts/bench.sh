@@ -49,8 +49,7 @@ cpu=$(bench_cpu)
     if [ -z "${NO_DAEMON:-}" ]; then
         "$KRDMAD" --device "$dev" >/dev/null 2>&1 &
         daemon=$!
-        for _ in $(seq 100); do [ -e "$dev" ] && break; sleep 0.1; done
-        [ -e "$dev" ] || { echo "krdmad did not serve $dev (root and FUSE needed)" >&2; exit 1; }
+        bench_wait_served "$dev"
         for round in $(seq 1 "$ROUNDS"); do
             echo "### Through krdmad, round $round"
             echo

@@ -7,6 +7,7 @@ use rnicpi::{
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ual::RegBuf;
@@ -537,28 +538,110 @@ pub fn tcp_bandwidth(msg: usize, total: u64) -> std::io::Result<f64> {
     Ok(total as f64 / secs)
 }
 
-/// Raw TCP ping-pong on loopback; one-way latencies in microseconds, sorted.
-pub fn tcp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
+/// How a raw baseline's ping-pong waits for the next message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReaderWait {
+    /// Asleep in `read`/`recv`: a wake-up per message.
+    Sleep,
+    /// As a krdma consumer waits on its CQ ([`ual::Cq::wait`]): non-blocking reads,
+    /// yielding the CPU between them, for up to [`ual::SPIN_BUDGET`], then asleep in
+    /// `poll`. The like-for-like baseline for [`pingpong`].
+    Poll,
+}
+
+impl ReaderWait {
+    /// Put `sock` in the mode this wait needs.
+    fn prepare(self, sock: &impl AsFd) -> std::io::Result<()> {
+        let fd = sock.as_fd();
+        let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_GETFL,
+        )?);
+        let flags = match self {
+            ReaderWait::Sleep => flags - nix::fcntl::OFlag::O_NONBLOCK,
+            ReaderWait::Poll => flags | nix::fcntl::OFlag::O_NONBLOCK,
+        };
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        Ok(())
+    }
+
+    /// Run `io` on `sock` until it does not find the socket empty (or full), waiting
+    /// between tries as this wait says. Asleep, it gives up after 5 s.
+    fn run<T>(
+        self,
+        sock: &impl AsFd,
+        ready: nix::poll::PollFlags,
+        mut io: impl FnMut() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        let start = Instant::now();
+        loop {
+            match io() {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            if start.elapsed() < ual::SPIN_BUDGET {
+                std::thread::yield_now();
+                continue;
+            }
+            let mut fds = [nix::poll::PollFd::new(sock.as_fd(), ready)];
+            if nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16))? == 0 {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+        }
+    }
+}
+
+/// `buf.len()` bytes from a TCP stream, waiting as `wait` says.
+fn tcp_read_exact(s: &TcpStream, buf: &mut [u8], wait: ReaderWait) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = wait.run(s, nix::poll::PollFlags::POLLIN, || {
+            (&*s).read(&mut buf[got..])
+        })?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// All of `buf` onto a TCP stream, waiting for room as `wait` says.
+fn tcp_write_all(s: &TcpStream, buf: &[u8], wait: ReaderWait) -> std::io::Result<()> {
+    let mut put = 0;
+    while put < buf.len() {
+        put += wait.run(s, nix::poll::PollFlags::POLLOUT, || {
+            (&*s).write(&buf[put..])
+        })?;
+    }
+    Ok(())
+}
+
+/// Raw TCP ping-pong on loopback, both ends waiting as `wait` says; one-way latencies in
+/// microseconds, sorted.
+pub fn tcp_pingpong(size: usize, iters: u32, wait: ReaderWait) -> std::io::Result<Vec<f64>> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     let srv = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = l.accept()?;
+        let (s, _) = l.accept()?;
         s.set_nodelay(true)?;
+        wait.prepare(&s)?;
         let mut b = vec![0u8; size];
         for _ in 0..iters {
-            s.read_exact(&mut b)?;
-            s.write_all(&b)?;
+            tcp_read_exact(&s, &mut b, wait)?;
+            tcp_write_all(&s, &b, wait)?;
         }
         Ok(())
     });
-    let mut c = TcpStream::connect(addr)?;
+    let c = TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
+    wait.prepare(&c)?;
     let mut b = vec![0u8; size];
     let mut lat = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
         let t = Instant::now();
-        c.write_all(&b)?;
-        c.read_exact(&mut b)?;
+        tcp_write_all(&c, &b, wait)?;
+        tcp_read_exact(&c, &mut b, wait)?;
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     srv.join()
@@ -652,19 +735,23 @@ pub fn udp_gso_bandwidth(size: usize, total: u64) -> std::io::Result<f64> {
         .map_err(|_| std::io::Error::other("receiver panicked"))?
 }
 
-/// Raw UDP ping-pong on loopback; one-way latencies in microseconds, sorted.
-pub fn udp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
+/// Raw UDP ping-pong on loopback, both ends waiting as `wait` says; one-way latencies in
+/// microseconds, sorted.
+pub fn udp_pingpong(size: usize, iters: u32, wait: ReaderWait) -> std::io::Result<Vec<f64>> {
     let a = std::net::UdpSocket::bind("127.0.0.1:0")?;
     let b = std::net::UdpSocket::bind("127.0.0.1:0")?;
     a.connect(b.local_addr()?)?;
     b.connect(a.local_addr()?)?;
     b.set_read_timeout(Some(Duration::from_secs(5)))?;
     a.set_read_timeout(Some(Duration::from_secs(5)))?;
+    wait.prepare(&a)?;
+    wait.prepare(&b)?;
+    use nix::poll::PollFlags;
     let srv = std::thread::spawn(move || -> std::io::Result<()> {
         let mut m = vec![0u8; size];
         for _ in 0..iters {
-            let n = b.recv(&mut m)?;
-            b.send(&m[..n])?;
+            let n = wait.run(&b, PollFlags::POLLIN, || b.recv(&mut m))?;
+            wait.run(&b, PollFlags::POLLOUT, || b.send(&m[..n]))?;
         }
         Ok(())
     });
@@ -672,8 +759,8 @@ pub fn udp_pingpong(size: usize, iters: u32) -> std::io::Result<Vec<f64>> {
     let mut lat = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
         let t = Instant::now();
-        a.send(&m)?;
-        a.recv(&mut m)?;
+        wait.run(&a, PollFlags::POLLOUT, || a.send(&m))?;
+        wait.run(&a, PollFlags::POLLIN, || a.recv(&mut m))?;
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
     srv.join()

@@ -38,7 +38,7 @@ pub use embedded::{configure_embedded, embedded_kal};
 pub use events::Handler;
 pub use verbs::{
     Ah, Armed, Context, Cq, DeviceInfo, FastPathChoice, Listener, Mr, Mw, Pd, PortInfo, Qp,
-    QpConfig, Srq,
+    QpConfig, Srq, SPIN_BUDGET,
 };
 
 pub use abi;

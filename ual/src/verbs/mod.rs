@@ -12,7 +12,7 @@ mod qp;
 mod srq;
 
 use cq::CqPath;
-pub use cq::{Armed, Cq};
+pub use cq::{Armed, Cq, SPIN_BUDGET};
 pub use listener::Listener;
 pub use mr::{Mr, Mw};
 pub use pd::{Ah, Pd};
