@@ -260,16 +260,29 @@ impl Running {
     }
 
     /// Wait up to `limit`; the program's output, and whether it exited with 0.
-    fn finish(mut self, limit: Duration) -> (String, bool) {
+    fn finish(self, limit: Duration) -> (String, bool) {
+        self.finish_unless(limit, None)
+    }
+
+    /// [`Running::finish`], but stop at once (as at the limit) if `other` prints a line
+    /// containing `text`: its peer's failure it will never get past.
+    fn finish_unless(mut self, limit: Duration, other: Option<(&Running, &str)>) -> (String, bool) {
         let deadline = Instant::now() + limit;
         let status = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
-                break Some(s);
+                break Ok(s);
             }
-            if Instant::now() > deadline {
+            let peer_failed = other.and_then(|(o, text)| {
+                std::iter::from_fn(|| o.lines.try_recv().ok())
+                    .any(|l| l.contains(text))
+                    .then(|| format!("stopped: {} said {text:?}", o.what))
+            });
+            if let Some(why) = peer_failed
+                .or_else(|| (Instant::now() > deadline).then(|| format!("killed after {limit:?}")))
+            {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                break None;
+                break Err(why);
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -279,11 +292,8 @@ impl Running {
             .map(|o| o.join().unwrap_or_default())
             .unwrap_or_default();
         match status {
-            Some(s) => (out, s.success()),
-            None => (
-                format!("{out}\n[{} killed after {limit:?}]", self.what),
-                false,
-            ),
+            Ok(s) => (out, s.success()),
+            Err(why) => (format!("{out}\n[{} {why}]", self.what), false),
         }
     }
 }
@@ -420,7 +430,9 @@ fn try_server_client_with(
     );
     // One limit for the pair: the server ends with its client.
     let start = Instant::now();
-    let (cout, cok) = client.finish(limit);
+    // A server that says it met the early failure (its own resolution of the client
+    // refused, in dtestx's UD mode) ends the pair as a client that says so does.
+    let (cout, cok) = client.finish_unless(limit, early_failure.map(|t| (&server, t)));
     let server_limit = match early_failure {
         Some(text) if !cok && cout.contains(text) => Duration::ZERO,
         _ => limit
@@ -575,10 +587,11 @@ fn dtestx_ud(case: &Case) {
     // server before its PSP exists (refused: nothing served the port yet, a UD
     // connection error event, 0x40004, on the client), and each side then waits for a
     // request of the other's that never comes. A client that says so ends the pair at
-    // once; otherwise the pair is stopped after 60 s (a UD run takes a second). Run
-    // again up to five times: with every CPU kept busy the server lost the race three
-    // times in a row once (2026-11-28).
-    const LIMIT_UD: Duration = Duration::from_secs(60);
+    // once, and so does a server that says so (its own resolution of the client
+    // refused); otherwise the pair is stopped after 20 s (a UD run takes 0.1–0.3 s, with
+    // two busy loops on the two vCPUs too). Run again up to five times: with every CPU
+    // kept busy the server lost the race three times in a row once (2026-11-28).
+    const LIMIT_UD: Duration = Duration::from_secs(20);
     const RACE_UD: &str = "!conn established: 0x40004";
     for mode in [&["-u"][..], &["-U", "3", "-m"][..]] {
         let client = case.client_addr();
