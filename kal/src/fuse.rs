@@ -368,18 +368,21 @@ fn mount_point(path: &Path) -> std::io::Result<bool> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)
     };
-    let (f, created) = match open(true) {
-        Ok(f) => (Ok(f), true),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (open(false), false),
-        Err(e) => (Err(e), false),
-    };
-    let f = f.map_err(|e| match e.raw_os_error() {
+    let refuse_link = |e: std::io::Error| match e.raw_os_error() {
         Some(libc::ELOOP) => std::io::Error::other(format!(
             "{} is a symbolic link: refusing to follow it",
             path.display()
         )),
         _ => e,
-    })?;
+    };
+    // An existing path (a symbolic link too: `O_EXCL` never follows one) is opened as is.
+    let (f, created) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            (open(false).map_err(refuse_link)?, false)
+        }
+        Err(e) => return Err(refuse_link(e)),
+    };
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other(format!(
             "{} exists and is not a regular file",

@@ -550,29 +550,23 @@ pub enum ReaderWait {
 }
 
 impl ReaderWait {
-    /// Put `sock` in the mode this wait needs.
-    fn prepare(self, sock: &impl AsFd) -> std::io::Result<()> {
-        let fd = sock.as_fd();
-        let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_GETFL,
-        )?);
-        let flags = match self {
-            ReaderWait::Sleep => flags - nix::fcntl::OFlag::O_NONBLOCK,
-            ReaderWait::Poll => flags | nix::fcntl::OFlag::O_NONBLOCK,
-        };
-        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
-        Ok(())
+    /// Whether the sockets are non-blocking for this wait.
+    fn nonblocking(self) -> bool {
+        self == ReaderWait::Poll
     }
 
-    /// Run `io` on `sock` until it does not find the socket empty (or full), waiting
-    /// between tries as this wait says. Asleep, it gives up after 5 s.
+    /// Run `io` on `sock`: asleep, once (the socket blocks); polling, until it does not
+    /// find the socket empty (or full), yielding between tries for up to
+    /// [`ual::SPIN_BUDGET`], then asleep in `poll` (giving up after 5 s).
     fn run<T>(
         self,
         sock: &impl AsFd,
         ready: nix::poll::PollFlags,
         mut io: impl FnMut() -> std::io::Result<T>,
     ) -> std::io::Result<T> {
+        if self == ReaderWait::Sleep {
+            return io();
+        }
         let start = Instant::now();
         loop {
             match io() {
@@ -625,7 +619,7 @@ pub fn tcp_pingpong(size: usize, iters: u32, wait: ReaderWait) -> std::io::Resul
     let srv = std::thread::spawn(move || -> std::io::Result<()> {
         let (s, _) = l.accept()?;
         s.set_nodelay(true)?;
-        wait.prepare(&s)?;
+        s.set_nonblocking(wait.nonblocking())?;
         let mut b = vec![0u8; size];
         for _ in 0..iters {
             tcp_read_exact(&s, &mut b, wait)?;
@@ -635,7 +629,7 @@ pub fn tcp_pingpong(size: usize, iters: u32, wait: ReaderWait) -> std::io::Resul
     });
     let c = TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
-    wait.prepare(&c)?;
+    c.set_nonblocking(wait.nonblocking())?;
     let mut b = vec![0u8; size];
     let mut lat = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
@@ -744,8 +738,8 @@ pub fn udp_pingpong(size: usize, iters: u32, wait: ReaderWait) -> std::io::Resul
     b.connect(a.local_addr()?)?;
     b.set_read_timeout(Some(Duration::from_secs(5)))?;
     a.set_read_timeout(Some(Duration::from_secs(5)))?;
-    wait.prepare(&a)?;
-    wait.prepare(&b)?;
+    a.set_nonblocking(wait.nonblocking())?;
+    b.set_nonblocking(wait.nonblocking())?;
     use nix::poll::PollFlags;
     let srv = std::thread::spawn(move || -> std::io::Result<()> {
         let mut m = vec![0u8; size];
