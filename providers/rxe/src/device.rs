@@ -56,6 +56,9 @@ rnicpi::counters!(
         /// Of those, received by the kAL's doorbell thread right after it sent datagrams
         /// to this host (`receive.rs`, `Receiver::receive_here`).
         rx_packets_here,
+        /// The receive thread woken from its sleep by a datagram on the socket (not
+        /// while a doorbell thread that takes what it sends is hushing it: `net::watch`).
+        rx_thread_wakeups,
         rx_not_ours,
         tx_bytes,
         rx_bytes,
@@ -211,10 +214,22 @@ impl Shared {
     /// this host itself ([`Shared::sent_here`] moved from `before`): take what they put on
     /// the device's socket ([`Receiver::receive_here`]). Only its own sends count: the
     /// acknowledgements other threads send meanwhile (a transfer's) are theirs to follow.
-    pub fn after_doorbell(&self, before: u64) {
+    /// Whether it sent any.
+    pub fn after_doorbell(&self, before: u64) -> bool {
+        let here = Self::sent_here() != before;
+        if let (true, Some(r)) = (here, &self.receiver) {
+            r.receive_here();
+        }
+        here
+    }
+
+    /// Run `f`, a doorbell that will take what it sends to this host off the device's
+    /// socket itself ([`Shared::after_doorbell`]), without that datagram's arrival waking
+    /// the receive thread (`net::Net::hushed`).
+    pub fn hushed<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.receiver {
-            Some(r) if Self::sent_here() != before => r.receive_here(),
-            _ => {}
+            Some(r) => r.hushed(f),
+            None => f(),
         }
     }
 

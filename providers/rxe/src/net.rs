@@ -34,12 +34,13 @@
 
 mod bindings;
 mod sys;
+mod watch;
 
 use crate::wire::{gso, icrc};
 pub(crate) use bindings::Elsewhere;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub use sys::bind_udp;
 use sys::{
@@ -156,6 +157,8 @@ pub struct Net {
     /// GSO runs sent, and the packets in them.
     gso_runs: AtomicU64,
     gso_packets: AtomicU64,
+    /// What the receive thread sleeps on ([`Net::wait_readable`], [`Net::hushed`]).
+    watch: watch::Watch,
 }
 
 impl std::fmt::Debug for Net {
@@ -209,7 +212,10 @@ impl Net {
             Some(_) => None,
         };
         tracing::info!(%sa, port, raw = raw.is_some(), ipv6 = udp6.is_some(), "rxe network up");
+        let v4 = raw.as_ref().map_or(udp.as_fd(), |r| r.as_fd());
+        let watch = watch::Watch::new(v4, udp6.as_ref().map(|u| u.as_fd()))?;
         Ok(Net {
+            watch,
             udp,
             udp6,
             raw,
@@ -463,14 +469,35 @@ impl Net {
     /// notice the device's end): which hold one (`None`: neither did). The sockets are
     /// not read here, so whoever holds the receive slots meanwhile may take it.
     pub fn wait_readable(&self) -> Option<Readable> {
-        let v6 = self.udp6.as_ref().map_or(-1, |u| u.as_raw_fd());
-        sys::poll_readable([self.v4_fd(), v6], 200).map(|[v4, v6]| Readable { v4, v6 })
+        self.watch.wait(200).map(|[v4, v6]| Readable { v4, v6 })
+    }
+
+    /// Run `f`, which sends datagrams to this host and takes them off the sockets itself,
+    /// without their arrival waking the thread asleep in [`Net::wait_readable`]; when the
+    /// last such `f` ends, what is still queued wakes it ([`watch`]).
+    pub fn hushed<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Hush<'a>(&'a Net);
+        impl Drop for Hush<'_> {
+            fn drop(&mut self) {
+                self.0.hush(false);
+            }
+        }
+        self.hush(true);
+        let _end = Hush(self);
+        f()
+    }
+
+    fn hush(&self, on: bool) {
+        let v6 = self.udp6.as_ref().map(|u| u.as_fd());
+        self.watch.hush(on, self.v4(), v6);
+    }
+
+    fn v4(&self) -> BorrowedFd<'_> {
+        self.raw.as_ref().map_or(self.udp.as_fd(), |r| r.as_fd())
     }
 
     fn v4_fd(&self) -> RawFd {
-        self.raw
-            .as_ref()
-            .map_or(self.udp.as_raw_fd(), |r| r.as_raw_fd())
+        self.v4().as_raw_fd()
     }
 
     /// Receive what the sockets hold now into `batch` (up to [`RX_BATCH`] datagrams, one

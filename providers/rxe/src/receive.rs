@@ -142,7 +142,7 @@ impl Receiver {
                         Some(t) if Instant::now() < t => std::thread::yield_now(),
                         _ => {
                             spin_until = None;
-                            readable = self.net.wait_readable();
+                            readable = self.sleep(&s);
                         }
                     }
                 }
@@ -154,7 +154,7 @@ impl Receiver {
                     } else if spin_until.is_none() && n < RX_BATCH {
                         // The socket had no more: sleep at once (`poll` is level-triggered,
                         // what came meanwhile wakes it) rather than read it empty first.
-                        readable = self.net.wait_readable();
+                        readable = self.sleep(&s);
                     }
                 }
                 Err(e) => {
@@ -164,6 +164,15 @@ impl Receiver {
                 }
             }
         }
+    }
+
+    /// Sleep on the socket ([`Net::wait_readable`]), counting the wake-ups a datagram made.
+    fn sleep(&self, s: &Shared) -> Option<crate::net::Readable> {
+        let readable = self.net.wait_readable();
+        if readable.is_some() {
+            s.counters.rx_thread_wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+        readable
     }
 
     /// [`Driven::park_if_driven`], with [`Receiver::parked`] set around it.
@@ -182,6 +191,11 @@ impl Receiver {
     /// by a consumer's, which may hold locks of its own that a delivery's events need.
     /// Without waiting: not while consumers poll (they receive themselves) nor while
     /// another holds the slots, at most [`HERE_ROUNDS`] batches; nothing held back.
+    /// [`Net::hushed`]: the receive thread's sleep on the socket.
+    pub(crate) fn hushed<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.net.hushed(f)
+    }
+
     pub(crate) fn receive_here(&self) {
         if self.driven.left().is_some() {
             return;

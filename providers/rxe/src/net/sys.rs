@@ -220,19 +220,6 @@ pub(super) fn sockaddr_in6(sa: SocketAddrV6) -> libc::sockaddr_in6 {
     s
 }
 
-/// Wait up to `ms` milliseconds for either of two sockets to become readable: which are
-/// (`None` on timeout or error). A negative descriptor stands for none.
-pub(super) fn poll_readable(fds: [RawFd; 2], ms: libc::c_int) -> Option<[bool; 2]> {
-    let mut p = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    // SAFETY: two valid pollfds for the duration of the call.
-    let n = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
-    (n > 0).then(|| p.map(|f| f.revents & libc::POLLIN != 0))
-}
-
 /// Datagrams one [`recv_many`] call takes at most.
 pub(super) const RECV_MANY: usize = 16;
 

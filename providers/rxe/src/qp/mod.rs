@@ -153,6 +153,9 @@ pub struct RxeQp {
     /// Signalled when the send token is given back (a verb waits for it: [`Caller::Verb`]).
     token_free: Condvar,
     scheduled: AtomicBool,
+    /// A doorbell the kAL's thread served sent to this host: the next ones are served
+    /// with the receive thread hushed ([`RxeQp::doorbell_on_thread`]).
+    peer_here: AtomicBool,
     me: Weak<RxeQp>,
 }
 
@@ -185,6 +188,7 @@ impl RxeQp {
             }),
             token_free: Condvar::new(),
             scheduled: AtomicBool::new(false),
+            peer_here: AtomicBool::new(false),
             me: me.clone(),
         });
         // Consumers polling the QP's CQs in embedded mode may receive for the device.
@@ -672,10 +676,23 @@ impl ProviderQp for RxeQp {
     /// A message to a QP of this host is on the device's socket when the doorbell's send
     /// returns: the doorbell thread delivers it at once instead of waking the receive
     /// thread (`Receiver::receive_here`).
+    ///
+    /// Once such a doorbell has sent here, the QP's doorbells are served hushed: what they
+    /// send does not also wake the receive thread, which would find it taken
+    /// (`net::watch`). Once and for all: a doorbell whose datagrams another thread sent
+    /// (it held the QP's send token) says nothing about where they went, and a hush
+    /// that finds nothing of its own to take costs two `epoll_ctl` calls.
     fn doorbell_on_thread(&self) {
-        let before = crate::device::Shared::sent_here();
-        self.doorbell();
-        self.dev.after_doorbell(before);
+        let serve = || {
+            let before = crate::device::Shared::sent_here();
+            self.doorbell();
+            self.dev.after_doorbell(before)
+        };
+        if self.peer_here.load(Ordering::Relaxed) {
+            self.dev.hushed(serve);
+        } else if serve() {
+            self.peer_here.store(true, Ordering::Relaxed);
+        }
     }
 
     fn disconnect(&self, abortive: bool) -> Result<()> {
