@@ -38,7 +38,7 @@ const RX_SPIN: Duration = Duration::from_micros(50);
 pub(crate) const RX_SPIN_AFTER: usize = 1024;
 /// Batches [`Receiver::receive_here`] takes at most: the messages a doorbell sent, then
 /// what their delivery sent back (acknowledgements, a Read's response).
-const HERE_ROUNDS: usize = 2;
+const HERE_ROUNDS: usize = 4;
 
 /// The device's socket and whoever is receiving from it.
 pub(crate) struct Receiver {
@@ -191,11 +191,6 @@ impl Receiver {
     /// by a consumer's, which may hold locks of its own that a delivery's events need.
     /// Without waiting: not while consumers poll (they receive themselves) nor while
     /// another holds the slots, at most [`HERE_ROUNDS`] batches; nothing held back.
-    /// [`Net::hushed`]: the receive thread's sleep on the socket.
-    pub(crate) fn hushed<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.net.hushed(f)
-    }
-
     pub(crate) fn receive_here(&self) {
         if self.driven.left().is_some() {
             return;
@@ -204,13 +199,22 @@ impl Receiver {
             return;
         };
         for _ in 0..HERE_ROUNDS {
+            let before = Shared::sent_here();
             let Some(done) = self.try_receive(&s, false) else {
                 return;
             };
             s.counters
                 .rx_packets_here
                 .fetch_add(done.count, Ordering::Relaxed);
+            if Shared::sent_here() == before {
+                return; // their delivery sent nothing more here
+            }
         }
+    }
+
+    /// [`Net::hushed`]: the receive thread's sleep on the socket.
+    pub(crate) fn hushed<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.net.hushed(f)
     }
 }
 
