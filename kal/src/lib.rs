@@ -35,6 +35,7 @@ pub mod mapped;
 pub mod opener;
 pub mod peer;
 pub mod pin;
+pub mod priority;
 pub mod process;
 pub mod procmem;
 pub mod quota;

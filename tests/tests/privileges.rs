@@ -5,6 +5,11 @@
 //! * L1: `STAT_CONTEXTS` shows a user only its own contexts (root sees all).
 //! * L6: once serving, every thread of `krdmad` holds only the six capabilities it needs,
 //!   nothing inheritable or ambient, and cannot regain more (bounding set, no_new_privs).
+//! * Every thread of `krdmad`, those started on demand too, runs at its nice value
+//!   (`kal::priority`, -10 unless `--nice` says otherwise), and so does its session's
+//!   scheduling group where the kernel has one and the session is krdmad's own (never
+//!   the group of the session it was started from): the engines get a CPU ahead of
+//!   polling consumers, as a kernel's network work does.
 //! * SIGTERM with clients still connected and moving data: `krdmad` ends promptly, the
 //!   device is unmounted, the clients learn that the access layer is gone.
 //! * L2: `krdmad` never follows a symbolic link to create or chmod its device file.
@@ -200,6 +205,89 @@ fn krdmad_keeps_only_what_it_needs() {
         seen += 1;
     }
     assert!(seen >= 5, "krdmad's threads: {seen}");
+}
+
+#[test]
+fn krdmad_runs_its_threads_ahead_of_consumers() {
+    if !daemon_possible() {
+        return;
+    }
+    let group_before = std::fs::read_to_string("/proc/self/autogroup").ok();
+    let door = FrontDoor::Daemon(Daemon::start());
+    // rxe0's QPs live in krdmad: the connection starts its doorbell thread.
+    let _pair = connected_pair(&door, "rxe0", 64);
+    let d = door.daemon().unwrap();
+    let mut names = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{}/task", d.pid())).unwrap() {
+        let t = t.unwrap();
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // A short-lived thread may be gone already.
+        let (Ok(nice), Ok(name)) = (
+            kal::priority::thread_nice(d.pid(), tid),
+            std::fs::read_to_string(t.path().join("comm")),
+        ) else {
+            continue;
+        };
+        assert_eq!(nice, kal::priority::DEFAULT_NICE, "{}", name.trim());
+        names.push(name.trim().to_string());
+    }
+    for started in ["rxe-rx", "rxe-tx", "fuser-0"] {
+        assert!(
+            names.iter().any(|n| n == started),
+            "no {started}: {names:?}"
+        );
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("krdma-db")),
+        "no doorbell thread: {names:?}"
+    );
+    // Started from the test's session, krdmad leaves that session's group alone.
+    assert_eq!(
+        std::fs::read_to_string("/proc/self/autogroup").ok(),
+        group_before,
+        "krdmad changed the nice of a session group it does not own"
+    );
+}
+
+#[test]
+fn krdmad_leading_its_own_session_raises_that_group() {
+    if !daemon_possible() || !std::path::Path::new("/proc/self/autogroup").exists() {
+        return;
+    }
+    let dir = private_dir("krdma-session");
+    let mut cmd = Command::new(krdmad_bin());
+    cmd.arg("--device")
+        .arg(dir.join("dev"))
+        .arg("--rxe-addr")
+        .arg(krdma_tests::private_loopback(231).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // SAFETY: setsid is async-signal-safe; the child has only this thread until exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            nix::unistd::setsid()
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.contains("ready"), "{line:?}");
+    let group = std::fs::read_to_string(format!("/proc/{}/autogroup", child.id())).unwrap();
+    let ours = std::fs::read_to_string("/proc/self/autogroup").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_ne!(group, ours, "a session of its own is a group of its own");
+    let want = format!("nice {}", kal::priority::DEFAULT_NICE);
+    assert!(group.trim_end().ends_with(&want), "{group}");
 }
 
 #[test]

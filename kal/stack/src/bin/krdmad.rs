@@ -33,6 +33,13 @@ struct Args {
     /// A limit over all users together, NAME=VALUE (repeatable; the same names).
     #[arg(long = "limit", value_name = "NAME=VALUE")]
     limits: Vec<String>,
+    /// Nice value of krdmad's threads (and of its session's scheduling group when krdmad
+    /// leads its session): below a consumer's, so that the engines, which do a kernel's
+    /// network work, get a CPU ahead of consumers polling for their completions; 0 leaves
+    /// it as started.
+    #[arg(long, env = "KRDMAD_NICE", default_value_t = kal::priority::DEFAULT_NICE,
+          allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    nice: i32,
 }
 
 fn main() {
@@ -68,6 +75,23 @@ fn run(args: Args) -> Result<(), String> {
     }
     if !nix::unistd::geteuid().is_root() {
         return Err("must run as root: mounting FUSE without fusermount needs CAP_SYS_ADMIN, and reaching client memory needs CAP_SYS_PTRACE".into());
+    }
+    // Before any thread exists (they inherit it) and while CAP_SYS_NICE is still held.
+    if args.nice != 0 {
+        let applied = kal::priority::run_ahead(args.nice);
+        match (&applied.thread, &applied.autogroup) {
+            (Ok(()), Ok(group)) => tracing::info!(
+                nice = args.nice,
+                session_group = group,
+                "krdmad's threads run ahead of consumers"
+            ),
+            (thread, group) => tracing::warn!(
+                nice = args.nice,
+                ?thread,
+                ?group,
+                "cannot set krdmad's priority: its engines share the CPU with consumers as equals"
+            ),
+        }
     }
     if let Ok((_, hard)) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
