@@ -200,6 +200,14 @@ impl CapSets {
     }
 }
 
+/// Field `n` (numbered from 1, as in proc(5)) of a `/proc/<pid>/stat` line. The command
+/// name (field 2) may hold spaces and parentheses, so fields are counted after its last
+/// `)`; `n` is at least 3.
+pub(crate) fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(n.checked_sub(3)?)
+}
+
 /// The highest capability number this kernel knows.
 fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
@@ -324,6 +332,16 @@ mod tests {
         assert_eq!(s.creds.euid(), nix::unistd::geteuid().as_raw());
         let caps = CapSets::current().unwrap();
         assert_eq!(caps.effective, s.creds.cap_eff);
+    }
+
+    #[test]
+    fn stat_fields_are_counted_past_a_name_with_spaces_and_parentheses() {
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 30 10 3 0 77";
+        assert_eq!(stat_field(stat, 3), Some("S"));
+        assert_eq!(stat_field(stat, 19), Some("10"));
+        assert_eq!(stat_field(stat, 22), Some("77"));
+        assert_eq!(stat_field("1 (x) S 0", 19), None);
+        assert_eq!(stat_field(stat, 2), None);
     }
 
     #[test]

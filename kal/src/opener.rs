@@ -94,12 +94,9 @@ pub struct Opener {
 /// Most threads whose status files an opener keeps open.
 const KEPT_THREADS: usize = 64;
 
-/// Field 22 of `/proc/<pid>/stat`: the start time in clock ticks since boot. The command
-/// name (field 2) may hold spaces and parentheses, so fields are counted after its last
-/// `)`.
+/// Field 22 of `/proc/<pid>/stat`: the start time in clock ticks since boot.
 fn start_time(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    crate::creds::stat_field(stat, 22)?.parse().ok()
 }
 
 fn read_entry(dir: BorrowedFd<'_>, entry: &str) -> io::Result<String> {

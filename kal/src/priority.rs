@@ -67,31 +67,17 @@ fn set_autogroup_nice(nice: i32) -> io::Result<bool> {
     }
 }
 
-/// The nice value of thread `tid` of process `pid`, from `/proc/<pid>/task/<tid>/stat`
-/// (field 19).
+/// The nice value of thread `tid` of process `pid` (field 19 of its `stat`).
 pub fn thread_nice(pid: u32, tid: u32) -> io::Result<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))?;
-    parse_nice(&stat).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "stat"))
-}
-
-/// Field 19 of a `stat` line; the command name (field 2) may hold spaces and
-/// parentheses, so the fields are counted from its closing parenthesis.
-fn parse_nice(stat: &str) -> Option<i32> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // After the name: state is field 3, so nice (19) is the 17th of the rest.
-    rest.split_whitespace().nth(16)?.parse().ok()
+    crate::creds::stat_field(&stat, 19)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "stat"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nice_is_read_past_a_name_with_spaces_and_parentheses() {
-        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 30 10 3 0 77";
-        assert_eq!(parse_nice(stat), Some(10));
-        assert_eq!(parse_nice("1 (x) S 0"), None);
-    }
 
     #[test]
     fn a_thread_raises_its_own_nice_and_its_children_inherit_it() {
