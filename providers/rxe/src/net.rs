@@ -157,6 +157,8 @@ pub struct Net {
     /// GSO runs sent, and the packets in them.
     gso_runs: AtomicU64,
     gso_packets: AtomicU64,
+    /// Of those runs, an Acknowledge riding behind another packet ([`gso_head`]).
+    gso_acks_riding: AtomicU64,
     /// What the receive thread sleeps on ([`Net::wait_readable`], [`Net::hushed`]).
     watch: watch::Watch,
 }
@@ -224,6 +226,7 @@ impl Net {
             gso: AtomicBool::new(gso),
             gso_runs: AtomicU64::new(0),
             gso_packets: AtomicU64::new(0),
+            gso_acks_riding: AtomicU64::new(0),
         })
     }
 
@@ -283,7 +286,10 @@ impl Net {
     }
 
     /// Send `packets` in order: runs to this host as one GSO datagram each
-    /// ([`Net::send4_gso`]), other runs of IPv4 datagrams through the raw socket with one
+    /// ([`Net::send4_gso`]), an Acknowledge and a packet to this host it may ride behind
+    /// as one such datagram of two (the ACK moved behind when it came first: it answers
+    /// the peer's requests, the other packet is one of this side's, neither orders the
+    /// other), other runs of IPv4 datagrams through the raw socket with one
     /// `sendmmsg` each (up to [`BATCH`] at a time), the others one by one.
     pub fn send_all(&self, dport: u16, packets: &mut [Packet<'_>]) -> usize {
         let Some(raw) = &self.raw else {
@@ -292,11 +298,17 @@ impl Net {
         let mut gso = self.gso.load(Ordering::Relaxed);
         let (mut sent, mut i) = (0, 0);
         while i < packets.len() {
-            let run = if gso { gso_run(&packets[i..]) } else { 0 };
-            if run > 0 {
-                if let Some(n) = self.send4_gso(dport, &mut packets[i..i + run]) {
-                    sent += n;
-                    i += run;
+            if let Some(head) = gso.then(|| gso_head(&packets[i..])).flatten() {
+                let n = head.len();
+                if head == GsoHead::AckFirst {
+                    packets.swap(i, i + 1);
+                }
+                if let Some(k) = self.send4_gso(dport, &mut packets[i..i + n]) {
+                    if !matches!(head, GsoHead::Run(_)) {
+                        self.gso_acks_riding.fetch_add(1, Ordering::Relaxed);
+                    }
+                    sent += k;
+                    i += n;
                     continue;
                 }
                 gso = self.gso.load(Ordering::Relaxed);
@@ -305,8 +317,8 @@ impl Net {
             let run = (0..rest.len().min(BATCH))
                 .take_while(|&j| {
                     let p = &rest[j];
-                    let starts_run = j > 0 && gso && gso_run(&rest[j..]) > 0;
-                    p.src.is_ipv4() && p.dst.is_ipv4() && !starts_run
+                    let starts_gso = j > 0 && gso && gso_head(&rest[j..]).is_some();
+                    p.src.is_ipv4() && p.dst.is_ipv4() && !starts_gso
                 })
                 .count();
             let end = i + run.max(1);
@@ -372,11 +384,16 @@ impl Net {
         }
     }
 
-    /// What the wire counted: GSO runs sent and the packets they carried.
+    /// What the wire counted: GSO runs sent, the packets they carried, and of them the
+    /// Acknowledges that rode behind another packet.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         vec![
             ("tx_gso_runs", self.gso_runs.load(Ordering::Relaxed)),
             ("tx_gso_packets", self.gso_packets.load(Ordering::Relaxed)),
+            (
+                "tx_gso_acks_riding",
+                self.gso_acks_riding.load(Ordering::Relaxed),
+            ),
         ]
     }
 
@@ -565,25 +582,28 @@ impl Net {
             return one(Err(RxDrop::NotOurs));
         }
         let src = IpAddr::V4(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]));
+        let dst = IpAddr::V4(dst);
         let sport = u16::from_be_bytes([udp[0], udp[1]]);
         let roce = &udp[icrc::UDP_HEADER_LEN..];
+        let cut = |run| Unpacked::Run {
+            run,
+            src,
+            dst,
+            sport,
+        };
         if let Some(run) = gso::Segments::of(ip, udp, roce) {
-            return Unpacked::Run {
-                run,
-                src,
-                dst: IpAddr::V4(dst),
-                sport,
-            };
+            return cut(run);
         }
-        one(match icrc::verify_ipv4(ip, udp) {
-            Ok(()) => Ok(Datagram {
+        if icrc::verify_ipv4(ip, udp).is_ok() {
+            return one(Ok(Datagram {
                 src,
-                dst: IpAddr::V4(dst),
+                dst,
                 sport,
                 roce,
-            }),
-            Err(_) => Err(RxDrop::BadIcrc),
-        })
+            }));
+        }
+        // Not one packet: perhaps a packet with an Acknowledge riding behind it.
+        gso::Segments::acked(ip, udp, roce).map_or(one(Err(RxDrop::BadIcrc)), cut)
     }
 
     /// A datagram a UDP socket received (IPv6, or IPv4 without raw sockets): its ICRC is
@@ -767,6 +787,59 @@ pub(crate) fn to_this_host(src: IpAddr, dst: IpAddr) -> bool {
     dst.is_loopback() || dst == src
 }
 
+/// What the head of `packets` sends as one GSO datagram ([`gso`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GsoHead {
+    /// A run of this many packets ([`gso_run`]).
+    Run(usize),
+    /// A packet and the Acknowledge that rides behind it.
+    AckBehind,
+    /// An Acknowledge and the packet it rides behind (the two swap places).
+    AckFirst,
+}
+
+impl GsoHead {
+    fn len(self) -> usize {
+        match self {
+            GsoHead::Run(n) => n,
+            GsoHead::AckBehind | GsoHead::AckFirst => 2,
+        }
+    }
+}
+
+/// How the head of `packets` leaves as one GSO datagram, if it does: a run, or else
+/// ([`ack_pair`]) an Acknowledge and the packet beside it.
+fn gso_head(packets: &[Packet<'_>]) -> Option<GsoHead> {
+    match gso_run(packets) {
+        0 => ack_pair(packets),
+        n => Some(GsoHead::Run(n)),
+    }
+}
+
+/// Whether the first two of `packets` are an Acknowledge and a packet it may ride behind
+/// ([`gso::ack_rides_behind`]) in one datagram from one address to the same address on
+/// this host, and which comes first.
+fn ack_pair(packets: &[Packet<'_>]) -> Option<GsoHead> {
+    let [a, b, ..] = packets else {
+        return None;
+    };
+    if !v4_to_this_host(a) || (b.src, b.dst) != (a.src, a.dst) {
+        return None;
+    }
+    if gso::is_ack(b.roce) && gso::ack_rides_behind(a.roce) {
+        Some(GsoHead::AckBehind)
+    } else if gso::is_ack(a.roce) && gso::ack_rides_behind(b.roce) {
+        Some(GsoHead::AckFirst)
+    } else {
+        None
+    }
+}
+
+/// Whether `p` is an IPv4 datagram to this host.
+fn v4_to_this_host(p: &Packet<'_>) -> bool {
+    p.src.is_ipv4() && p.dst.is_ipv4() && to_this_host(p.src, p.dst)
+}
+
 /// How many packets at the head of `packets` leave as one GSO run ([`gso`]): at least two
 /// IPv4 packets from one address to the same address on this host (loopback, or the
 /// sender's own), the first a full segment, the rest no longer and all but the last as
@@ -775,7 +848,7 @@ fn gso_run(packets: &[Packet<'_>]) -> usize {
     let Some(first) = packets.first() else {
         return 0;
     };
-    if !(first.src.is_ipv4() && first.dst.is_ipv4() && to_this_host(first.src, first.dst)) {
+    if !v4_to_this_host(first) {
         return 0;
     }
     let seg = first.roce.len();
@@ -996,9 +1069,94 @@ mod tests {
         let got = send_and_receive(&a, port, &mut sent);
         assert_eq!(
             a.counters(),
-            vec![("tx_gso_runs", 1), ("tx_gso_packets", 6)]
+            vec![
+                ("tx_gso_runs", 1),
+                ("tx_gso_packets", 6),
+                ("tx_gso_acks_riding", 0)
+            ]
         );
         assert_eq!(got, sent);
+    }
+
+    /// An RC Acknowledge of `psn`.
+    fn ack(psn: u32) -> Vec<u8> {
+        use crate::wire::{AethRepr, BthRepr, Opcode, RoceRepr, Syndrome};
+        let mut r = RoceRepr::new(BthRepr::new(Opcode::RcAcknowledge, 0x11, psn), &[]);
+        r.aeth = Some(AethRepr {
+            syndrome: Syndrome::Ack { credit_code: 31 },
+            msn: psn,
+        });
+        r.to_vec().unwrap()
+    }
+
+    /// Packets to send of (source, destination, bytes).
+    fn packets(bufs: &mut [(IpAddr, IpAddr, Vec<u8>)]) -> Vec<Packet<'_>> {
+        bufs.iter_mut()
+            .map(|(src, dst, roce)| Packet {
+                src: *src,
+                dst: *dst,
+                sport: 0xc001,
+                roce,
+            })
+            .collect()
+    }
+
+    /// With raw sockets, an Acknowledge and a short packet to this host leave as one
+    /// datagram, the ACK behind (moved there when it came first), and arrive as the two
+    /// packets, each verified; an ACK behind a full packet makes a run.
+    #[test]
+    fn an_ack_rides_behind_the_reply_to_this_host() {
+        let Some((a, port)) = raw_net() else { return };
+        let mut sent = vec![
+            ack(10),
+            send_only(1, b"reply"),
+            send_only(2, b"another reply"),
+            ack(11),
+            full(3),
+            ack(12),
+        ];
+        let got = send_and_receive(&a, port, &mut sent);
+        assert_eq!(
+            a.counters(),
+            vec![
+                ("tx_gso_runs", 3),
+                ("tx_gso_packets", 6),
+                ("tx_gso_acks_riding", 2)
+            ]
+        );
+        let order = [1, 0, 2, 3, 4, 5];
+        assert_eq!(got, order.map(|k| sent[k].clone()));
+    }
+
+    /// What an Acknowledge rides behind: a short packet beside it (either side), from
+    /// the same address to the same address on this host; not a packet the receiver
+    /// would cut as a run, not another destination, not two packets that are no ACK.
+    #[test]
+    fn what_pairs_with_an_ack() {
+        let lo: IpAddr = Ipv4Addr::LOCALHOST.into();
+        let lo2: IpAddr = Ipv4Addr::new(127, 0, 0, 2).into();
+        let far: IpAddr = Ipv4Addr::new(192, 0, 2, 1).into();
+        let pair = |bufs: &mut [(IpAddr, IpAddr, Vec<u8>)]| gso_head(&packets(bufs));
+        let reply = || send_only(1, b"reply");
+        assert_eq!(
+            pair(&mut [(lo, lo, ack(1)), (lo, lo, reply())]),
+            Some(GsoHead::AckFirst)
+        );
+        assert_eq!(
+            pair(&mut [(lo, lo, reply()), (lo, lo, ack(1))]),
+            Some(GsoHead::AckBehind)
+        );
+        assert_eq!(
+            pair(&mut [(lo, lo, full(1)), (lo, lo, ack(1))]),
+            Some(GsoHead::Run(2))
+        );
+        assert_eq!(pair(&mut [(lo, lo, ack(1))]), None);
+        assert_eq!(pair(&mut [(lo, lo, reply()), (lo, lo, reply())]), None);
+        assert_eq!(pair(&mut [(lo, lo, ack(1)), (lo, lo2, reply())]), None);
+        assert_eq!(pair(&mut [(lo, lo, ack(1)), (lo2, lo, reply())]), None);
+        assert_eq!(pair(&mut [(lo, far, ack(1)), (lo, far, reply())]), None);
+        let almost_full = send_only(1, &[0; gso::SEGMENT_PAYLOAD - 8]);
+        assert_eq!(pair(&mut [(lo, lo, ack(1)), (lo, lo, almost_full)]), None);
     }
 
     /// A kernel that refuses a run (here: UDP checksums turned off, which GSO needs)
@@ -1013,7 +1171,11 @@ mod tests {
         let got = send_and_receive(&a, port, &mut sent);
         assert_eq!(
             a.counters(),
-            vec![("tx_gso_runs", 0), ("tx_gso_packets", 0)]
+            vec![
+                ("tx_gso_runs", 0),
+                ("tx_gso_packets", 0),
+                ("tx_gso_acks_riding", 0)
+            ]
         );
         assert!(!a.gso.load(Ordering::Relaxed), "runs are off");
         assert_eq!(got, sent);
@@ -1025,18 +1187,7 @@ mod tests {
     fn only_full_packets_to_this_host_start_a_run() {
         let lo: IpAddr = Ipv4Addr::LOCALHOST.into();
         let far: IpAddr = Ipv4Addr::new(192, 0, 2, 1).into();
-        let run = |bufs: &mut [(IpAddr, IpAddr, Vec<u8>)]| {
-            let p: Vec<Packet> = bufs
-                .iter_mut()
-                .map(|(src, dst, roce)| Packet {
-                    src: *src,
-                    dst: *dst,
-                    sport: 0xc001,
-                    roce,
-                })
-                .collect();
-            gso_run(&p)
-        };
+        let run = |bufs: &mut [(IpAddr, IpAddr, Vec<u8>)]| gso_run(&packets(bufs));
         assert_eq!(run(&mut [(lo, lo, full(1)), (lo, lo, full(2))]), 2);
         assert_eq!(
             run(&mut [(lo, lo, send_only(1, b"x")), (lo, lo, full(2))]),

@@ -17,6 +17,15 @@
 //!   packet's length ([`segment_headers`]). Linux sends a DF datagram of an unconnected
 //!   socket with identification 0, so the packet with index `k` is covered with `k`.
 //!
+//! A third shape carries an acknowledgement behind the packet it leaves with (a
+//! ping-pong's reply, when the ACK was held back for the polling consumer who then
+//! posted it): two segments, the packet first (the segment size is its length) and the
+//! [`ACK_LEN`]-byte Acknowledge last. When the packet is a full segment the first rule
+//! cuts the pair already; when it is shorter, the receiver cannot tell the segment size
+//! from it, so a datagram that is no run and whose whole ICRC does not verify is tried
+//! as such a pair ([`Segments::acked`]). The sender pairs only a packet that this rule
+//! cannot misread ([`ack_rides_behind`]).
+//!
 //! Only IPv4 runs exist (the IPv6 header carries no identification, but nothing here has
 //! needed IPv6 runs yet).
 
@@ -35,6 +44,26 @@ pub const MAX_RUN_BYTES: usize = 65535 - IPV4_HEADER_LEN - UDP_HEADER_LEN;
 pub fn segment_len(first: &[u8]) -> Option<usize> {
     let opcode = Opcode::from_u8(*first.first()?).ok()?;
     Some(opcode.header_len() + SEGMENT_PAYLOAD + ICRC_LEN)
+}
+
+/// The length of an RC Acknowledge: BTH, AETH, ICRC.
+pub const ACK_LEN: usize = super::bth::HEADER_LEN + super::aeth::HEADER_LEN + ICRC_LEN;
+
+/// Whether `roce` (a RoCEv2 UDP payload) is an RC Acknowledge.
+pub fn is_ack(roce: &[u8]) -> bool {
+    roce.len() == ACK_LEN && roce[0] == Opcode::RcAcknowledge as u8
+}
+
+/// Whether an Acknowledge may ride behind `first` in one datagram: `first` is a full
+/// segment (the first rule cuts the pair), or short enough that the pair is no longer
+/// than one (so the receiver does not take it for a run), and no shorter than the ACK
+/// (every segment but the last is the longest).
+pub fn ack_rides_behind(first: &[u8]) -> bool {
+    let Some(seg) = segment_len(first) else {
+        return false;
+    };
+    let n = first.len();
+    n >= ACK_LEN && (n == seg || n + ACK_LEN <= seg)
 }
 
 /// The most packets a run holds: as many of the shortest segments (a bare BTH, a full
@@ -93,6 +122,23 @@ impl<'a> Segments<'a> {
         if payload.len() <= seg {
             return None;
         }
+        Self::cut(ip, udp, payload, seg)
+    }
+
+    /// The two packets of `payload` when it is a packet with an Acknowledge riding
+    /// behind ([`ack_rides_behind`]): its last [`ACK_LEN`] bytes are an Acknowledge and
+    /// what comes before is no shorter. `None` otherwise. Only for a datagram that is no
+    /// run by the first rule ([`Segments::of`]) and fails its ICRC as one packet.
+    pub fn acked(ip: &[u8], udp: &[u8], payload: &'a [u8]) -> Option<Segments<'a>> {
+        let seg = payload.len().checked_sub(ACK_LEN)?;
+        if seg < ACK_LEN || !is_ack(&payload[seg..]) {
+            return None;
+        }
+        Self::cut(ip, udp, payload, seg)
+    }
+
+    /// `payload` cut into `seg`-byte packets (the last may be shorter).
+    fn cut(ip: &[u8], udp: &[u8], payload: &'a [u8], seg: usize) -> Option<Segments<'a>> {
         Some(Segments {
             ip: ip.get(..IPV4_HEADER_LEN)?.try_into().ok()?,
             udp: udp.get(..UDP_HEADER_LEN)?.try_into().ok()?,
@@ -229,7 +275,103 @@ mod tests {
         assert_eq!(verdicts, vec![true, true, false, true, true]);
     }
 
+    /// An RC Acknowledge of `psn`.
+    fn ack(psn: u32) -> Vec<u8> {
+        use crate::wire::{AethRepr, Syndrome};
+        let mut r = RoceRepr::new(BthRepr::new(Opcode::RcAcknowledge, 0x11, psn), &[]);
+        r.aeth = Some(AethRepr {
+            syndrome: Syndrome::Ack { credit_code: 31 },
+            msn: 3,
+        });
+        r.to_vec().unwrap()
+    }
+
+    /// A Send Only of `len` payload bytes.
+    fn send_only(len: usize) -> Vec<u8> {
+        RoceRepr::new(BthRepr::new(Opcode::RcSendOnly, 0x11, 9), &vec![5; len])
+            .to_vec()
+            .unwrap()
+    }
+
+    /// `pkts` as one datagram, each filled as packet `k` of a run, and cut again by `cut`.
+    fn as_one_datagram<'a>(
+        pkts: &mut [Vec<u8>],
+        bytes: &'a mut Vec<u8>,
+        cut: impl Fn(&[u8], &[u8], &'a [u8]) -> Option<Segments<'a>>,
+    ) -> Option<Vec<Segment<'a>>> {
+        fill_as_run(pkts);
+        *bytes = pkts.concat();
+        let (ip, udp) = run_headers();
+        cut(&ip, &udp, bytes).map(|s| s.collect())
+    }
+
+    /// An Acknowledge behind a short packet: no run by the first rule, but the pair cuts
+    /// back into the two packets, each verifying over its own headers; behind a full
+    /// segment the first rule cuts it already.
+    #[test]
+    fn an_ack_rides_behind_a_packet() {
+        assert_eq!(ack(1).len(), ACK_LEN);
+        assert!(is_ack(&ack(1)));
+        for len in [8, 1000, SEGMENT_PAYLOAD] {
+            let mut pkts = vec![send_only(len), ack(7)];
+            assert!(ack_rides_behind(&pkts[0]), "{len}");
+            let mut bytes = Vec::new();
+            let cut = if len == SEGMENT_PAYLOAD {
+                as_one_datagram(&mut pkts, &mut bytes, Segments::of)
+            } else {
+                let (ip, udp) = run_headers();
+                let whole = pkts.concat();
+                assert!(Segments::of(&ip, &udp, &whole).is_none(), "no run: {len}");
+                as_one_datagram(&mut pkts, &mut bytes, Segments::acked)
+            }
+            .expect("the pair");
+            assert_eq!(cut.len(), 2);
+            for (s, p) in cut.iter().zip(&pkts) {
+                assert_eq!(s.roce, &p[..]);
+                assert!(verifies(s));
+            }
+        }
+    }
+
+    /// What an Acknowledge may not ride behind: a packet so long that the pair would be
+    /// taken for a run of its segment length, one shorter than the ACK, or no packet.
+    #[test]
+    fn what_an_ack_rides_behind() {
+        let seg = segment_len(&send_only(8)).unwrap();
+        let short = seg - ACK_LEN - ICRC_LEN - super::super::bth::HEADER_LEN;
+        assert!(ack_rides_behind(&send_only(short)));
+        assert!(!ack_rides_behind(&send_only(short + 4)));
+        assert!(ack_rides_behind(&ack(1)));
+        let mut tiny = send_only(0);
+        assert!(tiny.len() < ACK_LEN);
+        assert!(!ack_rides_behind(&tiny));
+        tiny[0] = 0xff;
+        assert!(!ack_rides_behind(&tiny), "no opcode");
+        // No Acknowledge at the end, or too little before it: no pair.
+        let (ip, udp) = run_headers();
+        assert!(Segments::acked(&ip, &udp, &send_only(100)).is_none());
+        assert!(Segments::acked(&ip, &udp, &[send_only(0), ack(1)].concat()).is_none());
+    }
+
     proptest! {
+        /// Any bytes taken for an acknowledged pair: never a panic, and when they are one,
+        /// exactly two pieces, the second an Acknowledge, covering the bytes.
+        #[test]
+        fn a_pair_of_any_bytes_is_two_packets(payload in proptest::collection::vec(any::<u8>(), 0..5000), ack_at_end in any::<bool>()) {
+            let mut payload = payload;
+            if ack_at_end {
+                payload.extend(ack(3));
+            }
+            let (ip, udp) = run_headers();
+            if let Some(s) = Segments::acked(&ip, &udp, &payload) {
+                let pieces: Vec<Segment> = s.collect();
+                prop_assert_eq!(pieces.len(), 2);
+                prop_assert!(is_ack(pieces[1].roce));
+                prop_assert!(pieces[0].roce.len() >= ACK_LEN);
+                prop_assert_eq!([pieces[0].roce, pieces[1].roce].concat(), payload.clone());
+            }
+        }
+
         /// Any bytes: cutting never panics, the pieces cover the payload exactly and in
         /// order, and every piece but the last is one segment long.
         #[test]
